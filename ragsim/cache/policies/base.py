@@ -1,0 +1,55 @@
+"""The one small interface every replacement policy implements.
+
+A policy turns what happened to a node (accessed, cached or not, at which estimated cost) into a
+number, ``node.value``. The tree adds the tier's clock to get the priority and always evicts the
+lowest priority among the leaves of a tier; ties go to the least recently accessed node. Policies
+of the greedy-dual family (GDSF, PGDSF) also raise the tier's clock on eviction.
+
+Each policy file also provides a *flat* cache (every document an independent object, one tier),
+the mode in which ragsim is checked against libCacheSim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ragsim.cache.node import Node
+
+
+class FlatCache(Protocol):
+    """One-tier object cache. ``process`` returns, per request, whether it hit."""
+
+    capacity_bytes: int
+    used_bytes: int
+    evictions: int
+
+    def process(
+        self,
+        keys: Sequence[int],
+        sizes_bytes: Sequence[int],
+        tokens: Sequence[int] | None = None,
+        next_access: Sequence[int] | None = None,
+    ) -> list[bool]: ...
+
+
+class TreePolicy:
+    """Base class: frequency and recency are kept by the tree, policies derive ``value``."""
+
+    name = "base"
+    uses_clock = False  # greedy-dual policies raise a per-tier clock on eviction
+    needs_future = False  # offline bounds need next-use information
+
+    def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
+                  request_index: int, depth: int) -> None:
+        """Called once per retrieval of ``node`` (after frequency and recency were updated)."""
+        raise NotImplementedError
+
+    def on_enter_cache(self, node: Node, seq: int) -> None:
+        """Called when a node goes from nowhere into a tier."""
+
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatCache:
+        raise NotImplementedError(f"{self.name} has no flat mode")
+
+    def config(self) -> dict:
+        return {"name": self.name}

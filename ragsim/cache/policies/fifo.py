@@ -1,0 +1,22 @@
+"""FIFO: evict the leaf that entered the cache first; hits do not change the order."""
+
+from __future__ import annotations
+
+from ragsim.cache.node import Node
+from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.policies.lru import FlatLRU
+
+
+class FIFO(TreePolicy):
+    name = "fifo"
+
+    def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
+                  request_index: int, depth: int) -> None:
+        """Insertion order is set in ``on_enter_cache``; an access changes nothing."""
+
+    def on_enter_cache(self, node: Node, seq: int) -> None:
+        node.value = float(seq)
+
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatLRU:
+        # FIFO is LRU without promotion on hit: one implementation, not two.
+        return FlatLRU(capacity_bytes, promote_on_hit=False)

@@ -1,0 +1,86 @@
+"""LFU: evict the least frequently used leaf; ties go to the least recently used.
+
+The frequency counts retrievals since the node entered the cache (it is reset when the node
+leaves the cache entirely), as libCacheSim's LFU does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ragsim.cache.node import Node
+from ragsim.cache.policies.base import TreePolicy
+
+
+class LFU(TreePolicy):
+    name = "lfu"
+
+    def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
+                  request_index: int, depth: int) -> None:
+        node.value = float(node.frequency)
+
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatLFU:
+        return FlatLFU(capacity_bytes)
+
+
+class FlatLFU:
+    """O(1) LFU: one insertion-ordered bucket per frequency, the lowest non-empty one tracked.
+
+    An object enters bucket f at the access that raised its count to f, so each bucket is in
+    order of last access and its first entry is the least recently used of the least frequent.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self.evictions = 0
+        self._freq: dict[int, int] = {}
+        self._size: dict[int, int] = {}
+        self._buckets: dict[int, OrderedDict[int, None]] = {}
+        self._min_freq = 0
+
+    def process(self, keys: Sequence[int], sizes_bytes: Sequence[int],
+                tokens: Sequence[int] | None = None,
+                next_access: Sequence[int] | None = None) -> list[bool]:
+        freq, size_of, buckets = self._freq, self._size, self._buckets
+        capacity = self.capacity_bytes
+        hits = []
+        record = hits.append
+        for key, size in zip(keys, sizes_bytes, strict=True):
+            f = freq.get(key)
+            if f is not None:
+                record(True)
+                bucket = buckets[f]
+                del bucket[key]
+                if not bucket:
+                    del buckets[f]
+                    if self._min_freq == f:
+                        self._min_freq = f + 1
+                freq[key] = f + 1
+                nxt = buckets.get(f + 1)
+                if nxt is None:
+                    nxt = buckets[f + 1] = OrderedDict()
+                nxt[key] = None
+                continue
+            record(False)
+            if size > capacity:
+                continue
+            while self.used_bytes + size > capacity:
+                bucket = buckets[self._min_freq]
+                victim, _ = bucket.popitem(last=False)
+                if not bucket:
+                    del buckets[self._min_freq]
+                    self._min_freq = min(buckets) if buckets else 0
+                del freq[victim]
+                self.used_bytes -= size_of.pop(victim)
+                self.evictions += 1
+            freq[key] = 1
+            size_of[key] = size
+            self.used_bytes += size
+            first = buckets.get(1)
+            if first is None:
+                first = buckets[1] = OrderedDict()
+            first[key] = None
+            self._min_freq = 1
+        return hits

@@ -1,0 +1,278 @@
+"""The ``ragsim`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from functools import wraps
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ragsim.errors import RagsimInputError
+from ragsim.units import format_bytes, parse_bytes
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Simulate KV-cache and scheduling policies for RAG serving.")
+trace_app = typer.Typer(no_args_is_help=True, help="Create, convert and inspect traces.")
+app.add_typer(trace_app, name="trace")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def friendly_errors(fn: Callable) -> Callable:
+    """Bad input ends with one clear line (file, row, field) and exit code 2, not a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RagsimInputError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        except ValueError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _progress(total: int, label: str, enabled: bool):
+    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err, transient=True, disable=not enabled)
+    task = progress.add_task(label, total=total)
+    return progress, (lambda done: progress.update(task, completed=done))
+
+
+def _print_json(data: dict) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# --------------------------------------------------------------------------- replay
+@app.command()
+@friendly_errors
+def replay(
+    trace: Annotated[str, typer.Option(help="Built-in name (mmlu, nq) or trace path.")] = "mmlu",
+    policy: Annotated[str, typer.Option(help="pgdsf, gdsf, lru, lfu, fifo or belady "
+                                             "(offline bound).")] = "pgdsf",
+    model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
+                     ] = "mistral-7b",
+    gpu_mem: Annotated[str, typer.Option(help="GPU memory for cached KV, e.g. 4GiB.")] = "4GiB",
+    host_mem: Annotated[str, typer.Option(help="Host memory for cached KV, e.g. 32GiB.")
+                        ] = "32GiB",
+    flat: Annotated[bool, typer.Option(help="Documents as independent objects, one tier "
+                                            "(--gpu-mem); no prefix tree.")] = False,
+    kv_bytes_per_token: Annotated[int | None, typer.Option(
+        help="Override the model's KV bytes per token.")] = None,
+    cost_table: Annotated[str, typer.Option(
+        "--profile", "--cost-table", help="Prefill-cost table: shipped name or JSON path.")
+    ] = "a10g-mistral-7b",
+    system_prompt_tokens: Annotated[int, typer.Option(help="Tokens of the shared system "
+                                                           "prompt (tree root).")] = 0,
+    cache_depth: Annotated[int | None, typer.Option(
+        help="Cache only the first k' documents of each request (top-k').")] = None,
+    requests: Annotated[int | None, typer.Option(help="Replay only the first N requests "
+                                                      "(built-in traces: generate N).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for built-in traces.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
+                                                 "summary.json here.")] = None,
+) -> None:
+    """Feed a trace, in order, through the cache policy core (no timing model)."""
+    from ragsim.profiles.costs import load_cost_table
+    from ragsim.profiles.models import resolve_model
+    from ragsim.sim.replay import ReplayConfig, run_replay
+    from ragsim.traces import resolve_trace
+
+    spec = resolve_model(model)
+    if kv_bytes_per_token is not None and kv_bytes_per_token <= 0:
+        raise RagsimInputError("must be > 0", field="--kv-bytes-per-token")
+    if cache_depth is not None and cache_depth < 0:
+        raise RagsimInputError("must be >= 0", field="--cache-depth")
+    if system_prompt_tokens < 0:
+        raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
+    if requests is not None and requests <= 0:
+        raise RagsimInputError("must be > 0", field="--requests")
+    config = ReplayConfig(
+        trace=trace,
+        policy=policy.lower(),
+        model=spec.name,
+        kv_bytes_per_token=kv_bytes_per_token or spec.kv_bytes_per_token,
+        gpu_capacity_bytes=parse_bytes(gpu_mem, field="--gpu-mem"),
+        host_capacity_bytes=parse_bytes(host_mem, field="--host-mem"),
+        flat=flat,
+        cost_table=cost_table,
+        system_prompt_tokens=system_prompt_tokens,
+        max_cached_depth=cache_depth,
+        n_requests=requests,
+        seed=seed,
+    )
+    from ragsim.cache.policies import POLICY_NAMES
+
+    if config.policy not in POLICY_NAMES:
+        raise RagsimInputError(f"unknown policy {policy!r}; choose one of "
+                               f"{', '.join(POLICY_NAMES)}", field="--policy")
+    if flat and config.host_capacity_bytes:
+        config = replace(config, host_capacity_bytes=0)
+        if not json_output:
+            err.print("note: --flat uses one tier of --gpu-mem; host memory is ignored")
+    cost = load_cost_table(cost_table)
+    data = resolve_trace(trace, seed=seed, n_requests=requests)
+    progress, callback = _progress(data.n_requests, "replay", not json_output)
+    with progress:
+        result = run_replay(data, config, cost, callback)
+    summary = result.summary
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result.records.to_parquet(out_dir / "requests.parquet", index=False)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if json_output:
+        _print_json(summary)
+        return
+    _print_replay_summary(summary)
+
+
+def _print_replay_summary(s: dict) -> None:
+    c = s["config"]
+    table = Table(title=f"replay: {c['trace']} · {c['policy']}{' (flat)' if c['flat'] else ''}"
+                  f" · {c['model']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("requests", f"{s['requests']:,}"),
+        ("GPU / host memory", f"{format_bytes(c['gpu_capacity_bytes'])} / "
+                              f"{format_bytes(c['host_capacity_bytes'])}"),
+        ("KV bytes per token", f"{c['kv_bytes_per_token']:,}"),
+        ("document tokens", f"{s['doc_tokens']:,}"),
+        ("token hit rate", f"{s['token_hit_rate']:.2%}"),
+        ("  in GPU", f"{s['token_hit_rate_gpu']:.2%}"),
+        ("  in host", f"{s['token_hit_rate_host']:.2%}"),
+        ("requests with a hit", f"{s['request_hit_rate']:.2%}"),
+        ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
+                             f"{format_bytes(s['swap_out_bytes'])}"),
+        ("evictions GPU / host", f"{s['evictions_gpu']:,} / {s['evictions_host']:,}"),
+        ("wall time", f"{s['elapsed_s']:.2f} s ({s['requests_per_s']:,.0f} requests/s)"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- models
+@app.command()
+def models(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List built-in model architectures and their KV bytes per token."""
+    from ragsim.profiles.models import BUILTIN_MODELS
+
+    if json_output:
+        _print_json({name: spec.to_dict() for name, spec in BUILTIN_MODELS.items()})
+        return
+    table = Table("model", "layers", "heads", "KV heads", "head dim", "dtype", "KV/token")
+    for spec in BUILTIN_MODELS.values():
+        table.add_row(spec.name, str(spec.num_layers), str(spec.num_attention_heads),
+                      str(spec.num_kv_heads), str(spec.head_dim), spec.dtype,
+                      format_bytes(spec.kv_bytes_per_token))
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- traces
+@trace_app.command("import-jsonl")
+@friendly_errors
+def trace_import_jsonl(source: Path, destination: Path) -> None:
+    """Convert the JSONL interchange format into a trace directory."""
+    from ragsim.traces import read_jsonl, write_trace
+
+    trace = read_jsonl(source)
+    write_trace(trace, destination)
+    _report_written(trace, destination)
+
+
+@trace_app.command("export-jsonl")
+@friendly_errors
+def trace_export_jsonl(trace: str, destination: Path,
+                       seed: Annotated[int, typer.Option()] = 0,
+                       requests: Annotated[int | None, typer.Option()] = None) -> None:
+    """Write a trace (a path or a built-in name) in the JSONL interchange format."""
+    from ragsim.traces import resolve_trace, write_jsonl
+
+    data = resolve_trace(trace, seed=seed, n_requests=requests)
+    write_jsonl(data, destination)
+    err.print(f"wrote {data.n_requests:,} requests to {destination}")
+
+
+@trace_app.command("import-mooncake")
+@friendly_errors
+def trace_import_mooncake(source: Path, destination: Path) -> None:
+    """Convert a Mooncake trace (512-token hash blocks) into a trace directory."""
+    from ragsim.traces import read_mooncake, write_trace
+
+    trace = read_mooncake(source)
+    write_trace(trace, destination)
+    _report_written(trace, destination)
+
+
+@trace_app.command("generate")
+@friendly_errors
+def trace_generate(name: str, destination: Path,
+                   requests: Annotated[int | None, typer.Option()] = None,
+                   seed: Annotated[int, typer.Option()] = 0) -> None:
+    """Write a built-in synthetic trace (mmlu, nq) to a directory."""
+    from ragsim.traces import BUILTIN_SPECS, builtin_trace, write_trace
+
+    if name not in BUILTIN_SPECS:
+        raise RagsimInputError(f"unknown built-in trace {name!r}; known: "
+                               f"{sorted(BUILTIN_SPECS)}")
+    trace = builtin_trace(name, seed=seed, n_requests=requests)
+    write_trace(trace, destination)
+    _report_written(trace, destination)
+
+
+def _report_written(trace, destination: Path) -> None:
+    err.print(f"wrote {trace.n_requests:,} requests and {trace.n_documents:,} documents to "
+              f"{destination}")
+    if trace.info.get("document_size_mismatches"):
+        err.print(f"[yellow]warning:[/] {trace.info['document_size_mismatches']} document size "
+                  f"mismatch(es), first sizes kept; {trace.info['first_size_mismatch']}")
+
+
+@trace_app.command("stats")
+@friendly_errors
+def trace_stats_command(trace: str,
+                        json_output: Annotated[bool, typer.Option("--json")] = False,
+                        seed: Annotated[int, typer.Option()] = 0,
+                        requests: Annotated[int | None, typer.Option()] = None) -> None:
+    """Requests, documents, tokens, top-k and retrieval skew of a trace."""
+    from ragsim.traces import resolve_trace, trace_stats
+
+    stats = trace_stats(resolve_trace(trace, seed=seed, n_requests=requests))
+    if json_output:
+        _print_json(stats)
+        return
+    table = Table(title=f"trace {trace}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for key, value in stats.items():
+        if key == "info":
+            continue
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        table.add_row(key, str(value))
+    out.print(table)
+    info = stats["info"]
+    if info:
+        out.print("[bold]how it was made:[/]", json.dumps(info, indent=1, default=str),
+                  highlight=False)
+
+
+if __name__ == "__main__":
+    app()

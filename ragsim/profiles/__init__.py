@@ -1,0 +1,1 @@
+"""Cost side of ragsim: model architectures, prefill-cost tables and their interpolation."""

@@ -1,0 +1,186 @@
+"""Prefill-cost tables T(cached_tokens, new_tokens) and their bilinear interpolation.
+
+PGDSF needs, for every request that computes a node, the prefill time of that request given how
+many of its tokens were cached (alpha) and how many must be computed (beta). The paper profiles T
+offline on a grid and interpolates bilinearly (Algorithm 1). This module holds the grid, reads and
+checks the file format, and answers T(alpha, beta) both one point at a time (pure Python, for the
+per-request hot path) and vectorised (numpy, for tools and plots).
+
+Outside the grid the edge cells are extended linearly and every such query is counted in
+``extrapolated_queries``, so a run can say how often it left the measured region.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ragsim.errors import ProfileError
+
+FORMAT_NAME = "ragsim.prefill-cost-table"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class PrefillCostTable:
+    """T(alpha cached tokens, beta new tokens) in seconds on a rectilinear grid."""
+
+    name: str
+    cached_tokens: list[float]
+    new_tokens: list[float]
+    prefill_s: list[list[float]]
+    metadata: dict = field(default_factory=dict)
+    extrapolated_queries: int = 0
+
+    def __post_init__(self) -> None:
+        self._validate(source=self.name)
+        self._grid = np.asarray(self.prefill_s, dtype=np.float64)
+
+    def _validate(self, source: str) -> None:
+        for axis_name in ("cached_tokens", "new_tokens"):
+            axis = getattr(self, axis_name)
+            if len(axis) < 2:
+                raise ProfileError("an axis needs at least two points", file=source,
+                                   field=axis_name)
+            for i, value in enumerate(axis):
+                if not math.isfinite(value) or value < 0:
+                    raise ProfileError(f"entry {i} is {value!r}; must be finite and >= 0",
+                                       file=source, field=axis_name)
+                if i and value <= axis[i - 1]:
+                    raise ProfileError(f"axis must increase strictly; entry {i} ({value}) "
+                                       f"follows {axis[i - 1]}", file=source, field=axis_name)
+        if len(self.prefill_s) != len(self.cached_tokens):
+            raise ProfileError(
+                f"has {len(self.prefill_s)} rows but cached_tokens has "
+                f"{len(self.cached_tokens)} points", file=source, field="prefill_s")
+        for r, row in enumerate(self.prefill_s):
+            if len(row) != len(self.new_tokens):
+                raise ProfileError(f"has {len(row)} columns, expected {len(self.new_tokens)}",
+                                   file=source, row=r, field="prefill_s")
+            for c, value in enumerate(row):
+                if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                    raise ProfileError(f"column {c} is {value!r}; times must be finite and >= 0",
+                                       file=source, row=r, field="prefill_s")
+
+    # -- queries ---------------------------------------------------------------------------
+    @staticmethod
+    def _cell(axis: list[float], x: float) -> tuple[int, bool]:
+        """Index i of the cell [axis[i], axis[i+1]] used for x, and whether x lies outside."""
+        i = bisect.bisect_right(axis, x) - 1
+        last = len(axis) - 2
+        if i < 0:
+            return 0, True
+        if i > last:
+            return last, x > axis[-1]
+        return i, False
+
+    def prefill_s_at(self, cached_tokens: float, new_tokens: float) -> float:
+        """Bilinear interpolation of T, exactly as the paper's Algorithm 1 writes it."""
+        a_axis, b_axis, grid = self.cached_tokens, self.new_tokens, self.prefill_s
+        i, out_a = self._cell(a_axis, cached_tokens)
+        j, out_b = self._cell(b_axis, new_tokens)
+        if out_a or out_b:
+            self.extrapolated_queries += 1
+        a_lo, a_hi = a_axis[i], a_axis[i + 1]
+        b_lo, b_hi = b_axis[j], b_axis[j + 1]
+        wa = (cached_tokens - a_lo) / (a_hi - a_lo)
+        t_b_lo = grid[i][j] + wa * (grid[i + 1][j] - grid[i][j])
+        t_b_hi = grid[i][j + 1] + wa * (grid[i + 1][j + 1] - grid[i][j + 1])
+        value = t_b_lo + (new_tokens - b_lo) / (b_hi - b_lo) * (t_b_hi - t_b_lo)
+        return value if value > 0.0 else 0.0
+
+    def prefill_s_many(self, cached_tokens: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+        """Vectorised ``prefill_s_at`` (same formula, same extrapolation)."""
+        a = np.asarray(cached_tokens, dtype=np.float64)
+        b = np.asarray(new_tokens, dtype=np.float64)
+        a_axis = np.asarray(self.cached_tokens)
+        b_axis = np.asarray(self.new_tokens)
+        i = np.clip(np.searchsorted(a_axis, a, side="right") - 1, 0, len(a_axis) - 2)
+        j = np.clip(np.searchsorted(b_axis, b, side="right") - 1, 0, len(b_axis) - 2)
+        outside = (a < a_axis[0]) | (a > a_axis[-1]) | (b < b_axis[0]) | (b > b_axis[-1])
+        self.extrapolated_queries += int(outside.sum())
+        g = self._grid
+        wa = (a - a_axis[i]) / (a_axis[i + 1] - a_axis[i])
+        t_lo = g[i, j] + wa * (g[i + 1, j] - g[i, j])
+        t_hi = g[i, j + 1] + wa * (g[i + 1, j + 1] - g[i, j + 1])
+        out = t_lo + (b - b_axis[j]) / (b_axis[j + 1] - b_axis[j]) * (t_hi - t_lo)
+        return np.maximum(out, 0.0)
+
+    # -- files -----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            **self.metadata,
+            "cached_tokens": list(self.cached_tokens),
+            "new_tokens": list(self.new_tokens),
+            "prefill_s": [list(row) for row in self.prefill_s],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str = "<table>") -> PrefillCostTable:
+        if not isinstance(data, dict):
+            raise ProfileError("expected a JSON object", file=source)
+        if data.get("format") != FORMAT_NAME:
+            raise ProfileError(f"expected {FORMAT_NAME!r}, got {data.get('format')!r}",
+                               file=source, field="format")
+        if data.get("version") != FORMAT_VERSION:
+            raise ProfileError(f"unsupported version {data.get('version')!r}; this ragsim "
+                               f"reads version {FORMAT_VERSION}", file=source, field="version")
+        for key in ("name", "cached_tokens", "new_tokens", "prefill_s"):
+            if key not in data:
+                raise ProfileError("missing", file=source, field=key)
+        for key in ("cached_tokens", "new_tokens"):
+            if not isinstance(data[key], list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in data[key]
+            ):
+                raise ProfileError("must be a list of numbers", file=source, field=key)
+        if not isinstance(data["prefill_s"], list) or not all(
+            isinstance(r, list) for r in data["prefill_s"]
+        ):
+            raise ProfileError("must be a list of rows", file=source, field="prefill_s")
+        meta = {k: v for k, v in data.items()
+                if k not in ("format", "version", "name", "cached_tokens", "new_tokens",
+                             "prefill_s")}
+        table = cls.__new__(cls)
+        table.name = str(data["name"])
+        table.cached_tokens = [float(v) for v in data["cached_tokens"]]
+        table.new_tokens = [float(v) for v in data["new_tokens"]]
+        table.prefill_s = data["prefill_s"]
+        table.metadata = meta
+        table.extrapolated_queries = 0
+        table._validate(source=source)
+        table.prefill_s = [[float(v) for v in row] for row in data["prefill_s"]]
+        table._grid = np.asarray(table.prefill_s, dtype=np.float64)
+        return table
+
+
+def shipped_table_names() -> list[str]:
+    folder = resources.files("ragsim.profiles") / "data"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_cost_table(name_or_path: str) -> PrefillCostTable:
+    """A shipped table by name (``a10g-mistral-7b``) or a JSON file by path."""
+    path = Path(name_or_path)
+    if not path.exists():
+        if name_or_path not in shipped_table_names():
+            raise ProfileError(
+                f"no such file, and not a shipped table; shipped: {shipped_table_names()}",
+                file=name_or_path)
+        text = (resources.files("ragsim.profiles") / "data" / f"{name_or_path}.json").read_text()
+        source = name_or_path
+    else:
+        text, source = path.read_text(), str(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"not valid JSON: {exc}", file=source) from exc
+    return PrefillCostTable.from_dict(data, source=source)

@@ -1,0 +1,1 @@
+"""Real engines, retrieval and answer caches driven by the same policy core (later issues)."""

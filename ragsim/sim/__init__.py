@@ -1,0 +1,1 @@
+"""Drivers that feed traces through the policy core with modelled (or no) time."""

@@ -1,0 +1,289 @@
+"""Reading and writing traces: Parquet directories, the JSONL interchange format, Mooncake."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragsim.errors import TraceError
+from ragsim.traces.schema import Trace
+from ragsim.traces.validate import check_version, trace_from_tables
+
+REQUESTS_FILE = "requests.parquet"
+DOCUMENTS_FILE = "documents.parquet"
+
+
+def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
+    """Write ``requests.parquet`` and ``documents.parquet`` atomically into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in ((REQUESTS_FILE, trace.requests_table()),
+                        (DOCUMENTS_FILE, trace.documents_table())):
+        fd, tmp = tempfile.mkstemp(dir=out, suffix=".parquet.tmp")
+        os.close(fd)
+        pq.write_table(table, tmp)
+        os.replace(tmp, out / name)
+    return out
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """A trace directory, a ``requests.parquet`` inside one, or a ``.jsonl`` file."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".jsonl":
+        return read_jsonl(p)
+    if p.is_file() and p.name == REQUESTS_FILE:
+        p = p.parent
+    if not p.exists():
+        raise TraceError("no such trace file or directory", file=str(p))
+    if not p.is_dir():
+        raise TraceError("a trace is a directory with requests.parquet and documents.parquet, "
+                         "or a .jsonl file", file=str(p))
+    tables = {}
+    for name in (REQUESTS_FILE, DOCUMENTS_FILE):
+        f = p / name
+        if not f.exists():
+            raise TraceError(f"missing {name}", file=str(p))
+        try:
+            tables[name] = pq.read_table(f)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise TraceError(f"not a readable Parquet file: {exc}", file=str(f)) from exc
+        check_version(tables[name].schema, str(f))
+    return trace_from_tables(tables[REQUESTS_FILE], tables[DOCUMENTS_FILE],
+                             requests_source=str(p / REQUESTS_FILE),
+                             documents_source=str(p / DOCUMENTS_FILE))
+
+
+# --------------------------------------------------------------------------- building
+class TraceBuilder:
+    """Accumulates requests and first-seen document sizes, then validates into a ``Trace``.
+
+    A document's size is fixed the first time it is seen; a later, different size is not an
+    error (real logs disagree) but is counted in ``size_mismatches`` and reported.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.arrival_s: list[float] = []
+        self.query_tokens: list[int] = []
+        self.output_tokens: list[int] = []
+        self.doc_lists: list[list[int]] = []
+        self.doc_tokens: dict[int, int] = {}
+        self.size_mismatches = 0
+        self.first_mismatch: str | None = None
+
+    def add(self, row: int, arrival_s: float, query_tokens: int, output_tokens: int,
+            doc_ids: list[int], doc_tokens: list[int] | None) -> None:
+        self.arrival_s.append(arrival_s)
+        self.query_tokens.append(query_tokens)
+        self.output_tokens.append(output_tokens)
+        self.doc_lists.append(doc_ids)
+        sizes = self.doc_tokens
+        for i, doc in enumerate(doc_ids):
+            size = doc_tokens[i] if doc_tokens is not None else None
+            known = sizes.get(doc)
+            if known is None:
+                if size is None:
+                    raise TraceError(f"document {doc} appears for the first time without a "
+                                     "size", file=self.source, row=row, field="doc_tokens")
+                sizes[doc] = size
+            elif size is not None and size != known:
+                self.size_mismatches += 1
+                if self.first_mismatch is None:
+                    self.first_mismatch = (f"row {row}: document {doc} has {size} tokens, "
+                                           f"first seen with {known} (kept)")
+
+    def build(self, info: dict) -> Trace:
+        n = len(self.doc_lists)
+        lengths = np.fromiter((len(d) for d in self.doc_lists), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter((d for docs in self.doc_lists for d in docs), dtype=np.int64,
+                           count=int(offsets[-1]))
+        doc_ids = np.fromiter(self.doc_tokens.keys(), dtype=np.int64, count=len(self.doc_tokens))
+        doc_tok = np.fromiter(self.doc_tokens.values(), dtype=np.int64,
+                              count=len(self.doc_tokens))
+        requests = pa.table({
+            "request_id": pa.array(np.arange(n, dtype=np.int64)),
+            "arrival_s": pa.array(np.asarray(self.arrival_s, dtype=np.float64)),
+            "query_tokens": pa.array(np.asarray(self.query_tokens, dtype=np.int64)),
+            "output_tokens": pa.array(np.asarray(self.output_tokens, dtype=np.int64)),
+            "doc_ids": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                                pa.array(flat)),
+        })
+        documents = pa.table({"doc_id": pa.array(doc_ids), "tokens": pa.array(doc_tok)})
+        info = dict(info)
+        if self.size_mismatches:
+            info["document_size_mismatches"] = self.size_mismatches
+            info["first_size_mismatch"] = self.first_mismatch
+        trace = trace_from_tables(requests, documents, requests_source=self.source,
+                                  documents_source=self.source)
+        trace.info = info
+        return trace
+
+
+def _iter_json_lines(path: Path) -> Iterable[tuple[int, dict]]:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"cannot open: {exc}", file=str(path)) from exc
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise TraceError(f"not valid JSON: {exc}", file=str(path), row=line_no) from exc
+            if not isinstance(obj, dict):
+                raise TraceError("each line must be a JSON object", file=str(path), row=line_no)
+            yield line_no, obj
+
+
+def _int_field(obj: dict, key: str, src: str, row: int, *, minimum: int | None = 0,
+               default: int | None = None) -> int:
+    if key not in obj:
+        if default is not None:
+            return default
+        raise TraceError("missing", file=src, row=row, field=key)
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"must be an integer, got {value!r}", file=src, row=row, field=key)
+    if minimum is not None and value < minimum:
+        raise TraceError(f"must be >= {minimum}, got {value}", file=src, row=row, field=key)
+    return value
+
+
+def _int_list(obj: dict, key: str, src: str, row: int, *, minimum: int | None = None
+              ) -> list[int]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        raise TraceError(f"must be a list of integers, got {value!r}", file=src, row=row,
+                         field=key)
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TraceError(f"must hold integers, found {item!r}", file=src, row=row,
+                             field=key)
+        if minimum is not None and item < minimum:
+            raise TraceError(f"entries must be >= {minimum}, found {item}", file=src, row=row,
+                             field=key)
+    return value
+
+
+JSONL_FIELDS = {"arrival_s", "query_tokens", "output_tokens", "doc_ids", "doc_tokens"}
+
+
+def read_jsonl(path: str | os.PathLike) -> Trace:
+    """The JSONL interchange format, one request per line::
+
+        {"arrival_s": 0.0, "query_tokens": 60, "output_tokens": 32,
+         "doc_ids": [7, 3], "doc_tokens": [812, 430]}
+    """
+    p = Path(path)
+    src = str(p)
+    builder = TraceBuilder(src)
+    last_time = 0.0
+    for row, obj in _iter_json_lines(p):
+        unknown = set(obj) - JSONL_FIELDS
+        if unknown:
+            raise TraceError(f"unknown field(s) {sorted(unknown)}; allowed: "
+                             f"{sorted(JSONL_FIELDS)}", file=src, row=row,
+                             field=sorted(unknown)[0])
+        t = obj.get("arrival_s")
+        if isinstance(t, bool) or not isinstance(t, int | float):
+            raise TraceError(f"must be a number of seconds, got {t!r}", file=src, row=row,
+                             field="arrival_s")
+        if not math.isfinite(t) or t < 0:
+            raise TraceError(f"must be finite and >= 0, got {t}", file=src, row=row,
+                             field="arrival_s")
+        if t < last_time:
+            raise TraceError(f"arrival time goes backwards ({t} after {last_time}); ragsim "
+                             "refuses unsorted traces: sort the lines by arrival_s",
+                             file=src, row=row, field="arrival_s")
+        last_time = float(t)
+        docs = _int_list(obj, "doc_ids", src, row)
+        if not docs:
+            raise TraceError("empty document list", file=src, row=row, field="doc_ids")
+        sizes = None
+        if "doc_tokens" in obj:
+            sizes = _int_list(obj, "doc_tokens", src, row, minimum=1)
+            if len(sizes) != len(docs):
+                raise TraceError(f"has {len(sizes)} entries for {len(docs)} documents",
+                                 file=src, row=row, field="doc_tokens")
+        builder.add(row, float(t), _int_field(obj, "query_tokens", src, row),
+                    _int_field(obj, "output_tokens", src, row), docs, sizes)
+    if not builder.doc_lists:
+        raise TraceError("no requests in file", file=src)
+    return builder.build({"source": "jsonl", "file": p.name})
+
+
+def write_jsonl(trace: Trace, path: str | os.PathLike) -> Path:
+    """Export in the interchange format; ``doc_tokens`` carries every document's size."""
+    out = Path(path)
+    tokens_flat = trace.doc_tokens_flat.tolist()
+    ids_flat = trace.doc_ids.tolist()
+    offsets = trace.doc_offsets.tolist()
+    arrival = trace.arrival_s.tolist()
+    query = trace.query_tokens.tolist()
+    output = trace.output_tokens.tolist()
+    with out.open("w") as handle:
+        for i in range(trace.n_requests):
+            lo, hi = offsets[i], offsets[i + 1]
+            handle.write(json.dumps({
+                "arrival_s": arrival[i],
+                "query_tokens": query[i],
+                "output_tokens": output[i],
+                "doc_ids": ids_flat[lo:hi],
+                "doc_tokens": tokens_flat[lo:hi],
+            }) + "\n")
+    return out
+
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+def read_mooncake(path: str | os.PathLike) -> Trace:
+    """Mooncake's public traces: ``timestamp`` (ms), ``input_length``, ``output_length``,
+    ``hash_ids`` (ids of 512-token blocks chained by prefix).
+
+    Each block becomes a document of 512 tokens, the last one ``input_length - 512*(n-1)``;
+    the whole input is blocks, so ``query_tokens`` is 0. A block id met again with another size
+    (a partial last block elsewhere) keeps its first size; mismatches are counted in the info.
+    """
+    p = Path(path)
+    src = str(p)
+    builder = TraceBuilder(src)
+    last_ms = 0
+    for row, obj in _iter_json_lines(p):
+        ts = obj.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
+                or ts < 0:
+            raise TraceError(f"must be a number of milliseconds >= 0, got {ts!r}", file=src,
+                             row=row, field="timestamp")
+        if ts < last_ms:
+            raise TraceError(f"timestamp goes backwards ({ts} after {last_ms})", file=src,
+                             row=row, field="timestamp")
+        last_ms = ts
+        input_length = _int_field(obj, "input_length", src, row, minimum=1)
+        output_length = _int_field(obj, "output_length", src, row)
+        blocks = _int_list(obj, "hash_ids", src, row, minimum=0)
+        if not blocks:
+            raise TraceError("empty block list", file=src, row=row, field="hash_ids")
+        last = input_length - MOONCAKE_BLOCK_TOKENS * (len(blocks) - 1)
+        if not 0 < last <= MOONCAKE_BLOCK_TOKENS:
+            raise TraceError(f"{len(blocks)} blocks of {MOONCAKE_BLOCK_TOKENS} tokens do not "
+                             f"cover input_length {input_length}", file=src, row=row,
+                             field="input_length")
+        sizes = [MOONCAKE_BLOCK_TOKENS] * (len(blocks) - 1) + [last]
+        builder.add(row, ts / 1000.0, 0, output_length, blocks, sizes)
+    if not builder.doc_lists:
+        raise TraceError("no requests in file", file=src)
+    return builder.build({"source": "mooncake", "file": p.name,
+                          "block_tokens": MOONCAKE_BLOCK_TOKENS})

@@ -1,0 +1,147 @@
+"""Trace format v1: a table of requests and a table of documents.
+
+On disk a trace is a directory holding ``requests.parquet`` and ``documents.parquet``; both carry
+``ragsim.trace_version`` in their Parquet metadata, and ``requests.parquet`` also carries the
+trace's description (``ragsim.trace_info``, JSON: how it was made, with every parameter).
+
+Requests (one row each, in arrival order; a trace whose times go backwards is refused):
+
+================  ======================  =====================================================
+column            type                    meaning
+================  ======================  =====================================================
+request_id        int64                   unique id
+arrival_s         float64                 arrival time, seconds, finite, >= 0, non-decreasing
+query_tokens      int64                   tokens of the question itself (>= 0), never cached
+output_tokens     int64                   tokens to generate (>= 0)
+doc_ids           list<int64>             retrieved documents in rank order (may be empty
+                                          only when the request has no retrieval)
+stages            list<list<int64>>       optional: top-k after each vector-search stage
+query_text        string                  optional
+answer_key        string                  optional: identity of the expected answer
+has_history       bool                    optional: multi-turn request (skips answer caches)
+================  ======================  =====================================================
+
+Documents: ``doc_id`` (int64, unique), ``tokens`` (int64 > 0), optional ``text`` (string).
+Every id in ``doc_ids`` and ``stages`` must appear in the documents table.
+
+In memory the request table is columnar (numpy), with document lists in CSR form
+(``doc_offsets``, ``doc_ids``) so a million requests cost a few arrays, not a million objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+TRACE_VERSION = 1
+VERSION_KEY = b"ragsim.trace_version"
+INFO_KEY = b"ragsim.trace_info"
+
+REQUIRED_REQUEST_COLUMNS = ("request_id", "arrival_s", "query_tokens", "output_tokens", "doc_ids")
+OPTIONAL_REQUEST_COLUMNS = ("stages", "query_text", "answer_key", "has_history")
+REQUIRED_DOCUMENT_COLUMNS = ("doc_id", "tokens")
+OPTIONAL_DOCUMENT_COLUMNS = ("text",)
+
+
+@dataclass
+class Trace:
+    """A validated trace, columnar. Build with ``Trace.build`` or read with ``read_trace``."""
+
+    request_id: np.ndarray
+    arrival_s: np.ndarray
+    query_tokens: np.ndarray
+    output_tokens: np.ndarray
+    doc_offsets: np.ndarray  # int64, len n_requests + 1
+    doc_ids: np.ndarray  # int64, flat, rank order within each request
+    document_ids: np.ndarray  # int64, sorted
+    document_tokens: np.ndarray  # int64, aligned with document_ids
+    stages: pa.Array | None = None  # list<list<int64>> per request
+    query_text: pa.Array | None = None
+    answer_key: pa.Array | None = None
+    has_history: np.ndarray | None = None
+    document_text: pa.Array | None = None
+    info: dict = field(default_factory=dict)
+    _doc_tokens_flat: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.request_id)
+
+    @property
+    def n_documents(self) -> int:
+        return len(self.document_ids)
+
+    @property
+    def top_k(self) -> np.ndarray:
+        return np.diff(self.doc_offsets)
+
+    @property
+    def doc_tokens_flat(self) -> np.ndarray:
+        """Token count of every entry of ``doc_ids`` (same layout)."""
+        if self._doc_tokens_flat is None:
+            idx = np.searchsorted(self.document_ids, self.doc_ids)
+            self._doc_tokens_flat = self.document_tokens[idx]
+        return self._doc_tokens_flat
+
+    def docs_of(self, i: int) -> np.ndarray:
+        return self.doc_ids[self.doc_offsets[i]: self.doc_offsets[i + 1]]
+
+    def head(self, n: int) -> Trace:
+        """The first ``n`` requests (documents table unchanged)."""
+        n = min(n, self.n_requests)
+        end = int(self.doc_offsets[n])
+        return Trace(
+            request_id=self.request_id[:n],
+            arrival_s=self.arrival_s[:n],
+            query_tokens=self.query_tokens[:n],
+            output_tokens=self.output_tokens[:n],
+            doc_offsets=self.doc_offsets[: n + 1],
+            doc_ids=self.doc_ids[:end],
+            document_ids=self.document_ids,
+            document_tokens=self.document_tokens,
+            stages=None if self.stages is None else self.stages[:n],
+            query_text=None if self.query_text is None else self.query_text[:n],
+            answer_key=None if self.answer_key is None else self.answer_key[:n],
+            has_history=None if self.has_history is None else self.has_history[:n],
+            document_text=self.document_text,
+            info={**self.info, "head": n},
+        )
+
+    # -- Arrow tables --------------------------------------------------------------------
+    def requests_table(self) -> pa.Table:
+        columns = {
+            "request_id": pa.array(self.request_id, pa.int64()),
+            "arrival_s": pa.array(self.arrival_s, pa.float64()),
+            "query_tokens": pa.array(self.query_tokens, pa.int64()),
+            "output_tokens": pa.array(self.output_tokens, pa.int64()),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(self.doc_offsets.astype(np.int32), pa.int32()),
+                pa.array(self.doc_ids, pa.int64()),
+            ),
+        }
+        if self.stages is not None:
+            columns["stages"] = self.stages
+        if self.query_text is not None:
+            columns["query_text"] = self.query_text
+        if self.answer_key is not None:
+            columns["answer_key"] = self.answer_key
+        if self.has_history is not None:
+            columns["has_history"] = pa.array(self.has_history, pa.bool_())
+        table = pa.table(columns)
+        return table.replace_schema_metadata({
+            VERSION_KEY: str(TRACE_VERSION).encode(),
+            INFO_KEY: json.dumps(self.info, sort_keys=True).encode(),
+        })
+
+    def documents_table(self) -> pa.Table:
+        columns = {
+            "doc_id": pa.array(self.document_ids, pa.int64()),
+            "tokens": pa.array(self.document_tokens, pa.int64()),
+        }
+        if self.document_text is not None:
+            columns["text"] = self.document_text
+        table = pa.table(columns)
+        return table.replace_schema_metadata({VERSION_KEY: str(TRACE_VERSION).encode()})

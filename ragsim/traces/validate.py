@@ -1,0 +1,226 @@
+"""Checks that turn Arrow tables into a ``Trace`` or fail naming file, row and field.
+
+Rows are numbered from 0 in Parquet tables and from 1 (the line number) in JSONL files.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ragsim.errors import TraceError
+from ragsim.traces.schema import (
+    INFO_KEY,
+    OPTIONAL_DOCUMENT_COLUMNS,
+    OPTIONAL_REQUEST_COLUMNS,
+    REQUIRED_DOCUMENT_COLUMNS,
+    REQUIRED_REQUEST_COLUMNS,
+    TRACE_VERSION,
+    VERSION_KEY,
+    Trace,
+)
+
+
+def check_version(schema: pa.Schema, source: str) -> None:
+    meta = schema.metadata or {}
+    if VERSION_KEY not in meta:
+        raise TraceError(f"no {VERSION_KEY.decode()} in the Parquet metadata; is this a ragsim "
+                         "trace?", file=source, field="version")
+    version = meta[VERSION_KEY].decode()
+    if version != str(TRACE_VERSION):
+        raise TraceError(f"trace version {version}, this ragsim reads version {TRACE_VERSION}",
+                         file=source, field="version")
+
+
+def check_columns(table: pa.Table, required: tuple, optional: tuple, source: str) -> None:
+    names = table.column_names
+    unknown = [c for c in names if c not in required + optional]
+    if unknown:
+        raise TraceError(f"unknown column(s) {unknown}; allowed: {list(required + optional)}",
+                         file=source, field=unknown[0])
+    for column in required:
+        if column not in names:
+            raise TraceError("missing required column", file=source, field=column)
+
+
+def _first_bad(mask: np.ndarray) -> int | None:
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if len(idx) else None
+
+
+def _integer_column(table: pa.Table, name: str, source: str) -> np.ndarray:
+    column = table.column(name)
+    if not pa.types.is_integer(column.type):
+        raise TraceError(f"must hold integers, found type {column.type}", file=source, field=name)
+    if column.null_count:
+        row = _first_bad(column.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing value", file=source, row=row, field=name)
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+def _integer_list_column(table: pa.Table, name: str, source: str) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+    column = table.column(name).combine_chunks()
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise TraceError(f"must be a list of integers, found type {column.type}", file=source,
+                         field=name)
+    if not pa.types.is_integer(column.type.value_type):
+        raise TraceError(f"list items must be integers, found {column.type.value_type}",
+                         file=source, field=name)
+    if column.null_count:
+        row = _first_bad(column.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing list", file=source, row=row, field=name)
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    values = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if values.null_count:
+        pos = _first_bad(values.is_null().to_numpy(zero_copy_only=False))
+        row = int(np.searchsorted(offsets, pos + offsets[0], side="right") - 1)
+        raise TraceError("missing id inside the list", file=source, row=row, field=name)
+    return offsets - offsets[0], values.to_numpy().astype(np.int64)
+
+
+def documents_from_table(table: pa.Table, source: str) -> tuple[np.ndarray, np.ndarray,
+                                                                 pa.Array | None]:
+    check_columns(table, REQUIRED_DOCUMENT_COLUMNS, OPTIONAL_DOCUMENT_COLUMNS, source)
+    ids = _integer_column(table, "doc_id", source)
+    tokens = _integer_column(table, "tokens", source)
+    row = _first_bad(tokens <= 0)
+    if row is not None:
+        raise TraceError(f"document size must be > 0 tokens, got {tokens[row]}", file=source,
+                         row=row, field="tokens")
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    dup = _first_bad(sorted_ids[1:] == sorted_ids[:-1])
+    if dup is not None:
+        raise TraceError(f"duplicate doc_id {sorted_ids[dup]}", file=source,
+                         row=int(order[dup + 1]), field="doc_id")
+    text = None
+    if "text" in table.column_names:
+        text = table.column("text").combine_chunks().take(pa.array(order))
+    return sorted_ids, tokens[order], text
+
+
+def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_source: str,
+                      documents_source: str) -> Trace:
+    src = requests_source
+    check_columns(requests, REQUIRED_REQUEST_COLUMNS, OPTIONAL_REQUEST_COLUMNS, src)
+    document_ids, document_tokens, document_text = documents_from_table(documents,
+                                                                        documents_source)
+    request_id = _integer_column(requests, "request_id", src)
+    arrival = requests.column("arrival_s")
+    if not (pa.types.is_floating(arrival.type) or pa.types.is_integer(arrival.type)):
+        raise TraceError(f"must be a number of seconds, found type {arrival.type}", file=src,
+                         field="arrival_s")
+    if arrival.null_count:
+        raise TraceError("missing value", file=src,
+                         row=_first_bad(arrival.is_null().to_numpy(zero_copy_only=False)),
+                         field="arrival_s")
+    arrival_s = arrival.to_numpy().astype(np.float64)
+    row = _first_bad(~np.isfinite(arrival_s) | (arrival_s < 0))
+    if row is not None:
+        raise TraceError(f"arrival time must be finite and >= 0, got {arrival_s[row]}",
+                         file=src, row=row, field="arrival_s")
+    row = _first_bad(np.diff(arrival_s) < 0)
+    if row is not None:
+        raise TraceError(
+            f"arrival time goes backwards ({arrival_s[row + 1]} after {arrival_s[row]}); "
+            "ragsim refuses unsorted traces: sort the requests by arrival_s first",
+            file=src, row=row + 1, field="arrival_s")
+    order = np.sort(request_id)
+    dup = _first_bad(order[1:] == order[:-1])
+    if dup is not None:
+        row = int(np.flatnonzero(request_id == order[dup])[1])
+        raise TraceError(f"duplicate request_id {order[dup]}", file=src, row=row,
+                         field="request_id")
+    query_tokens = _integer_column(requests, "query_tokens", src)
+    output_tokens = _integer_column(requests, "output_tokens", src)
+    for name, values in (("query_tokens", query_tokens), ("output_tokens", output_tokens)):
+        row = _first_bad(values < 0)
+        if row is not None:
+            raise TraceError(f"must be >= 0, got {values[row]}", file=src, row=row, field=name)
+    doc_offsets, doc_ids = _integer_list_column(requests, "doc_ids", src)
+    has_history = None
+    if "has_history" in requests.column_names:
+        column = requests.column("has_history")
+        if not pa.types.is_boolean(column.type):
+            raise TraceError(f"must be boolean, found {column.type}", file=src,
+                             field="has_history")
+        has_history = column.fill_null(False).to_numpy(zero_copy_only=False)
+    # every request needs documents unless it is a multi-turn request that skips retrieval
+    empty = np.diff(doc_offsets) == 0
+    if has_history is not None:
+        empty &= ~has_history
+    row = _first_bad(empty)
+    if row is not None:
+        raise TraceError("empty document list; a RAG request needs at least one document",
+                         file=src, row=row, field="doc_ids")
+    _check_known(doc_ids, doc_offsets, document_ids, src, "doc_ids", documents_source)
+    stages = None
+    if "stages" in requests.column_names:
+        stages = _check_stages(requests.column("stages").combine_chunks(), document_ids, src)
+    text_columns = {}
+    for name in ("query_text", "answer_key"):
+        if name in requests.column_names:
+            column = requests.column(name).combine_chunks()
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                    or pa.types.is_null(column.type)):
+                raise TraceError(f"must be text, found {column.type}", file=src, field=name)
+            text_columns[name] = column
+    info_raw = (requests.schema.metadata or {}).get(INFO_KEY)
+    info = json.loads(info_raw) if info_raw else {}
+    return Trace(
+        request_id=request_id,
+        arrival_s=arrival_s,
+        query_tokens=query_tokens,
+        output_tokens=output_tokens,
+        doc_offsets=doc_offsets,
+        doc_ids=doc_ids,
+        document_ids=document_ids,
+        document_tokens=document_tokens,
+        stages=stages,
+        query_text=text_columns.get("query_text"),
+        answer_key=text_columns.get("answer_key"),
+        has_history=has_history,
+        document_text=document_text,
+        info=info,
+    )
+
+
+def _check_known(ids: np.ndarray, offsets: np.ndarray, known: np.ndarray, src: str, field: str,
+                 documents_source: str) -> None:
+    if len(ids) == 0:
+        return
+    pos = np.searchsorted(known, ids)
+    pos_clipped = np.minimum(pos, len(known) - 1)
+    missing = (len(known) == 0) | (known[pos_clipped] != ids) if len(known) else np.ones(
+        len(ids), bool)
+    bad = _first_bad(missing)
+    if bad is not None:
+        row = int(np.searchsorted(offsets, bad, side="right") - 1)
+        raise TraceError(f"document {ids[bad]} is not in the documents table "
+                         f"({documents_source})", file=src, row=row, field=field)
+
+
+def _check_stages(column: pa.Array, known: np.ndarray, src: str) -> pa.Array:
+    outer_ok = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+    inner = column.type.value_type if outer_ok else None
+    if not (outer_ok and (pa.types.is_list(inner) or pa.types.is_large_list(inner))
+            and pa.types.is_integer(inner.value_type)):
+        raise TraceError(f"must be a list of lists of integers, found {column.type}", file=src,
+                         field="stages")
+    flat_stage_lists = pc.list_flatten(column)
+    flat_ids = pc.list_flatten(flat_stage_lists).to_numpy(zero_copy_only=False)
+    if len(flat_ids):
+        # map each id back to its request for the error message
+        stage_parent = pc.list_parent_indices(column).to_numpy()
+        id_parent = pc.list_parent_indices(flat_stage_lists).to_numpy()
+        request_of_id = stage_parent[id_parent]
+        pos = np.minimum(np.searchsorted(known, flat_ids), len(known) - 1)
+        bad = _first_bad(known[pos] != flat_ids)
+        if bad is not None:
+            raise TraceError(f"document {flat_ids[bad]} is not in the documents table",
+                             file=src, row=int(request_of_id[bad]), field="stages")
+    return column.cast(pa.list_(pa.list_(pa.int64())))

@@ -1,0 +1,59 @@
+"""Parsing of human-written sizes such as ``4GiB`` or ``512MB`` into bytes."""
+
+from __future__ import annotations
+
+import re
+
+from ragsim.errors import RagsimInputError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
+    """Return the number of bytes in ``text`` (``"4GiB"``, ``"0"``, ``"1.5 GB"``, ``1024``).
+
+    Binary suffixes (KiB, MiB, GiB, and bare K/M/G) are powers of 1024; decimal ones (KB, MB, GB)
+    powers of 1000, as their names say.
+    """
+    if isinstance(text, bool):
+        raise RagsimInputError(f"expected a size, got {text!r}", field=field)
+    if isinstance(text, int | float):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE_RE.match(text)
+        if match is None:
+            raise RagsimInputError(
+                f"cannot read {text!r} as a size; write e.g. 4GiB, 512MiB or 1000000", field=field
+            )
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _UNITS:
+        raise RagsimInputError(f"unknown size unit {unit!r} in {text!r}", field=field)
+    if value < 0:
+        raise RagsimInputError(f"a size cannot be negative: {text!r}", field=field)
+    return round(value * _UNITS[unit])
+
+
+def format_bytes(n_bytes: float) -> str:
+    """Short human form of a byte count, binary units."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
