@@ -1,0 +1,213 @@
+"""Trace format v1: round trips, importers, built-in generators, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ragsim.errors import TraceError
+from ragsim.traces import (
+    builtin_trace,
+    read_jsonl,
+    read_mooncake,
+    read_trace,
+    resolve_trace,
+    trace_stats,
+    write_jsonl,
+    write_trace,
+)
+
+
+def write_lines(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+GOOD = [
+    {"arrival_s": 0.0, "query_tokens": 60, "output_tokens": 32, "doc_ids": [7, 3],
+     "doc_tokens": [812, 430]},
+    {"arrival_s": 0.5, "query_tokens": 10, "output_tokens": 4, "doc_ids": [3]},
+    {"arrival_s": 0.5, "query_tokens": 0, "output_tokens": 1, "doc_ids": [3, 9],
+     "doc_tokens": [999, 5]},
+]
+
+
+def test_jsonl_import_first_size_wins_and_mismatch_is_reported(tmp_path):
+    trace = read_jsonl(write_lines(tmp_path / "t.jsonl", GOOD))
+    assert trace.n_requests == 3
+    assert dict(zip(trace.document_ids.tolist(), trace.document_tokens.tolist(), strict=True)) \
+        == {3: 430, 7: 812, 9: 5}
+    assert trace.info["document_size_mismatches"] == 1
+    assert "row 3" in trace.info["first_size_mismatch"]
+
+
+def test_parquet_and_jsonl_round_trips(tmp_path):
+    trace = builtin_trace("mmlu", n_requests=500, seed=3)
+    again = read_trace(write_trace(trace, tmp_path / "t"))
+    for name in ("request_id", "arrival_s", "query_tokens", "output_tokens", "doc_offsets",
+                 "doc_ids", "document_ids", "document_tokens"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(trace, name))
+    assert again.info == trace.info
+    back = read_jsonl(write_jsonl(again, tmp_path / "t.jsonl"))
+    np.testing.assert_array_equal(back.doc_ids, trace.doc_ids)
+    np.testing.assert_array_equal(back.doc_tokens_flat, trace.doc_tokens_flat)
+    np.testing.assert_allclose(back.arrival_s, trace.arrival_s)
+
+
+def test_optional_columns_survive_a_round_trip(tmp_path):
+    trace = builtin_trace("nq", n_requests=3)
+    stages = pa.array([[[int(d) for d in trace.docs_of(i)][::-1], list(trace.docs_of(i))]
+                       for i in range(3)], pa.list_(pa.list_(pa.int64())))
+    trace.stages = stages
+    trace.query_text = pa.array(["a?", "b?", "c?"])
+    trace.has_history = np.array([False, True, False])
+    again = read_trace(write_trace(trace, tmp_path / "t"))
+    assert again.stages.to_pylist() == stages.to_pylist()
+    assert again.query_text.to_pylist() == ["a?", "b?", "c?"]
+    assert again.has_history.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("row,field,bad", [
+    (2, "arrival_s", {"arrival_s": -1.0}),
+    (2, "arrival_s", {"arrival_s": float("nan")}),
+    (3, "arrival_s", {"arrival_s": 0.1}),  # goes backwards after 0.5
+    (2, "doc_ids", {"doc_ids": []}),
+    (2, "doc_ids", {"doc_ids": [3.5]}),
+    (2, "doc_ids", {"doc_ids": ["3"]}),
+    (2, "doc_tokens", {"doc_ids": [11], "doc_tokens": [0]}),
+    (2, "doc_tokens", {"doc_ids": [11]}),  # first sighting without a size
+    (2, "query_tokens", {"query_tokens": -3}),
+    (2, "output_tokens", {"output_tokens": 1.5}),
+    (2, "colour", {"colour": "red"}),
+])
+def test_jsonl_errors_name_file_row_and_field(tmp_path, row, field, bad):
+    rows = [dict(r) for r in GOOD]
+    target = row - 1
+    if row == 3:
+        rows[1]["arrival_s"] = 0.5
+    rows[target] = {**rows[target], **bad}
+    path = write_lines(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(TraceError) as info:
+        read_jsonl(path)
+    assert (info.value.file, info.value.row, info.value.field) == (str(path), row, field)
+    assert str(path) in str(info.value) and f"row {row}" in str(info.value)
+
+
+def test_malformed_json_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(GOOD[0]) + "\n{not json\n")
+    with pytest.raises(TraceError, match="row 2"):
+        read_jsonl(path)
+
+
+def _write_tables(tmp_path, requests: dict, documents: dict, version=b"1"):
+    d = tmp_path / "t"
+    d.mkdir(exist_ok=True)
+    meta = {b"ragsim.trace_version": version}
+    pq.write_table(pa.table(requests).replace_schema_metadata(meta), d / "requests.parquet")
+    pq.write_table(pa.table(documents).replace_schema_metadata(meta), d / "documents.parquet")
+    return d
+
+
+def base_tables():
+    requests = {"request_id": [0, 1], "arrival_s": [0.0, 1.0], "query_tokens": [5, 5],
+                "output_tokens": [1, 1], "doc_ids": [[1, 2], [2]]}
+    documents = {"doc_id": [1, 2], "tokens": [10, 20]}
+    return requests, documents
+
+
+@pytest.mark.parametrize("mutate,file,row,field", [
+    (lambda r, d: r.update(arrival_s=[0.0, -1.0]), "requests", 1, "arrival_s"),
+    (lambda r, d: r.update(arrival_s=[1.0, 0.0]), "requests", 1, "arrival_s"),
+    (lambda r, d: r.update(doc_ids=[[1, 2], []]), "requests", 1, "doc_ids"),
+    (lambda r, d: r.update(doc_ids=[[1, 2], [3]]), "requests", 1, "doc_ids"),
+    (lambda r, d: r.update(doc_ids=[[1.5], [2.0]]), "requests", None, "doc_ids"),
+    (lambda r, d: r.update(request_id=[4, 4]), "requests", 1, "request_id"),
+    (lambda r, d: r.update(extra=[1, 2]), "requests", None, "extra"),
+    (lambda r, d: r.pop("output_tokens"), "requests", None, "output_tokens"),
+    (lambda r, d: d.update(tokens=[10, 0]), "documents", 1, "tokens"),
+    (lambda r, d: d.update(doc_id=[2, 2]), "documents", 1, "doc_id"),
+])
+def test_parquet_errors_name_file_row_and_field(tmp_path, mutate, file, row, field):
+    requests, documents = base_tables()
+    mutate(requests, documents)
+    d = _write_tables(tmp_path, requests, documents)
+    with pytest.raises(TraceError) as info:
+        read_trace(d)
+    assert info.value.file == str(d / f"{file}.parquet")
+    assert (info.value.row, info.value.field) == (row, field)
+
+
+def test_wrong_version_is_refused(tmp_path):
+    d = _write_tables(tmp_path, *base_tables(), version=b"2")
+    with pytest.raises(TraceError, match="version 2") as info:
+        read_trace(d)
+    assert info.value.field == "version"
+
+
+def test_mooncake_import_of_the_shared_sample(mooncake_sample):
+    trace = read_mooncake(mooncake_sample)
+    lines = [json.loads(x) for x in mooncake_sample.read_text().splitlines() if x.strip()]
+    assert trace.n_requests == len(lines)
+    first = lines[0]
+    docs = trace.docs_of(0).tolist()
+    assert docs == first["hash_ids"]
+    sizes = trace.doc_tokens_flat[: len(docs)].tolist()
+    assert sizes[:-1] == [512] * (len(docs) - 1)
+    assert sum(sizes) == first["input_length"] or trace.info.get("document_size_mismatches")
+    assert trace.query_tokens.sum() == 0
+    assert trace.arrival_s[-1] == pytest.approx(lines[-1]["timestamp"] / 1000)
+
+
+def test_mooncake_blocks_and_partial_last_block(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+        {"timestamp": 1500, "input_length": 1024, "output_length": 7, "hash_ids": [0, 1]},
+        {"timestamp": 1600, "input_length": 1500, "output_length": 7, "hash_ids": [0, 1, 2]},
+    ])
+    trace = read_mooncake(path)
+    assert trace.doc_tokens_flat.tolist() == [512, 512, 76, 512, 512, 512, 512, 76]
+    assert trace.info["document_size_mismatches"] == 1  # block 2: 76 first, then 476
+    assert trace.arrival_s.tolist() == [0.0, 1.5, 1.6]
+    bad = write_lines(tmp_path / "bad.jsonl", [
+        {"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [0, 1]}])
+    with pytest.raises(TraceError) as info:
+        read_mooncake(bad)
+    assert (info.value.row, info.value.field) == (1, "input_length")
+
+
+def test_builtin_traces_are_deterministic_and_calibrated():
+    a = builtin_trace("mmlu", seed=7, n_requests=4000)
+    b = builtin_trace("mmlu", seed=7, n_requests=4000)
+    np.testing.assert_array_equal(a.doc_ids, b.doc_ids)
+    np.testing.assert_array_equal(a.arrival_s, b.arrival_s)
+    assert not np.array_equal(builtin_trace("mmlu", seed=8, n_requests=4000).doc_ids, a.doc_ids)
+    mmlu = trace_stats(builtin_trace("mmlu"))
+    nq = trace_stats(builtin_trace("nq"))
+    assert mmlu["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
+    assert nq["top_3pct_share"] == pytest.approx(0.30, abs=0.02)
+    assert nq["top_3pct_share"] < mmlu["top_3pct_share"]
+    assert mmlu["top_k_min"] == mmlu["top_k_max"] == 2
+    # every request's documents are distinct
+    t = builtin_trace("mmlu", n_requests=2000)
+    lists = t.doc_ids.reshape(-1, 2)
+    assert (lists[:, 0] != lists[:, 1]).all()
+
+
+def test_resolve_trace_unknown_name():
+    with pytest.raises(TraceError, match="built-in"):
+        resolve_trace("no-such-trace")
+
+
+def test_stats_skew_on_a_hand_made_trace(tmp_path):
+    rows = [{"arrival_s": float(i), "query_tokens": 1, "output_tokens": 1,
+             "doc_ids": [0] if i < 70 else [i], "doc_tokens": [10]} for i in range(100)]
+    stats = trace_stats(read_jsonl(write_lines(tmp_path / "s.jsonl", rows)))
+    # 31 distinct documents; the top 1 (ceil of 1% of 31) takes 70 of 100 retrievals
+    assert stats["unique_documents_retrieved"] == 31
+    assert stats["top_1pct_share"] == pytest.approx(0.70)
+    assert stats["top_10pct_share"] == pytest.approx(0.73)

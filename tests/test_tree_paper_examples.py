@@ -1,0 +1,195 @@
+"""Hand-worked examples from the RAGCache paper, on the knowledge tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragsim.cache import KnowledgeTree, Tier, make_policy
+from ragsim.profiles.costs import PrefillCostTable
+
+
+def bilinear_table(c0: float, c_new: float, c_pair: float) -> PrefillCostTable:
+    """T(a, b) = c0 + c_new*b + c_pair*a*b: bilinear, so interpolation on it is exact."""
+    cached, new = [0.0, 10_000.0], [1.0, 10_000.0]
+    grid = [[c0 + c_new * b + c_pair * a * b for b in new] for a in cached]
+    return PrefillCostTable("test", cached, new, grid)
+
+
+def tree(policy: str = "pgdsf", *, gpu: int, host: int = 0, table=None, **kw) -> KnowledgeTree:
+    table = table or bilinear_table(0.0, 0.001, 0.0)
+    return KnowledgeTree(make_policy(policy), gpu_capacity_bytes=gpu, host_capacity_bytes=host,
+                         kv_bytes_per_token=1, prefill_cost_s=table.prefill_s_at, **kw)
+
+
+class TestFigure9CostEstimation:
+    """Request [S, D1, D2, Q]: D2's cost depends on what of its prefix was cached."""
+
+    S, D1, D2, Q = 100, 200, 300, 50
+    table = bilinear_table(0.01, 0.001, 1e-6)
+
+    def t(self, a: float, b: float) -> float:
+        return 0.01 + 0.001 * b + 1e-6 * a * b
+
+    def test_only_system_prompt_cached(self):
+        kt = tree(gpu=10_000, table=self.table, system_prompt_tokens=self.S)
+        r = kt.access([1, 2], [self.D1, self.D2], self.Q)
+        alpha, beta = self.S, self.D1 + self.D2 + self.Q
+        assert (r.cached_tokens, r.new_tokens) == (alpha, beta)
+        expected = self.t(alpha, beta) / beta  # 0.615 s over 550 uncached tokens
+        d1, d2 = r.path
+        assert d1.total_cost == pytest.approx(expected, rel=1e-12)
+        assert d2.total_cost == pytest.approx(expected, rel=1e-12)
+        assert d2.num_computed == 1 and d2.value == pytest.approx(expected, rel=1e-12)
+
+    def test_system_prompt_and_d1_cached(self):
+        kt = tree(gpu=10_000, table=self.table, system_prompt_tokens=self.S)
+        kt.access([1], [self.D1], self.Q)  # caches D1 after S
+        r = kt.access([1, 2], [self.D1, self.D2], self.Q)
+        alpha, beta = self.S + self.D1, self.D2 + self.Q
+        assert (r.cached_tokens, r.new_tokens, r.hit_tokens_gpu) == (alpha, beta, self.D1)
+        d1, d2 = r.path
+        assert d2.avg_cost_per_token_s == pytest.approx(self.t(alpha, beta) / beta, rel=1e-12)
+        # D1 was cached this time: frequency grows, its average cost does not change
+        first = self.t(self.S, self.D1 + self.Q) / (self.D1 + self.Q)
+        assert d1.frequency == 2 and d1.num_computed == 1
+        assert d1.value == pytest.approx(2 * first, rel=1e-12)
+
+    def test_cost_averages_over_the_m_requests_that_computed_the_node(self):
+        kt = tree(gpu=300, table=self.table)
+        kt.access([1], [200], 0)  # D1 computed alone
+        kt.access([2], [200], 0)  # evicts D1 (capacity 300 bytes)
+        assert kt.tier_of([1]) is Tier.NONE
+        kt.access([1], [200], 100)  # D1 computed again, other beta
+        node = kt.root.children[1]
+        costs = [self.t(0, 200) / 200, self.t(0, 300) / 300]
+        assert node.num_computed == 2
+        assert node.avg_cost_per_token_s == pytest.approx(sum(costs) / 2, rel=1e-12)
+        # frequency restarts when a node leaves the cache; cost statistics do not
+        assert node.frequency == 1
+
+
+def test_algorithm1_evict_in_gpu_leaf_order_and_clock():
+    """EVICT_IN_GPU takes the lowest-priority *leaf*; a parent becomes a candidate once its
+    last GPU child leaves; the clock rises to each victim's priority."""
+    kt = tree(gpu=300)  # three 100-token documents
+    c = kt.prefill_cost_s(0, 100) / 100  # cost per token, the same for every computation here
+    for _ in range(3):
+        kt.access([ord("A")], [100])
+    kt.access([ord("B")], [100])
+    kt.access([ord("A"), ord("C")], [100, 100])  # A: freq 4 -> 4c; B: c; C: c
+    assert kt.root.children[ord("A")].value == pytest.approx(4 * c)
+
+    def step(doc: str):
+        before = {n.key for n in kt.iter_nodes() if n.in_gpu}
+        kt.access([ord(doc)], [100])
+        after = {n.key for n in kt.iter_nodes() if n.in_gpu}
+        (evicted,) = before - after
+        return chr(evicted), kt.clock_gpu / c
+
+    # B and C tie at c: the least recently accessed (B) goes first. A is not a leaf yet.
+    assert step("D") == pytest.approx(("B", 1.0))
+    # D entered at clock c with priority 2c; C (c) is the lowest leaf
+    assert step("E") == pytest.approx(("C", 1.0))
+    # C gone: A is a GPU leaf now (4c) but D (2c) and E (2c) are lower; D is older
+    assert step("F") == pytest.approx(("D", 2.0))
+    assert step("G") == pytest.approx(("E", 2.0))
+    # F and G both 3c: F is older; A (4c) survives on its frequency
+    assert step("H") == pytest.approx(("F", 3.0))
+    assert kt.tier_of([ord("A")]) is Tier.GPU
+    kt.check_invariants()
+
+
+def test_swap_out_only_once():
+    kt = tree("lru", gpu=100, host=1_000)
+    kt.access([1], [100])
+    kt.access([2], [100])  # A leaves the GPU for the first time: copied to host
+    assert kt.swap_out_bytes == 100 and kt.tier_of([1]) is Tier.HOST
+    r = kt.access([1], [100])  # host hit: copied back, host copy kept
+    assert (r.hit_tokens_host, r.swap_in_bytes) == (100, 100)
+    assert kt.tier_of([1]) is Tier.GPU and kt.root.children[1].host_copy
+    assert kt.swap_out_bytes == 200  # B copied out on its first departure
+    kt.access([2], [100])  # A leaves the GPU again: its KV is already in host, no copy
+    assert kt.swap_out_bytes == 200
+    assert kt.tier_of([1]) is Tier.HOST and kt.host_used_bytes == 200
+    kt.check_invariants()
+
+
+def test_host_hit_is_reported_and_promoted_under_its_gpu_parent():
+    kt = tree("lru", gpu=200, host=1_000)
+    kt.access([1, 2], [100, 100])
+    kt.access([3, 4], [100, 100])  # 2, then 1 (a leaf once 2 left) go to host
+    assert kt.tier_of([1]) is Tier.HOST and kt.tier_of([1, 2]) is Tier.HOST
+    kt.check_invariants()
+    r = kt.access([1, 2], [100, 100])
+    assert (r.hit_tokens_gpu, r.hit_tokens_host, r.swap_in_bytes) == (0, 200, 200)
+    assert kt.tier_of([1]) is Tier.GPU and kt.tier_of([1, 2]) is Tier.GPU
+    kt.check_invariants()
+
+
+def test_thrashing_example_and_reordering():
+    """Q odd -> D1, Q even -> D2, room for one document: in arrival order nothing hits;
+    reordered {Q1, Q3, Q5, Q2, Q4, Q6} the hit rate is 4/6 (the paper's 66%)."""
+    in_order = [1, 2, 1, 2, 1, 2]
+    reordered = [1, 1, 1, 2, 2, 2]
+    for policy in ("pgdsf", "lru"):
+        kt = tree(policy, gpu=100)
+        hits = [kt.access([d], [100]).hit_tokens_gpu > 0 for d in in_order]
+        assert sum(hits) == 0
+        kt = tree(policy, gpu=100)
+        hits = [kt.access([d], [100]).hit_tokens_gpu > 0 for d in reordered]
+        assert sum(hits) == 4
+
+
+def test_order_matters_same_documents_different_positions():
+    """[D1, D3] and [D2, D3]: D3's KV differs by prefix, so no hit for D3 the second time."""
+    kt = tree("lru", gpu=10_000)
+    kt.access([1, 3], [10, 10])
+    r = kt.access([2, 3], [10, 10])
+    assert r.hit_tokens_gpu == 0 and r.recomputed_tokens == 20
+    r = kt.access([3, 1], [10, 10])
+    assert r.hit_tokens_gpu == 0
+    r = kt.access([1, 3, 2], [10, 10, 10])
+    assert (r.hit_tokens_gpu, r.recomputed_tokens) == (20, 10)
+
+
+def test_pinned_nodes_are_not_evicted_and_admission_can_fail():
+    kt = tree("lru", gpu=200)
+    running = kt.access([1, 2], [100, 100], keep_pinned=True)
+    r = kt.access([3], [100])
+    assert r.recomputed_tokens == 100 and kt.tier_of([3]) is Tier.NONE
+    assert kt.admission_failures == 1
+    kt.release(running.path)
+    kt.access([3], [100])
+    assert kt.tier_of([3]) is Tier.GPU and kt.tier_of([1, 2]) is Tier.NONE
+    kt.check_invariants()
+
+
+def test_cached_depth_cap_caches_only_the_first_k_documents():
+    kt = tree("lru", gpu=10_000, max_cached_depth=2)
+    kt.access([1, 2, 3, 4, 5], [10] * 5)
+    r = kt.access([1, 2, 3, 4, 5], [10] * 5)
+    assert (r.hit_tokens_gpu, r.recomputed_tokens) == (20, 30)
+    assert kt.node_count == 3  # root + two cached positions
+
+
+def test_dropping_a_gpu_leaf_drops_its_host_only_children():
+    """If a GPU node cannot be copied to host, it is freed, and the prefix property then
+    forbids keeping its host-only descendants."""
+    kt = tree("lru", gpu=150, host=50)
+    kt.access([1, 2], [100, 50])  # P=1 (100), C=2 (50), both in GPU
+    kt.access([3], [50])  # C is the only GPU leaf: it goes to host
+    assert kt.tier_of([1, 2]) is Tier.HOST and kt.tier_of([1]) is Tier.GPU
+    kt.access([4], [100])  # P is the LRU leaf; 100 bytes cannot go to a 50-byte host
+    assert kt.tier_of([1]) is Tier.NONE
+    assert kt.tier_of([1, 2]) is Tier.NONE  # cascaded
+    assert kt.dropped_bytes == 150 and kt.host_used_bytes == 0
+    assert kt.tier_of([3]) is Tier.GPU and kt.tier_of([4]) is Tier.GPU
+    kt.check_invariants()
+
+
+def test_capacity_zero_never_hits():
+    kt = tree("pgdsf", gpu=0, host=0)
+    for _ in range(3):
+        r = kt.access([1, 2], [10, 20], 5)
+        assert (r.hit_tokens_gpu, r.hit_tokens_host, r.recomputed_tokens) == (0, 0, 30)
+    kt.check_invariants()
