@@ -29,7 +29,7 @@ def invoke_json(*args) -> dict:
 def test_replay_json_has_the_documented_fields_and_adds_up():
     s = invoke_json("replay", "--trace", "mmlu", "--requests", "3000", "--policy", "pgdsf",
                     "--gpu-mem", "2GiB", "--host-mem", "16GiB")
-    assert REQUIRED <= s.keys()
+    assert s.keys() >= REQUIRED
     assert s["requests"] == 3000
     assert s["hit_tokens_gpu"] + s["hit_tokens_host"] + s["recomputed_tokens"] == \
         s["doc_tokens"]

@@ -12,27 +12,122 @@ Residency rules (checked by ``check_invariants``):
   nodes), so a cached node's whole prefix is cached;
 * eviction takes only leaves of a tier: a GPU node none of whose children is in GPU, a host-only
   node none of whose children is cached; dropping the host copy of a GPU node is always allowed;
+  a GPU node that cannot be copied to host is freed with its host-only descendants;
 * a pinned node (in use by a running request) is never evicted;
 * used bytes never exceed a tier's capacity.
 
-The root is the shared system prompt; it is resident in GPU for the life of the tree.
+The root is the shared system prompt; it stays resident in GPU for the life of the tree.
 
 The tree owns structure and residency; a ``TreePolicy`` turns accesses into ``node.value`` and
 the tree evicts the lowest ``clock[tier] + value`` among a tier's leaves (ties: least recently
-accessed). Candidates live in one lazy min-heap per tier: entries carry the node's ``stamp`` and
-are discarded on pop when the node changed since.
+accessed). The candidates of each tier live in an indexed binary min-heap (each node knows its
+position), so a priority change is one sift and the heaps hold exactly the candidates.
+
+This module is plain Python with Cython annotations ("pure Python mode"): it runs as is, and
+the build compiles it to C, which makes a replay several times faster. Keep it valid Python.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from enum import IntEnum
+from typing import TYPE_CHECKING, NamedTuple
 
-from ragsim.cache.node import Node, Tier
-from ragsim.cache.policies.base import TreePolicy
+import cython
+
+if TYPE_CHECKING:
+    from ragsim.cache.policies.base import TreePolicy
 
 ROOT_KEY = -1
+
+
+class Tier(IntEnum):
+    """Where a node's KV lives. A GPU node may also keep a host copy (swap out only once)."""
+
+    NONE = 0
+    HOST = 1
+    GPU = 2
+
+
+@cython.cclass
+class Node:
+    """Tree node: structure, residency, and the policy's metadata.
+
+    A node that left the cache stays in the tree as a *ghost* (tier NONE) so that PGDSF keeps
+    its cost statistics over the m requests that computed it.
+    """
+
+    key = cython.declare(cython.longlong, visibility="public")
+    parent = cython.declare(object, visibility="public")  # Node, or None for the root
+    children = cython.declare(dict, visibility="public")  # None until the first child
+    depth = cython.declare(cython.int, visibility="public")
+    tokens = cython.declare(cython.longlong, visibility="public")
+    size_bytes = cython.declare(cython.longlong, visibility="public")
+    in_gpu = cython.declare(cython.bint, visibility="public")
+    host_copy = cython.declare(cython.bint, visibility="public")
+    gpu_children = cython.declare(cython.int, visibility="public")
+    cached_children = cython.declare(cython.int, visibility="public")
+    pins = cython.declare(cython.int, visibility="public")
+    frequency = cython.declare(cython.longlong, visibility="public")
+    total_cost = cython.declare(cython.double, visibility="public")
+    num_computed = cython.declare(cython.longlong, visibility="public")
+    value = cython.declare(cython.double, visibility="public")
+    last_access = cython.declare(cython.longlong, visibility="public")
+    priority_gpu = cython.declare(cython.double, visibility="public")
+    priority_host = cython.declare(cython.double, visibility="public")
+    gpu_pos = cython.declare(cython.Py_ssize_t, visibility="readonly")  # -1: not a candidate
+    host_pos = cython.declare(cython.Py_ssize_t, visibility="readonly")
+
+    def __init__(self, key: cython.longlong, parent: object, tokens: cython.longlong,
+                 size_bytes: cython.longlong) -> None:
+        self.key = key
+        self.parent = parent
+        self.children = None
+        self.depth = 0 if parent is None else cython.cast(Node, parent).depth + 1
+        self.tokens = tokens
+        self.size_bytes = size_bytes
+        self.in_gpu = False
+        self.host_copy = False
+        self.gpu_children = 0
+        self.cached_children = 0
+        self.pins = 0
+        self.frequency = 0
+        self.total_cost = 0.0
+        self.num_computed = 0
+        self.value = 0.0
+        self.last_access = 0
+        self.priority_gpu = 0.0
+        self.priority_host = 0.0
+        self.gpu_pos = -1
+        self.host_pos = -1
+
+    @property
+    def tier(self) -> Tier:
+        if self.in_gpu:
+            return Tier.GPU
+        if self.host_copy:
+            return Tier.HOST
+        return Tier.NONE
+
+    @property
+    def cached(self) -> bool:
+        return self.in_gpu or self.host_copy
+
+    @property
+    def avg_cost_per_token_s(self) -> float:
+        return self.total_cost / self.num_computed if self.num_computed else 0.0
+
+    def path_keys(self) -> list[int]:
+        keys = []
+        node = self
+        while node is not None and node.parent is not None:
+            keys.append(node.key)
+            node = node.parent
+        return keys[::-1]
+
+    def __repr__(self) -> str:
+        return (f"Node({self.path_keys()}, {self.tier.name}, tokens={self.tokens}, "
+                f"freq={self.frequency}, value={self.value:.6g})")
 
 
 class AccessResult(NamedTuple):
@@ -44,11 +139,47 @@ class AccessResult(NamedTuple):
     hit_tokens_host: int
     recomputed_tokens: int
     swap_in_bytes: int
-    path: list[Node]  # nodes of the request's cacheable prefix, root excluded
+    path: list  # nodes of the request's cacheable prefix, root excluded
 
 
+@cython.cclass
 class KnowledgeTree:
     """Prefix tree of document KV with GPU/host tiers and a pluggable replacement policy."""
+
+    policy = cython.declare(object, visibility="public")
+    root = cython.declare(Node, visibility="public")
+    prefill_cost_s = cython.declare(object, visibility="public")
+    max_cached_depth = cython.declare(object, visibility="public")
+    kv_bytes_per_token = cython.declare(cython.longlong, visibility="public")
+    gpu_capacity_bytes = cython.declare(cython.longlong, visibility="public")
+    host_capacity_bytes = cython.declare(cython.longlong, visibility="public")
+    system_prompt_tokens = cython.declare(cython.longlong, visibility="public")
+    gpu_used_bytes = cython.declare(cython.longlong, visibility="public")
+    host_used_bytes = cython.declare(cython.longlong, visibility="public")
+    clock_gpu = cython.declare(cython.double, visibility="public")
+    clock_host = cython.declare(cython.double, visibility="public")
+    evictions_gpu = cython.declare(cython.longlong, visibility="public")
+    evictions_host = cython.declare(cython.longlong, visibility="public")
+    swap_in_bytes = cython.declare(cython.longlong, visibility="public")
+    swap_out_bytes = cython.declare(cython.longlong, visibility="public")
+    dropped_bytes = cython.declare(cython.longlong, visibility="public")
+    admission_failures = cython.declare(cython.longlong, visibility="public")
+    node_count = cython.declare(cython.longlong, visibility="public")
+    _heap_gpu = cython.declare(list)
+    _heap_host = cython.declare(list)
+    _set_aside = cython.declare(list)
+    _seq = cython.declare(cython.longlong)
+    _use_cost = cython.declare(cython.bint)
+    _uses_clock = cython.declare(cython.bint)
+    _on_access = cython.declare(object)
+    _on_enter_cache = cython.declare(object)
+    # results of the last request served (``access`` packs them into an AccessResult)
+    _r_alpha = cython.declare(cython.longlong)
+    _r_beta = cython.declare(cython.longlong)
+    _r_hit_gpu = cython.declare(cython.longlong)
+    _r_hit_host = cython.declare(cython.longlong)
+    _r_recomputed = cython.declare(cython.longlong)
+    _r_swap_in = cython.declare(cython.longlong)
 
     def __init__(
         self,
@@ -67,6 +198,11 @@ class KnowledgeTree:
             raise ValueError("kv_bytes_per_token must be > 0")
         if max_cached_depth is not None and max_cached_depth < 0:
             raise ValueError("max_cached_depth must be >= 0")
+        root_bytes = system_prompt_tokens * kv_bytes_per_token
+        if root_bytes > gpu_capacity_bytes:
+            raise ValueError(
+                f"the system prompt's KV ({root_bytes} bytes) does not fit in GPU memory "
+                f"({gpu_capacity_bytes} bytes)")
         self.policy = policy
         self.kv_bytes_per_token = kv_bytes_per_token
         self.gpu_capacity_bytes = gpu_capacity_bytes
@@ -74,11 +210,6 @@ class KnowledgeTree:
         self.prefill_cost_s = prefill_cost_s
         self.max_cached_depth = max_cached_depth
         self.system_prompt_tokens = system_prompt_tokens
-        root_bytes = system_prompt_tokens * kv_bytes_per_token
-        if root_bytes > gpu_capacity_bytes:
-            raise ValueError(
-                f"the system prompt's KV ({root_bytes} bytes) does not fit in GPU memory "
-                f"({gpu_capacity_bytes} bytes)")
         self.root = Node(ROOT_KEY, None, system_prompt_tokens, root_bytes)
         self.root.in_gpu = True
         self.root.pins = 1  # the shared system prompt stays resident
@@ -86,11 +217,14 @@ class KnowledgeTree:
         self.host_used_bytes = 0
         self.clock_gpu = 0.0
         self.clock_host = 0.0
-        self._heap_gpu: list[tuple[float, int, int, Node]] = []
-        self._heap_host: list[tuple[float, int, int, Node]] = []
+        self._heap_gpu = []
+        self._heap_host = []
+        self._set_aside = []
         self._seq = 0
         self._use_cost = prefill_cost_s is not None
-        # counters
+        self._uses_clock = bool(policy.uses_clock)
+        self._on_access = policy.on_access
+        self._on_enter_cache = policy.on_enter_cache
         self.evictions_gpu = 0
         self.evictions_host = 0
         self.swap_in_bytes = 0
@@ -102,19 +236,25 @@ class KnowledgeTree:
     # ------------------------------------------------------------------ lookup / access
     def match_prefix(self, doc_ids: Sequence[int]) -> tuple[int, int, int]:
         """(documents matched, of them in GPU, in host) without changing anything."""
-        node = self.root
-        gpu = host = 0
-        limit = len(doc_ids) if self.max_cached_depth is None else min(
-            len(doc_ids), self.max_cached_depth)
+        node: Node = self.root
+        child: Node
+        gpu: cython.Py_ssize_t = 0
+        host: cython.Py_ssize_t = 0
+        limit: cython.Py_ssize_t = self._depth_limit(len(doc_ids))
+        i: cython.Py_ssize_t
         for i in range(limit):
-            children = node.children
-            child = children.get(doc_ids[i]) if children else None
-            if child is None or not (child.in_gpu or child.host_copy):
+            if node.children is None:
                 break
+            found = node.children.get(doc_ids[i])
+            if found is None:
+                break
+            child = found
             if child.in_gpu:
                 gpu += 1
-            else:
+            elif child.host_copy:
                 host += 1
+            else:
+                break
             node = child
         return gpu + host, gpu, host
 
@@ -122,6 +262,13 @@ class KnowledgeTree:
         """Tokens of the request's context that are cached now (system prompt included)."""
         matched, _, _ = self.match_prefix(doc_ids)
         return self.system_prompt_tokens + sum(doc_tokens[:matched])
+
+    @cython.cfunc
+    def _depth_limit(self, n_docs: cython.Py_ssize_t) -> cython.Py_ssize_t:
+        if self.max_cached_depth is None:
+            return n_docs
+        cap: cython.Py_ssize_t = self.max_cached_depth
+        return n_docs if n_docs < cap else cap
 
     def access(
         self,
@@ -137,147 +284,292 @@ class KnowledgeTree:
         With ``keep_pinned`` the request's path stays pinned until ``release(result.path)``, as
         a running request's KV must (the simulator uses this); replay releases at once.
         """
-        root = self.root
-        kv = self.kv_bytes_per_token
-        n_docs = len(doc_ids)
-        depth_limit = n_docs if self.max_cached_depth is None else min(n_docs,
-                                                                       self.max_cached_depth)
-        path: list[Node] = []
-        hit_gpu = hit_host = 0
-        swap_in = 0
-        node = root
-        i = 0
+        ids = doc_ids if type(doc_ids) is list else list(doc_ids)
+        tokens = doc_tokens if type(doc_tokens) is list else list(doc_tokens)
+        path = self._serve(ids, tokens, 0, len(ids), query_tokens, request_index, keep_pinned)
+        return AccessResult(self._r_alpha, self._r_beta, self._r_hit_gpu, self._r_hit_host,
+                            self._r_recomputed, self._r_swap_in, path)
+
+    def access_many(self, doc_ids: list, doc_tokens: list, doc_offsets: list,
+                    query_tokens: list, start: cython.Py_ssize_t, stop: cython.Py_ssize_t,
+                    out: cython.longlong[:, :]) -> None:
+        """Serve requests ``start..stop-1`` of a CSR-encoded trace, one after another.
+
+        ``out`` (int64, shape (5, n_requests)) receives, per request: cached tokens, GPU-hit
+        tokens, host-hit tokens, recomputed tokens, swapped-in bytes. This is ``access`` in a
+        loop without per-request Python objects, for replay.
+        """
+        i: cython.Py_ssize_t
+        for i in range(start, stop):
+            self._serve(doc_ids, doc_tokens, doc_offsets[i], doc_offsets[i + 1],
+                        query_tokens[i], i, False)
+            out[0, i] = self._r_alpha
+            out[1, i] = self._r_hit_gpu
+            out[2, i] = self._r_hit_host
+            out[3, i] = self._r_recomputed
+            out[4, i] = self._r_swap_in
+
+    @cython.ccall
+    def _serve(self, doc_ids: list, doc_tokens: list, lo: cython.Py_ssize_t,
+               hi: cython.Py_ssize_t, query_tokens: cython.longlong,
+               request_index: cython.longlong, keep_pinned: cython.bint) -> list:
+        """The request's documents are ``doc_ids[lo:hi]``; results land in ``self._r_*``."""
+        n_docs: cython.Py_ssize_t = hi - lo
+        depth_limit: cython.Py_ssize_t = lo + self._depth_limit(n_docs)
+        kv: cython.longlong = self.kv_bytes_per_token
+        path: list = []
+        hit_gpu: cython.longlong = 0
+        hit_host: cython.longlong = 0
+        swap_in: cython.longlong = 0
+        recomputed: cython.longlong = 0
+        node: Node = self.root
+        child: Node
+        n: Node
+        i: cython.Py_ssize_t = lo
+        tokens: cython.longlong
         # 1. prefix match over cached nodes
         while i < depth_limit:
-            children = node.children
-            child = children.get(doc_ids[i]) if children else None
-            if child is None or not (child.in_gpu or child.host_copy):
+            if node.children is None:
                 break
+            found = node.children.get(doc_ids[i])
+            if found is None:
+                break
+            child = found
             if child.in_gpu:
                 hit_gpu += child.tokens
-            else:
+            elif child.host_copy:
                 hit_host += child.tokens
                 swap_in += child.size_bytes
+            else:
+                break
             path.append(child)
             node = child
             i += 1
-        n_cached = i
+        n_cached: cython.Py_ssize_t = i - lo
         # 2. nodes for the documents to compute (ghosts are reused, new ones created)
         while i < depth_limit:
             key = doc_ids[i]
-            children = node.children
-            if children is None:
-                children = node.children = {}
-            child = children.get(key)
-            if child is None:
+            if node.children is None:
+                node.children = {}
+            found = node.children.get(key)
+            if found is None:
                 tokens = doc_tokens[i]
                 child = Node(key, node, tokens, tokens * kv)
-                children[key] = child
+                node.children[key] = child
                 self.node_count += 1
+            else:
+                child = found
             path.append(child)
             node = child
             i += 1
-        recomputed = 0
-        for j in range(n_cached, n_docs):
-            recomputed += doc_tokens[j]
-        alpha = self.system_prompt_tokens + hit_gpu + hit_host
-        beta = recomputed + query_tokens
-        cost_per_token = 0.0
-        if self._use_cost and n_cached < depth_limit and beta > 0:
+        for i in range(lo + n_cached, hi):
+            recomputed += cython.cast(cython.longlong, doc_tokens[i])
+        alpha: cython.longlong = self.system_prompt_tokens + hit_gpu + hit_host
+        beta: cython.longlong = recomputed + query_tokens
+        cost_per_token: cython.double = 0.0
+        n_path: cython.Py_ssize_t = len(path)
+        if self._use_cost and n_cached < n_path and beta > 0:
             cost_per_token = self.prefill_cost_s(alpha, beta) / beta
         # 3. policy update (Algorithm 1: UPDATE_NODE_IN_GPU for every node retrieved)
-        policy = self.policy
-        on_access = policy.on_access
-        for depth, n in enumerate(path, start=1):
+        on_access = self._on_access
+        depth: cython.Py_ssize_t
+        for depth in range(n_path):
+            n = path[depth]
             self._seq += 1
             n.frequency += 1
             n.last_access = self._seq
             n.pins += 1
-            on_access(n, depth <= n_cached, cost_per_token, request_index, depth)
-            if depth <= n_cached:
+            on_access(n, depth < n_cached, cost_per_token, request_index, depth + 1)
+            if depth < n_cached:
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
-                self._refresh(n)
+                self._sync(n)
         # 4. admission into GPU, top-down, stopping at the first node that cannot be placed
-        for depth, n in enumerate(path, start=1):
+        parent: Node
+        for depth in range(n_path):
+            n = path[depth]
             if n.in_gpu:
                 continue
             if not self._make_room_gpu(n.size_bytes):
                 self.admission_failures += 1
                 break
             parent = n.parent
-            if depth > n_cached:  # newly computed
+            if depth >= n_cached:  # newly computed
                 self._seq += 1
-                policy.on_enter_cache(n, self._seq)
+                self._on_enter_cache(n, self._seq)
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
                 parent.cached_children += 1
             n.in_gpu = True
             self.gpu_used_bytes += n.size_bytes
             parent.gpu_children += 1
-            self._refresh(n)
+            self._sync(n)
+            self._sync(parent)
         self.swap_in_bytes += swap_in
         if not keep_pinned:
             self.release(path)
-        return AccessResult(alpha, beta, hit_gpu, hit_host, recomputed, swap_in, path)
+        self._r_alpha = alpha
+        self._r_beta = beta
+        self._r_hit_gpu = hit_gpu
+        self._r_hit_host = hit_host
+        self._r_recomputed = recomputed
+        self._r_swap_in = swap_in
+        return path
 
-    def release(self, path: Sequence[Node]) -> None:
+    @cython.ccall
+    def release(self, path: list) -> cython.void:
         """Unpin a request's nodes once it no longer needs their KV."""
-        for n in path:
+        n: Node
+        for item in path:
+            n = item
             n.pins -= 1
-            if n.pins == 0:
-                # it may have become evictable while pinned: offer it again
-                self._refresh(n, bump=False)
 
     # ------------------------------------------------------------------ heaps
-    def _refresh(self, n: Node, bump: bool = True) -> None:
-        """Invalidate ``n``'s old heap entries (if ``bump``) and push current ones."""
-        if bump:
-            n.stamp += 1
-        if n.pins:
+    @cython.cfunc
+    @cython.inline
+    def _less(self, a: Node, b: Node, gpu: cython.bint) -> cython.bint:
+        pa: cython.double = a.priority_gpu if gpu else a.priority_host
+        pb: cython.double = b.priority_gpu if gpu else b.priority_host
+        if pa != pb:
+            return pa < pb
+        return a.last_access < b.last_access
+
+    @cython.cfunc
+    @cython.inline
+    def _place(self, heap: list, n: Node, pos: cython.Py_ssize_t, gpu: cython.bint
+               ) -> cython.void:
+        heap[pos] = n
+        if gpu:
+            n.gpu_pos = pos
+        else:
+            n.host_pos = pos
+
+    @cython.cfunc
+    def _sift_up(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
+        n: Node = heap[pos]
+        parent: Node
+        up: cython.Py_ssize_t
+        while pos > 0:
+            up = (pos - 1) >> 1
+            parent = heap[up]
+            if not self._less(n, parent, gpu):
+                break
+            self._place(heap, parent, pos, gpu)
+            pos = up
+        self._place(heap, n, pos, gpu)
+
+    @cython.cfunc
+    def _sift_down(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
+        size: cython.Py_ssize_t = len(heap)
+        n: Node = heap[pos]
+        child: cython.Py_ssize_t
+        c: Node
+        other: Node
+        while True:
+            child = 2 * pos + 1
+            if child >= size:
+                break
+            c = heap[child]
+            if child + 1 < size:
+                other = heap[child + 1]
+                if self._less(other, c, gpu):
+                    child += 1
+                    c = other
+            if not self._less(c, n, gpu):
+                break
+            self._place(heap, c, pos, gpu)
+            pos = child
+        self._place(heap, n, pos, gpu)
+
+    @cython.cfunc
+    def _heap_remove(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
+        removed: Node = heap[pos]
+        last: Node = heap.pop()
+        if gpu:
+            removed.gpu_pos = -1
+        else:
+            removed.host_pos = -1
+        if last is removed:
             return
-        if n.in_gpu:
-            if n.gpu_children == 0:
-                heapq.heappush(self._heap_gpu, (n.priority_gpu, n.last_access, n.stamp, n))
-            if n.host_copy:
-                heapq.heappush(self._heap_host, (n.priority_host, n.last_access, n.stamp, n))
-        elif n.host_copy and n.cached_children == 0:
-            heapq.heappush(self._heap_host, (n.priority_host, n.last_access, n.stamp, n))
+        self._place(heap, last, pos, gpu)
+        self._sift_up(heap, pos, gpu)
+        self._sift_down(heap, last.gpu_pos if gpu else last.host_pos, gpu)
 
-    def _pop_gpu_victim(self) -> Node | None:
-        heap = self._heap_gpu
+    @cython.cfunc
+    def _heap_set(self, heap: list, n: Node, member: cython.bint, gpu: cython.bint
+                  ) -> cython.void:
+        """Make ``n``'s membership in ``heap`` equal to ``member``, at its current priority."""
+        pos: cython.Py_ssize_t = n.gpu_pos if gpu else n.host_pos
+        if member:
+            if pos < 0:
+                heap.append(n)
+                pos = len(heap) - 1
+                self._place(heap, n, pos, gpu)
+            self._sift_up(heap, pos, gpu)
+            self._sift_down(heap, n.gpu_pos if gpu else n.host_pos, gpu)
+        elif pos >= 0:
+            self._heap_remove(heap, pos, gpu)
+
+    @cython.cfunc
+    def _sync(self, n: Node) -> cython.void:
+        """Update ``n``'s place among the eviction candidates after any change to it.
+
+        GPU candidates: GPU nodes without GPU children. Host candidates: nodes with a host copy
+        that are in GPU (dropping the copy is always allowed) or have no cached children.
+        Pinned nodes stay candidates; eviction steps over them.
+        """
+        if n.depth == 0:
+            return  # the root (system prompt) is never evicted
+        self._heap_set(self._heap_gpu, n, n.in_gpu and n.gpu_children == 0, True)
+        self._heap_set(self._heap_host, n,
+                       n.host_copy and (n.in_gpu or n.cached_children == 0), False)
+
+    @cython.cfunc
+    def _victim(self, gpu: cython.bint) -> object:
+        """The lowest-priority unpinned candidate of a tier (pinned ones are set aside)."""
+        heap: list = self._heap_gpu if gpu else self._heap_host
+        n: Node
         while heap:
-            _, _, stamp, n = heapq.heappop(heap)
-            if stamp == n.stamp and n.in_gpu and n.gpu_children == 0 and n.pins == 0:
+            n = heap[0]
+            if n.pins == 0:
                 return n
+            self._heap_remove(heap, 0, gpu)
+            self._set_aside.append(n)
         return None
 
-    def _pop_host_victim(self) -> Node | None:
-        heap = self._heap_host
-        while heap:
-            _, _, stamp, n = heapq.heappop(heap)
-            if stamp != n.stamp or not n.host_copy:
-                continue
-            if n.in_gpu or (n.cached_children == 0 and n.pins == 0):
-                return n
-        return None
+    @cython.cfunc
+    def _restore_set_aside(self) -> cython.void:
+        n: Node
+        while self._set_aside:
+            n = self._set_aside.pop()
+            self._sync(n)
 
     # ------------------------------------------------------------------ eviction
-    def _make_room_gpu(self, need_bytes: int) -> bool:
+    @cython.cfunc
+    def _make_room_gpu(self, need_bytes: cython.longlong) -> cython.bint:
         """EVICT_IN_GPU: evict lowest-priority GPU leaves until ``need_bytes`` fit."""
         if need_bytes > self.gpu_capacity_bytes:
             return False
+        ok: cython.bint = True
         while self.gpu_used_bytes + need_bytes > self.gpu_capacity_bytes:
-            victim = self._pop_gpu_victim()
+            victim = self._victim(True)
             if victim is None:
-                return False
+                ok = False
+                break
             self._evict_from_gpu(victim)
-        return True
+        self._restore_set_aside()
+        return ok
 
-    def _evict_from_gpu(self, n: Node) -> None:
-        if self.policy.uses_clock and n.priority_gpu > self.clock_gpu:
+    @cython.cfunc
+    def _evict_from_gpu(self, n: Node) -> cython.void:
+        if self._uses_clock and n.priority_gpu > self.clock_gpu:
             self.clock_gpu = n.priority_gpu
         self.evictions_gpu += 1
+        parent: Node = n.parent
+        n.in_gpu = False
+        self.gpu_used_bytes -= n.size_bytes
+        parent.gpu_children -= 1
+        self._sync(n)  # out of the GPU candidates before the host makes room
         if not n.host_copy:
             # first departure from the GPU: copy to host if host memory can take it
             if self._make_room_host(n.size_bytes):
@@ -285,62 +577,63 @@ class KnowledgeTree:
                 self.host_used_bytes += n.size_bytes
                 self.swap_out_bytes += n.size_bytes
                 n.priority_host = self.clock_host + n.value
+                self._sync(n)
             else:
-                n.in_gpu = False
-                self.gpu_used_bytes -= n.size_bytes
-                parent = n.parent
-                parent.gpu_children -= 1
                 self._drop(n)
-                self._refresh(parent, bump=False)
-                return
-        n.in_gpu = False
-        self.gpu_used_bytes -= n.size_bytes
-        parent = n.parent
-        parent.gpu_children -= 1
-        self._refresh(n)
-        if parent.gpu_children == 0:
-            self._refresh(parent, bump=False)
+        else:
+            self._sync(n)
+        self._sync(parent)
 
-    def _make_room_host(self, need_bytes: int) -> bool:
+    @cython.cfunc
+    def _make_room_host(self, need_bytes: cython.longlong) -> cython.bint:
         if need_bytes > self.host_capacity_bytes:
             return False
+        ok: cython.bint = True
         while self.host_used_bytes + need_bytes > self.host_capacity_bytes:
-            victim = self._pop_host_victim()
+            victim = self._victim(False)
             if victim is None:
-                return False
+                ok = False
+                break
             self._evict_from_host(victim)
-        return True
+        self._restore_set_aside()
+        return ok
 
-    def _evict_from_host(self, n: Node) -> None:
-        if self.policy.uses_clock and n.priority_host > self.clock_host:
+    @cython.cfunc
+    def _evict_from_host(self, n: Node) -> cython.void:
+        if self._uses_clock and n.priority_host > self.clock_host:
             self.clock_host = n.priority_host
         self.evictions_host += 1
         if n.in_gpu:
             # drop only the host copy; the GPU copy stays (a later eviction swaps out again)
             n.host_copy = False
             self.host_used_bytes -= n.size_bytes
-            self._refresh(n)
+            self._sync(n)
             return
         self._drop(n)
 
-    def _drop(self, n: Node) -> None:
+    @cython.cfunc
+    def _drop(self, n: Node) -> cython.void:
         """Free ``n`` (not in GPU) entirely, with its host-only descendants: it becomes a ghost."""
-        stack = [n]
+        stack: list = [n]
+        m: Node
+        child: Node
         while stack:
             m = stack.pop()
             if m.host_copy:
                 m.host_copy = False
                 self.host_used_bytes -= m.size_bytes
             self.dropped_bytes += m.size_bytes
+            if m.cached_children:  # host-only children (ghosts need no visit)
+                for item in m.children.values():
+                    child = item
+                    if child.host_copy:
+                        stack.append(child)
             m.cached_children = 0
             m.frequency = 0
-            m.stamp += 1
-            if m.children:
-                stack.extend(c for c in m.children.values() if c.host_copy)
-        parent = n.parent
+            self._sync(m)
+        parent: Node = n.parent
         parent.cached_children -= 1
-        if not parent.in_gpu and parent.cached_children == 0:
-            self._refresh(parent, bump=False)
+        self._sync(parent)
 
     # ------------------------------------------------------------------ inspection
     def iter_nodes(self):

@@ -3,8 +3,8 @@
 PGDSF needs, for every request that computes a node, the prefill time of that request given how
 many of its tokens were cached (alpha) and how many must be computed (beta). The paper profiles T
 offline on a grid and interpolates bilinearly (Algorithm 1). This module holds the grid, reads and
-checks the file format, and answers T(alpha, beta) both one point at a time (pure Python, for the
-per-request hot path) and vectorised (numpy, for tools and plots).
+checks the file format, and answers T(alpha, beta) both one point at a time (the per-request hot
+path; Cython-compiled like the tree) and vectorised (numpy, for tools and plots).
 
 Outside the grid the edge cells are extended linearly and every such query is counted in
 ``extrapolated_queries``, so a run can say how often it left the measured region.
@@ -12,13 +12,12 @@ Outside the grid the edge cells are extended linearly and every such query is co
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import cython
 import numpy as np
 
 from ragsim.errors import ProfileError
@@ -27,19 +26,30 @@ FORMAT_NAME = "ragsim.prefill-cost-table"
 FORMAT_VERSION = 1
 
 
-@dataclass
+@cython.cclass
 class PrefillCostTable:
     """T(alpha cached tokens, beta new tokens) in seconds on a rectilinear grid."""
 
-    name: str
-    cached_tokens: list[float]
-    new_tokens: list[float]
-    prefill_s: list[list[float]]
-    metadata: dict = field(default_factory=dict)
-    extrapolated_queries: int = 0
+    name = cython.declare(str, visibility="public")
+    cached_tokens = cython.declare(list, visibility="public")
+    new_tokens = cython.declare(list, visibility="public")
+    prefill_s = cython.declare(list, visibility="public")
+    metadata = cython.declare(dict, visibility="public")
+    extrapolated_queries = cython.declare(cython.longlong, visibility="public")
+    _grid = cython.declare(object)
 
-    def __post_init__(self) -> None:
-        self._validate(source=self.name)
+    def __init__(self, name: str, cached_tokens: list, new_tokens: list, prefill_s: list,
+                 metadata: dict | None = None, *, source: str | None = None) -> None:
+        self.name = str(name)
+        self.cached_tokens = list(cached_tokens)
+        self.new_tokens = list(new_tokens)
+        self.prefill_s = [list(row) for row in prefill_s]
+        self.metadata = dict(metadata or {})
+        self.extrapolated_queries = 0
+        self._validate(source or self.name)
+        self.cached_tokens = [float(v) for v in self.cached_tokens]
+        self.new_tokens = [float(v) for v in self.new_tokens]
+        self.prefill_s = [[float(v) for v in row] for row in self.prefill_s]
         self._grid = np.asarray(self.prefill_s, dtype=np.float64)
 
     def _validate(self, source: str) -> None:
@@ -49,7 +59,8 @@ class PrefillCostTable:
                 raise ProfileError("an axis needs at least two points", file=source,
                                    field=axis_name)
             for i, value in enumerate(axis):
-                if not math.isfinite(value) or value < 0:
+                if (isinstance(value, bool) or not isinstance(value, int | float)
+                        or not math.isfinite(value) or value < 0):
                     raise ProfileError(f"entry {i} is {value!r}; must be finite and >= 0",
                                        file=source, field=axis_name)
                 if i and value <= axis[i - 1]:
@@ -64,35 +75,53 @@ class PrefillCostTable:
                 raise ProfileError(f"has {len(row)} columns, expected {len(self.new_tokens)}",
                                    file=source, row=r, field="prefill_s")
             for c, value in enumerate(row):
-                if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                if (isinstance(value, bool) or not isinstance(value, int | float)
+                        or not math.isfinite(value) or value < 0):
                     raise ProfileError(f"column {c} is {value!r}; times must be finite and >= 0",
                                        file=source, row=r, field="prefill_s")
 
     # -- queries ---------------------------------------------------------------------------
-    @staticmethod
-    def _cell(axis: list[float], x: float) -> tuple[int, bool]:
-        """Index i of the cell [axis[i], axis[i+1]] used for x, and whether x lies outside."""
-        i = bisect.bisect_right(axis, x) - 1
-        last = len(axis) - 2
-        if i < 0:
-            return 0, True
-        if i > last:
-            return last, x > axis[-1]
-        return i, False
+    @cython.cfunc
+    @cython.inline
+    def _cell(self, axis: list, x: cython.double) -> cython.Py_ssize_t:
+        """Index i of the cell [axis[i], axis[i+1]] used for x (edge cells outside)."""
+        lo: cython.Py_ssize_t = 0
+        hi: cython.Py_ssize_t = len(axis) - 2
+        mid: cython.Py_ssize_t
+        while lo < hi:  # largest i <= len-2 with axis[i] <= x, or 0
+            mid = (lo + hi + 1) >> 1
+            if cython.cast(cython.double, axis[mid]) <= x:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
-    def prefill_s_at(self, cached_tokens: float, new_tokens: float) -> float:
+    @cython.ccall
+    def prefill_s_at(self, cached_tokens: cython.double, new_tokens: cython.double
+                     ) -> cython.double:
         """Bilinear interpolation of T, exactly as the paper's Algorithm 1 writes it."""
-        a_axis, b_axis, grid = self.cached_tokens, self.new_tokens, self.prefill_s
-        i, out_a = self._cell(a_axis, cached_tokens)
-        j, out_b = self._cell(b_axis, new_tokens)
-        if out_a or out_b:
+        a_axis: list = self.cached_tokens
+        b_axis: list = self.new_tokens
+        grid: list = self.prefill_s
+        if (cached_tokens < a_axis[0] or cached_tokens > a_axis[len(a_axis) - 1]
+                or new_tokens < b_axis[0] or new_tokens > b_axis[len(b_axis) - 1]):
             self.extrapolated_queries += 1
-        a_lo, a_hi = a_axis[i], a_axis[i + 1]
-        b_lo, b_hi = b_axis[j], b_axis[j + 1]
-        wa = (cached_tokens - a_lo) / (a_hi - a_lo)
-        t_b_lo = grid[i][j] + wa * (grid[i + 1][j] - grid[i][j])
-        t_b_hi = grid[i][j + 1] + wa * (grid[i + 1][j + 1] - grid[i][j + 1])
-        value = t_b_lo + (new_tokens - b_lo) / (b_hi - b_lo) * (t_b_hi - t_b_lo)
+        i: cython.Py_ssize_t = self._cell(a_axis, cached_tokens)
+        j: cython.Py_ssize_t = self._cell(b_axis, new_tokens)
+        a_lo: cython.double = a_axis[i]
+        a_hi: cython.double = a_axis[i + 1]
+        b_lo: cython.double = b_axis[j]
+        b_hi: cython.double = b_axis[j + 1]
+        row_lo: list = grid[i]
+        row_hi: list = grid[i + 1]
+        t00: cython.double = row_lo[j]
+        t01: cython.double = row_lo[j + 1]
+        t10: cython.double = row_hi[j]
+        t11: cython.double = row_hi[j + 1]
+        wa: cython.double = (cached_tokens - a_lo) / (a_hi - a_lo)
+        t_b_lo: cython.double = t00 + wa * (t10 - t00)
+        t_b_hi: cython.double = t01 + wa * (t11 - t01)
+        value: cython.double = t_b_lo + (new_tokens - b_lo) / (b_hi - b_lo) * (t_b_hi - t_b_lo)
         return value if value > 0.0 else 0.0
 
     def prefill_s_many(self, cached_tokens: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
@@ -149,17 +178,8 @@ class PrefillCostTable:
         meta = {k: v for k, v in data.items()
                 if k not in ("format", "version", "name", "cached_tokens", "new_tokens",
                              "prefill_s")}
-        table = cls.__new__(cls)
-        table.name = str(data["name"])
-        table.cached_tokens = [float(v) for v in data["cached_tokens"]]
-        table.new_tokens = [float(v) for v in data["new_tokens"]]
-        table.prefill_s = data["prefill_s"]
-        table.metadata = meta
-        table.extrapolated_queries = 0
-        table._validate(source=source)
-        table.prefill_s = [[float(v) for v in row] for row in data["prefill_s"]]
-        table._grid = np.asarray(table.prefill_s, dtype=np.float64)
-        return table
+        return cls(data["name"], data["cached_tokens"], data["new_tokens"], data["prefill_s"],
+                   meta, source=source)
 
 
 def shipped_table_names() -> list[str]:

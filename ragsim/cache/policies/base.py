@@ -11,14 +11,13 @@ the mode in which ragsim is checked against libCacheSim.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
-from ragsim.cache.node import Node
+from ragsim.cache.tree import Node
 
 
 class FlatCache(Protocol):
-    """One-tier object cache. ``process`` returns, per request, whether it hit."""
+    """One-tier object cache. ``process`` returns one byte per request: 1 if it hit."""
 
     capacity_bytes: int
     used_bytes: int
@@ -26,11 +25,11 @@ class FlatCache(Protocol):
 
     def process(
         self,
-        keys: Sequence[int],
-        sizes_bytes: Sequence[int],
-        tokens: Sequence[int] | None = None,
-        next_access: Sequence[int] | None = None,
-    ) -> list[bool]: ...
+        keys: list[int],
+        sizes_bytes: list[int],
+        tokens: list[int] | None = None,
+        next_access: list[int] | None = None,
+    ) -> bytearray: ...
 
 
 class TreePolicy:

@@ -12,13 +12,13 @@ not a proven optimum.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Sequence
+from heapq import heappop, heappush
 
+import cython
 import numpy as np
 
-from ragsim.cache.node import Node
 from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.tree import Node
 
 NEVER = 2**62
 
@@ -95,26 +95,35 @@ class FlatBelady:
         self._size: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []
 
-    def process(self, keys: Sequence[int], sizes_bytes: Sequence[int],
-                tokens: Sequence[int] | None = None,
-                next_access: Sequence[int] | None = None) -> list[bool]:
+    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+                next_access: list | None = None) -> bytearray:
         if next_access is None:
             raise ValueError("Belady needs next_access for every request")
-        nexts, sizes, heap = self._next, self._size, self._heap
-        capacity = self.capacity_bytes
-        hits = []
-        for key, size, nxt in zip(keys, sizes_bytes, next_access, strict=True):
+        n: cython.Py_ssize_t = len(keys)
+        if len(sizes_bytes) != n or len(next_access) != n:
+            raise ValueError("keys, sizes_bytes and next_access differ in length")
+        nexts: dict = self._next
+        sizes: dict = self._size
+        heap: list = self._heap
+        capacity: cython.longlong = self.capacity_bytes
+        size: cython.longlong
+        i: cython.Py_ssize_t
+        hits = bytearray(n)
+        for i in range(n):
+            key = keys[i]
+            nxt = next_access[i]
             if key in nexts:
-                hits.append(True)
+                hits[i] = 1
                 nexts[key] = nxt
-                heapq.heappush(heap, (-nxt, key))
+                heappush(heap, (-nxt, key))
                 continue
-            hits.append(False)
+            size = sizes_bytes[i]
             if size > capacity:
                 continue
             while self.used_bytes + size > capacity:
-                neg_next, victim = heapq.heappop(heap)
-                if nexts.get(victim) != -neg_next:
+                popped = heappop(heap)
+                victim = popped[1]
+                if nexts.get(victim) != -popped[0]:
                     continue
                 del nexts[victim]
                 self.used_bytes -= sizes.pop(victim)
@@ -122,5 +131,5 @@ class FlatBelady:
             nexts[key] = nxt
             sizes[key] = size
             self.used_bytes += size
-            heapq.heappush(heap, (-nxt, key))
+            heappush(heap, (-nxt, key))
         return hits

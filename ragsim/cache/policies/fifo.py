@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ragsim.cache.node import Node
 from ragsim.cache.policies.base import TreePolicy
 from ragsim.cache.policies.lru import FlatLRU
+from ragsim.cache.tree import Node
 
 
 class FIFO(TreePolicy):

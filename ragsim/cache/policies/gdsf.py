@@ -7,11 +7,13 @@ round exactly as libCacheSim's do and ties break the same way.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 
-from ragsim.cache.node import Node
+import cython
+
 from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.tree import Node
 
 GDSF_CONSTANT_COST = 1.0e6
 
@@ -35,8 +37,10 @@ class FlatGreedyDual:
     Priority = L + freq x unit_cost / size; L becomes the priority of each evicted object; the
     frequency restarts at 1 when an object is re-admitted; equal priorities evict the least
     recently accessed first; a missed object is inserted before the evictions that make room
-    for it, so it competes with the residents (libCacheSim does the same). ``unit_cost(size_bytes, tokens)`` returns cost per byte; by default
-    the GDSF constant 1e6, for PGDSF the prefill time per token of computing the object alone.
+    for it, so it competes with the residents (libCacheSim does the same).
+    ``unit_cost(size_bytes, tokens)`` is the cost term over which size is divided: by default
+    the GDSF constant 1e6; for PGDSF, the prefill time per token of computing the object alone
+    times its size.
     """
 
     def __init__(self, capacity_bytes: int,
@@ -50,48 +54,61 @@ class FlatGreedyDual:
         self._heap: list[tuple[float, int, int]] = []
         self._seq = 0
 
-    def process(self, keys: Sequence[int], sizes_bytes: Sequence[int],
-                tokens: Sequence[int] | None = None,
-                next_access: Sequence[int] | None = None) -> list[bool]:
-        entries, heap = self._entries, self._heap
-        push, pop = heapq.heappush, heapq.heappop
-        capacity = self.capacity_bytes
+    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+                next_access: list | None = None) -> bytearray:
+        n: cython.Py_ssize_t = len(keys)
+        if len(sizes_bytes) != n or (tokens is not None and len(tokens) != n):
+            raise ValueError("keys, sizes_bytes and tokens differ in length")
+        entries: dict = self._entries
+        heap: list = self._heap
+        capacity: cython.longlong = self.capacity_bytes
         unit_cost = self._unit_cost
-        token_counts = tokens if tokens is not None else sizes_bytes
-        seq = self._seq
-        hits = []
-        record = hits.append
-        for key, size, n_tokens in zip(keys, sizes_bytes, token_counts, strict=True):
+        token_counts: list = tokens if tokens is not None else sizes_bytes
+        seq: cython.longlong = self._seq
+        size: cython.longlong
+        priority: cython.double
+        unit: cython.double
+        i: cython.Py_ssize_t
+        entry: list
+        current: list
+        hits = bytearray(n)
+        for i in range(n):
+            key = keys[i]
             seq += 1
-            entry = entries.get(key)
-            if entry is not None:
-                record(True)
+            found = entries.get(key)
+            if found is not None:
+                hits[i] = 1
+                entry = found
                 entry[2] += 1
                 entry[0] = self.clock + entry[2] * entry[4] / entry[3]
                 entry[1] = seq
-                push(heap, (entry[0], seq, key))
+                heappush(heap, (entry[0], seq, key))
                 continue
-            record(False)
+            size = sizes_bytes[i]
             if size > capacity:
                 continue
             # libCacheSim inserts first and then evicts, so a newcomer whose priority is the
             # lowest is evicted at once (and its priority sets the clock).
-            unit = GDSF_CONSTANT_COST if unit_cost is None else unit_cost(size, n_tokens)
+            unit = GDSF_CONSTANT_COST if unit_cost is None else unit_cost(size, token_counts[i])
             priority = self.clock + 1 * unit / size
             entries[key] = [priority, seq, 1, size, unit]
             self.used_bytes += size
-            push(heap, (priority, seq, key))
+            heappush(heap, (priority, seq, key))
             while self.used_bytes > capacity:
-                priority, entry_seq, victim = pop(heap)
-                current = entries.get(victim)
-                if current is None or current[1] != entry_seq:
+                popped = heappop(heap)
+                victim = popped[2]
+                found = entries.get(victim)
+                if found is None:
+                    continue
+                current = found
+                if current[1] != popped[1]:
                     continue  # stale entry left by a later access
                 del entries[victim]
-                self.clock = priority
+                self.clock = popped[0]
                 self.used_bytes -= current[3]
                 self.evictions += 1
             if len(heap) > 4 * len(entries) + 4096:
                 self._heap = heap = [(e[0], e[1], k) for k, e in entries.items()]
-                heapq.heapify(heap)
+                heapify(heap)
         self._seq = seq
         return hits

@@ -7,10 +7,11 @@ leaves the cache entirely), as libCacheSim's LFU does.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 
-from ragsim.cache.node import Node
+import cython
+
 from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.tree import Node
 
 
 class LFU(TreePolicy):
@@ -40,17 +41,25 @@ class FlatLFU:
         self._buckets: dict[int, OrderedDict[int, None]] = {}
         self._min_freq = 0
 
-    def process(self, keys: Sequence[int], sizes_bytes: Sequence[int],
-                tokens: Sequence[int] | None = None,
-                next_access: Sequence[int] | None = None) -> list[bool]:
-        freq, size_of, buckets = self._freq, self._size, self._buckets
-        capacity = self.capacity_bytes
-        hits = []
-        record = hits.append
-        for key, size in zip(keys, sizes_bytes, strict=True):
-            f = freq.get(key)
-            if f is not None:
-                record(True)
+    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+                next_access: list | None = None) -> bytearray:
+        n: cython.Py_ssize_t = len(keys)
+        if len(sizes_bytes) != n:
+            raise ValueError("keys and sizes_bytes differ in length")
+        freq: dict = self._freq
+        size_of: dict = self._size
+        buckets: dict = self._buckets
+        capacity: cython.longlong = self.capacity_bytes
+        size: cython.longlong
+        f: cython.longlong
+        i: cython.Py_ssize_t
+        hits = bytearray(n)
+        for i in range(n):
+            key = keys[i]
+            found = freq.get(key)
+            if found is not None:
+                hits[i] = 1
+                f = found
                 bucket = buckets[f]
                 del bucket[key]
                 if not bucket:
@@ -63,12 +72,12 @@ class FlatLFU:
                     nxt = buckets[f + 1] = OrderedDict()
                 nxt[key] = None
                 continue
-            record(False)
+            size = sizes_bytes[i]
             if size > capacity:
                 continue
             while self.used_bytes + size > capacity:
                 bucket = buckets[self._min_freq]
-                victim, _ = bucket.popitem(last=False)
+                victim = bucket.popitem(False)[0]
                 if not bucket:
                     del buckets[self._min_freq]
                     self._min_freq = min(buckets) if buckets else 0

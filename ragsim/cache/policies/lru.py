@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 
-from ragsim.cache.node import Node
+import cython
+
 from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.tree import Node
 
 
 class LRU(TreePolicy):
@@ -30,29 +31,34 @@ class FlatLRU:
         self.promote_on_hit = promote_on_hit
         self._entries: OrderedDict[int, int] = OrderedDict()
 
-    def process(self, keys: Sequence[int], sizes_bytes: Sequence[int],
-                tokens: Sequence[int] | None = None,
-                next_access: Sequence[int] | None = None) -> list[bool]:
+    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+                next_access: list | None = None) -> bytearray:
+        n: cython.Py_ssize_t = len(keys)
+        if len(sizes_bytes) != n:
+            raise ValueError("keys and sizes_bytes differ in length")
         entries = self._entries
-        promote = entries.move_to_end if self.promote_on_hit else None
+        promote = entries.move_to_end
         pop_oldest = entries.popitem
-        capacity = self.capacity_bytes
-        used = self.used_bytes
-        evictions = self.evictions
-        hits = []
-        record = hits.append
-        for key, size in zip(keys, sizes_bytes, strict=True):
+        do_promote: cython.bint = self.promote_on_hit
+        capacity: cython.longlong = self.capacity_bytes
+        used: cython.longlong = self.used_bytes
+        evictions: cython.longlong = self.evictions
+        size: cython.longlong
+        i: cython.Py_ssize_t
+        hits = bytearray(n)
+        for i in range(n):
+            key = keys[i]
             if key in entries:
-                if promote is not None:
+                if do_promote:
                     promote(key)
-                record(True)
+                hits[i] = 1
                 continue
-            record(False)
+            size = sizes_bytes[i]
             if size > capacity:
                 continue
             used += size
             while used > capacity:
-                used -= pop_oldest(last=False)[1]
+                used -= cython.cast(cython.longlong, pop_oldest(False)[1])
                 evictions += 1
             entries[key] = size
         self.used_bytes = used

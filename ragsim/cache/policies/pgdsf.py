@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ragsim.cache.node import Node
 from ragsim.cache.policies.base import TreePolicy
 from ragsim.cache.policies.gdsf import FlatGreedyDual
+from ragsim.cache.tree import Node
 
 
 class PGDSF(TreePolicy):

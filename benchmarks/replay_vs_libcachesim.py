@@ -1,0 +1,108 @@
+"""Replay throughput of ragsim against libCacheSim, measured in one run on one trace.
+
+The trace is the built-in ``mmlu`` generator (Zipf popularity calibrated to the paper's skew)
+with 1M requests of top-2 documents, i.e. 2M document accesses. libCacheSim (the C library,
+through its wheel) processes those 2M accesses from its own binary trace format, the fastest
+it reads; ragsim processes the same 1M requests. The ratio is libCacheSim's wall time over
+ragsim's on the same work, so > 1 would mean ragsim is faster.
+
+    python benchmarks/replay_vs_libcachesim.py [--requests 1000000]
+
+Targets (issue 2): flat LRU >= 0.5x libCacheSim's LRU; the knowledge tree with PGDSF at top-2
+>= 0.2x libCacheSim's GDSF. Wall-clock numbers are noisy on shared machines: compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ragsim.profiles.costs import load_cost_table
+from ragsim.sim.replay import ReplayConfig, run_replay
+from ragsim.traces import builtin_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from peers import write_oracle_general
+
+
+def libcachesim_seconds(policy: str, capacity_bytes: int, path: Path, repeats: int
+                        ) -> tuple[float, float]:
+    import libcachesim as lcs
+
+    best, miss = float("inf"), 0.0
+    for _ in range(repeats):
+        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+        cache = {"lru": lcs.LRU, "gdsf": lcs.GDSF}[policy](capacity_bytes)
+        start = time.perf_counter()
+        miss, _ = cache.process_trace(reader)
+        best = min(best, time.perf_counter() - start)
+    return best, miss
+
+
+def ragsim_seconds(trace, config: ReplayConfig, repeats: int) -> tuple[float, dict]:
+    table = load_cost_table("a10g-mistral-7b")
+    best, summary = float("inf"), {}
+    for _ in range(repeats):
+        summary = run_replay(trace, config, table).summary
+        best = min(best, summary["elapsed_s"])
+    return best, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    trace = builtin_trace("mmlu", n_requests=args.requests, seed=0)
+    kv = 131072  # Mistral-7B, fp16
+    tokens = trace.doc_tokens_flat
+    unique = np.unique(trace.doc_ids, return_index=True)[1]
+    working_set = int(tokens[unique].sum()) * kv
+    gpu, host = working_set // 50, working_set // 10  # 2% and 10% of the working set
+
+    results = {"requests": trace.n_requests, "document_accesses": len(trace.doc_ids),
+               "working_set_bytes": working_set}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_oracle_general(Path(tmp) / "trace.bin", trace.doc_ids, tokens * kv)
+        lcs_lru, lcs_lru_miss = libcachesim_seconds("lru", host, path, args.repeats)
+        lcs_gdsf, _ = libcachesim_seconds("gdsf", host, path, args.repeats)
+    flat_lru, flat = ragsim_seconds(
+        trace, ReplayConfig(trace="mmlu", policy="lru", flat=True, gpu_capacity_bytes=host,
+                            host_capacity_bytes=0), args.repeats)
+    tree_pgdsf, tree = ragsim_seconds(
+        trace, ReplayConfig(trace="mmlu", policy="pgdsf", gpu_capacity_bytes=gpu,
+                            host_capacity_bytes=host), args.repeats)
+    assert abs(flat["object_miss_ratio"] - lcs_lru_miss) < 1e-9, "flat LRU disagrees"
+    results.update({
+        "libcachesim_lru_s": lcs_lru,
+        "libcachesim_gdsf_s": lcs_gdsf,
+        "ragsim_flat_lru_s": flat_lru,
+        "ragsim_tree_pgdsf_s": tree_pgdsf,
+        "ratio_flat_lru_vs_libcachesim_lru": lcs_lru / flat_lru,
+        "ratio_tree_pgdsf_vs_libcachesim_gdsf": lcs_gdsf / tree_pgdsf,
+        "ragsim_tree_pgdsf_requests_per_s": trace.n_requests / tree_pgdsf,
+        "ragsim_flat_lru_accesses_per_s": len(trace.doc_ids) / flat_lru,
+        "tree_token_hit_rate": tree["token_hit_rate"],
+        "flat_object_miss_ratio": flat["object_miss_ratio"],
+    })
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"trace: mmlu, {trace.n_requests:,} requests, {len(trace.doc_ids):,} document "
+          f"accesses; GPU {gpu / 2**30:.1f} GiB, host {host / 2**30:.1f} GiB")
+    print(f"flat LRU      ragsim {flat_lru:6.2f} s   libCacheSim LRU  {lcs_lru:6.2f} s   "
+          f"ratio {results['ratio_flat_lru_vs_libcachesim_lru']:.2f}x (target >= 0.5x)")
+    print(f"tree PGDSF    ragsim {tree_pgdsf:6.2f} s   libCacheSim GDSF {lcs_gdsf:6.2f} s   "
+          f"ratio {results['ratio_tree_pgdsf_vs_libcachesim_gdsf']:.2f}x (target >= 0.2x)")
+
+
+if __name__ == "__main__":
+    main()
