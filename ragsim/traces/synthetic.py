@@ -92,20 +92,26 @@ def generate(spec: SyntheticSpec) -> Trace:
     rng = np.random.default_rng(spec.seed)
     uniforms = rng.random((spec.n_requests, 3 * spec.top_k))
 
-    def share(exponent: float) -> tuple[float, np.ndarray]:
-        lists = _sample_lists(uniforms, _zipf_cdf(spec.n_documents, exponent), spec.top_k,
-                              np.random.default_rng(spec.seed + 1))
+    def share(exponent: float, rows: int) -> tuple[float, np.ndarray]:
+        lists = _sample_lists(uniforms[:rows], _zipf_cdf(spec.n_documents, exponent),
+                              spec.top_k, np.random.default_rng(spec.seed + 1))
         return retrieval_skew(lists.ravel())["top_3pct_share"], lists
 
-    lo, hi = 0.0, 3.0
-    for _ in range(30):  # common random numbers make the share monotone in the exponent
-        mid = (lo + hi) / 2
-        if share(mid)[0] < spec.target_top3_share:
-            lo = mid
-        else:
-            hi = mid
-    exponent = (lo + hi) / 2
-    achieved, rank_lists = share(exponent)
+    def bisect(lo: float, hi: float, rows: int, steps: int) -> float:
+        # common random numbers make the share monotone in the exponent
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            if share(mid, rows)[0] < spec.target_top3_share:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    # coarse on a prefix of the requests, then fine on all of them (the skew of "the top 3% of
+    # retrieved documents" depends on how many requests there are)
+    rough = bisect(0.0, 3.0, min(spec.n_requests, 20_000), 24)
+    exponent = bisect(max(0.0, rough - 0.15), rough + 0.15, spec.n_requests, 10)
+    achieved, rank_lists = share(exponent, spec.n_requests)
     permutation = rng.permutation(spec.n_documents).astype(np.int64)  # rank -> doc id
     doc_lists = permutation[rank_lists]
     doc_tokens = _lognormal_ints(rng, spec.n_documents, spec.doc_tokens_median,
