@@ -130,6 +130,34 @@ class Node:
                 f"freq={self.frequency}, value={self.value:.6g})")
 
 
+@cython.cfunc
+def _new_node(key: object, parent: Node, tokens: cython.longlong,
+              size_bytes: cython.longlong) -> Node:
+    """``Node(key, parent, tokens, size_bytes)`` without argument parsing (the hot path)."""
+    n: Node = Node.__new__(Node)
+    n.key = key
+    n.parent = parent
+    n.children = None
+    n.depth = parent.depth + 1
+    n.tokens = tokens
+    n.size_bytes = size_bytes
+    n.in_gpu = False
+    n.host_copy = False
+    n.gpu_children = 0
+    n.cached_children = 0
+    n.pins = 0
+    n.frequency = 0
+    n.total_cost = 0.0
+    n.num_computed = 0
+    n.value = 0.0
+    n.last_access = 0
+    n.priority_gpu = 0.0
+    n.priority_host = 0.0
+    n.gpu_pos = -1
+    n.host_pos = -1
+    return n
+
+
 class AccessResult(NamedTuple):
     """What one request found and caused. Token counts exclude the system prompt and query."""
 
@@ -224,7 +252,8 @@ class KnowledgeTree:
         self._use_cost = prefill_cost_s is not None
         self._uses_clock = bool(policy.uses_clock)
         self._on_access = policy.on_access
-        self._on_enter_cache = policy.on_enter_cache
+        # most policies ignore entry into the cache: skip a million no-op calls for them
+        self._on_enter_cache = policy.on_enter_cache if policy.tracks_cache_entry else None
         self.evictions_gpu = 0
         self.evictions_host = 0
         self.swap_in_bytes = 0
@@ -232,6 +261,29 @@ class KnowledgeTree:
         self.dropped_bytes = 0
         self.admission_failures = 0
         self.node_count = 1
+
+    def __dealloc__(self) -> None:
+        """Break the parent/children cycles so a discarded tree is freed at once.
+
+        Without this, every node waits for the cyclic collector, which a replay pauses: a
+        second replay in the same process would run beside a million dead nodes.
+        """
+        self._unlink_all()
+
+    @cython.cfunc
+    def _unlink_all(self) -> cython.void:
+        if self.root is None:
+            return
+        stack: list = [self.root]
+        n: Node
+        while stack:
+            n = stack.pop()
+            if n.children is not None:
+                stack.extend(n.children.values())
+                n.children = None
+            n.parent = None
+        self._heap_gpu = []
+        self._heap_host = []
 
     # ------------------------------------------------------------------ lookup / access
     def match_prefix(self, doc_ids: Sequence[int]) -> tuple[int, int, int]:
@@ -354,7 +406,7 @@ class KnowledgeTree:
             found = node.children.get(key)
             if found is None:
                 tokens = doc_tokens[i]
-                child = Node(key, node, tokens, tokens * kv)
+                child = _new_node(key, node, tokens, tokens * kv)
                 node.children[key] = child
                 self.node_count += 1
             else:
@@ -374,7 +426,7 @@ class KnowledgeTree:
         on_access = self._on_access
         depth: cython.Py_ssize_t
         for depth in range(n_path):
-            n = path[depth]
+            n = cython.cast(Node, path[depth])
             self._seq += 1
             n.frequency += 1
             n.last_access = self._seq
@@ -387,7 +439,7 @@ class KnowledgeTree:
         # 4. admission into GPU, top-down, stopping at the first node that cannot be placed
         parent: Node
         for depth in range(n_path):
-            n = path[depth]
+            n = cython.cast(Node, path[depth])
             if n.in_gpu:
                 continue
             if not self._make_room_gpu(n.size_bytes):
@@ -396,7 +448,8 @@ class KnowledgeTree:
             parent = n.parent
             if depth >= n_cached:  # newly computed
                 self._seq += 1
-                self._on_enter_cache(n, self._seq)
+                if self._on_enter_cache is not None:
+                    self._on_enter_cache(n, self._seq)
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
                 parent.cached_children += 1
@@ -446,12 +499,12 @@ class KnowledgeTree:
 
     @cython.cfunc
     def _sift_up(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
-        n: Node = heap[pos]
+        n: Node = cython.cast(Node, heap[pos])
         parent: Node
         up: cython.Py_ssize_t
         while pos > 0:
             up = (pos - 1) >> 1
-            parent = heap[up]
+            parent = cython.cast(Node, heap[up])
             if not self._less(n, parent, gpu):
                 break
             self._place(heap, parent, pos, gpu)
@@ -461,7 +514,7 @@ class KnowledgeTree:
     @cython.cfunc
     def _sift_down(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
         size: cython.Py_ssize_t = len(heap)
-        n: Node = heap[pos]
+        n: Node = cython.cast(Node, heap[pos])
         child: cython.Py_ssize_t
         c: Node
         other: Node
@@ -469,9 +522,9 @@ class KnowledgeTree:
             child = 2 * pos + 1
             if child >= size:
                 break
-            c = heap[child]
+            c = cython.cast(Node, heap[child])
             if child + 1 < size:
-                other = heap[child + 1]
+                other = cython.cast(Node, heap[child + 1])
                 if self._less(other, c, gpu):
                     child += 1
                     c = other
@@ -483,8 +536,8 @@ class KnowledgeTree:
 
     @cython.cfunc
     def _heap_remove(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
-        removed: Node = heap[pos]
-        last: Node = heap.pop()
+        removed: Node = cython.cast(Node, heap[pos])
+        last: Node = cython.cast(Node, heap.pop())
         if gpu:
             removed.gpu_pos = -1
         else:
@@ -530,7 +583,7 @@ class KnowledgeTree:
         heap: list = self._heap_gpu if gpu else self._heap_host
         n: Node
         while heap:
-            n = heap[0]
+            n = cython.cast(Node, heap[0])
             if n.pins == 0:
                 return n
             self._heap_remove(heap, 0, gpu)

@@ -139,26 +139,25 @@ def replay_flat(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
             return cost.prefill_s_at(cached_tokens, tokens) / tokens
     cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token)
     tokens_flat = trace.doc_tokens_flat
-    keys = trace.doc_ids.tolist()
-    sizes = (tokens_flat * config.kv_bytes_per_token).tolist()
-    tokens = tokens_flat.tolist()
-    nexts = next_use_by_position(trace.doc_ids).tolist() if policy.needs_future else None
-    hits = bytearray()
     offsets = trace.doc_offsets
     n = trace.n_requests
-    for start in range(0, n, PROGRESS_EVERY):
-        stop = min(n, start + PROGRESS_EVERY)
-        lo, hi = int(offsets[start]), int(offsets[stop])
-        hits += cache.process(keys[lo:hi], sizes[lo:hi], tokens[lo:hi],
-                              None if nexts is None else nexts[lo:hi])
-        if progress is not None:
-            progress(stop)
-    hit_mask = np.frombuffer(bytes(hits), dtype=np.uint8).astype(bool)
-    request_of = np.repeat(np.arange(n), np.diff(offsets))
-    hit_tokens = np.bincount(request_of, weights=tokens_flat * hit_mask, minlength=n)
-    all_tokens = np.bincount(request_of, weights=tokens_flat, minlength=n)
-    hit_gpu = hit_tokens.astype(np.int64)
-    recomputed = (all_tokens - hit_tokens).astype(np.int64)
+    hits = bytearray()
+    with _cyclic_gc_paused():
+        keys = trace.doc_ids.tolist()
+        sizes = tokens_flat * config.kv_bytes_per_token
+        tokens = tokens_flat.tolist() if cost_per_token is not None else None
+        nexts = next_use_by_position(trace.doc_ids).tolist() if policy.needs_future else None
+        for start in range(0, n, PROGRESS_EVERY):
+            stop = min(n, start + PROGRESS_EVERY)
+            lo, hi = int(offsets[start]), int(offsets[stop])
+            hits += cache.process(keys[lo:hi], sizes[lo:hi],
+                                  None if tokens is None else tokens[lo:hi],
+                                  None if nexts is None else nexts[lo:hi])
+            if progress is not None:
+                progress(stop)
+    hit_mask = np.frombuffer(hits, dtype=np.uint8).view(bool)
+    hit_gpu = _sum_per_request(np.where(hit_mask, tokens_flat, 0), offsets)
+    recomputed = _sum_per_request(tokens_flat, offsets) - hit_gpu
     zeros = np.zeros(n, dtype=np.int64)
     records = _record_columns(trace, hit_gpu + config.system_prompt_tokens, hit_gpu, zeros,
                             recomputed, zeros)
@@ -173,6 +172,15 @@ def replay_flat(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
         "host_used_bytes": 0,
     }
     return records, counters
+
+
+def _sum_per_request(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per-request sums of a CSR-aligned int64 column (requests may have no documents)."""
+    sums = np.zeros(len(offsets) - 1, dtype=np.int64)
+    if len(values):
+        cumulative = np.concatenate(([0], np.cumsum(values, dtype=np.int64)))
+        sums = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    return sums
 
 
 def run_replay(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None = None,

@@ -17,7 +17,11 @@ from ragsim.cache.tree import Node
 
 
 class FlatCache(Protocol):
-    """One-tier object cache. ``process`` returns one byte per request: 1 if it hit."""
+    """One-tier object cache. ``process`` returns one byte per request: 1 if it hit.
+
+    ``keys`` is a list of ints (dictionary keys); sizes, tokens and next accesses are aligned
+    with it.
+    """
 
     capacity_bytes: int
     used_bytes: int
@@ -26,7 +30,7 @@ class FlatCache(Protocol):
     def process(
         self,
         keys: list[int],
-        sizes_bytes: list[int],
+        sizes_bytes,  # int64 array (or any sequence of ints)
         tokens: list[int] | None = None,
         next_access: list[int] | None = None,
     ) -> bytearray: ...
@@ -38,6 +42,7 @@ class TreePolicy:
     name = "base"
     uses_clock = False  # greedy-dual policies raise a per-tier clock on eviction
     needs_future = False  # offline bounds need next-use information
+    tracks_cache_entry = False  # True if on_enter_cache does something (FIFO)
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:

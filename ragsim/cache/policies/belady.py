@@ -95,11 +95,12 @@ class FlatBelady:
         self._size: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []
 
-    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+    def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         if next_access is None:
             raise ValueError("Belady needs next_access for every request")
         n: cython.Py_ssize_t = len(keys)
+        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
         if len(sizes_bytes) != n or len(next_access) != n:
             raise ValueError("keys, sizes_bytes and next_access differ in length")
         nexts: dict = self._next
@@ -117,7 +118,7 @@ class FlatBelady:
                 nexts[key] = nxt
                 heappush(heap, (-nxt, key))
                 continue
-            size = sizes_bytes[i]
+            size = sizes_view[i]
             if size > capacity:
                 continue
             while self.used_bytes + size > capacity:

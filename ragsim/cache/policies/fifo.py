@@ -9,6 +9,7 @@ from ragsim.cache.tree import Node
 
 class FIFO(TreePolicy):
     name = "fifo"
+    tracks_cache_entry = True
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:

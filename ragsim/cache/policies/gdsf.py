@@ -11,6 +11,7 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 
 import cython
+import numpy as np
 
 from ragsim.cache.policies.base import TreePolicy
 from ragsim.cache.tree import Node
@@ -54,16 +55,17 @@ class FlatGreedyDual:
         self._heap: list[tuple[float, int, int]] = []
         self._seq = 0
 
-    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+    def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
+        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
         if len(sizes_bytes) != n or (tokens is not None and len(tokens) != n):
             raise ValueError("keys, sizes_bytes and tokens differ in length")
         entries: dict = self._entries
         heap: list = self._heap
         capacity: cython.longlong = self.capacity_bytes
         unit_cost = self._unit_cost
-        token_counts: list = tokens if tokens is not None else sizes_bytes
+        token_counts = tokens if tokens is not None else sizes_bytes
         seq: cython.longlong = self._seq
         size: cython.longlong
         priority: cython.double
@@ -84,7 +86,7 @@ class FlatGreedyDual:
                 entry[1] = seq
                 heappush(heap, (entry[0], seq, key))
                 continue
-            size = sizes_bytes[i]
+            size = sizes_view[i]
             if size > capacity:
                 continue
             # libCacheSim inserts first and then evicts, so a newcomer whose priority is the

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import cython
+import numpy as np
 
 from ragsim.cache.policies.base import TreePolicy
 from ragsim.cache.tree import Node
@@ -41,9 +42,10 @@ class FlatLFU:
         self._buckets: dict[int, OrderedDict[int, None]] = {}
         self._min_freq = 0
 
-    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+    def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
+        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
         if len(sizes_bytes) != n:
             raise ValueError("keys and sizes_bytes differ in length")
         freq: dict = self._freq
@@ -72,7 +74,7 @@ class FlatLFU:
                     nxt = buckets[f + 1] = OrderedDict()
                 nxt[key] = None
                 continue
-            size = sizes_bytes[i]
+            size = sizes_view[i]
             if size > capacity:
                 continue
             while self.used_bytes + size > capacity:

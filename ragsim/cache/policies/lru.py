@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import cython
+import numpy as np
 
 from ragsim.cache.policies.base import TreePolicy
 from ragsim.cache.tree import Node
@@ -31,9 +32,10 @@ class FlatLRU:
         self.promote_on_hit = promote_on_hit
         self._entries: OrderedDict[int, int] = OrderedDict()
 
-    def process(self, keys: list, sizes_bytes: list, tokens: list | None = None,
+    def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
+        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
         if len(sizes_bytes) != n:
             raise ValueError("keys and sizes_bytes differ in length")
         entries = self._entries
@@ -53,7 +55,7 @@ class FlatLRU:
                     promote(key)
                 hits[i] = 1
                 continue
-            size = sizes_bytes[i]
+            size = sizes_view[i]
             if size > capacity:
                 continue
             used += size
