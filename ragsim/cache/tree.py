@@ -442,7 +442,7 @@ class KnowledgeTree:
             n = cython.cast(Node, path[depth])
             if n.in_gpu:
                 continue
-            if not self._make_room_gpu(n.size_bytes):
+            if not self._make_room(True, n.size_bytes):
                 self.admission_failures += 1
                 break
             parent = n.parent
@@ -599,17 +599,22 @@ class KnowledgeTree:
 
     # ------------------------------------------------------------------ eviction
     @cython.cfunc
-    def _make_room_gpu(self, need_bytes: cython.longlong) -> cython.bint:
-        """EVICT_IN_GPU: evict lowest-priority GPU leaves until ``need_bytes`` fit."""
-        if need_bytes > self.gpu_capacity_bytes:
+    def _make_room(self, gpu: cython.bint, need_bytes: cython.longlong) -> cython.bint:
+        """EVICT_IN_GPU (or its host twin): evict the tier's lowest-priority leaves until
+        ``need_bytes`` fit. False if they cannot (too big, or only pinned nodes left)."""
+        capacity: cython.longlong = self.gpu_capacity_bytes if gpu else self.host_capacity_bytes
+        if need_bytes > capacity:
             return False
         ok: cython.bint = True
-        while self.gpu_used_bytes + need_bytes > self.gpu_capacity_bytes:
-            victim = self._victim(True)
+        while (self.gpu_used_bytes if gpu else self.host_used_bytes) + need_bytes > capacity:
+            victim = self._victim(gpu)
             if victim is None:
                 ok = False
                 break
-            self._evict_from_gpu(victim)
+            if gpu:
+                self._evict_from_gpu(victim)
+            else:
+                self._evict_from_host(victim)
         self._restore_set_aside()
         return ok
 
@@ -625,7 +630,7 @@ class KnowledgeTree:
         self._sync(n)  # out of the GPU candidates before the host makes room
         if not n.host_copy:
             # first departure from the GPU: copy to host if host memory can take it
-            if self._make_room_host(n.size_bytes):
+            if self._make_room(False, n.size_bytes):
                 n.host_copy = True
                 self.host_used_bytes += n.size_bytes
                 self.swap_out_bytes += n.size_bytes
@@ -633,23 +638,7 @@ class KnowledgeTree:
                 self._sync(n)
             else:
                 self._drop(n)
-        else:
-            self._sync(n)
         self._sync(parent)
-
-    @cython.cfunc
-    def _make_room_host(self, need_bytes: cython.longlong) -> cython.bint:
-        if need_bytes > self.host_capacity_bytes:
-            return False
-        ok: cython.bint = True
-        while self.host_used_bytes + need_bytes > self.host_capacity_bytes:
-            victim = self._victim(False)
-            if victim is None:
-                ok = False
-                break
-            self._evict_from_host(victim)
-        self._restore_set_aside()
-        return ok
 
     @cython.cfunc
     def _evict_from_host(self, n: Node) -> cython.void:

@@ -99,8 +99,7 @@ def replay_tree(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
         gpu_capacity_bytes=config.gpu_capacity_bytes,
         host_capacity_bytes=config.host_capacity_bytes,
         kv_bytes_per_token=config.kv_bytes_per_token,
-        prefill_cost_s=cost.prefill_s_at if (cost is not None and config.policy == "pgdsf")
-        else None,
+        prefill_cost_s=cost.prefill_s_at if policy.needs_cost else None,
         system_prompt_tokens=config.system_prompt_tokens,
         max_cached_depth=config.max_cached_depth,
     )
@@ -134,7 +133,7 @@ def replay_flat(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
     """Every document an independent object in one tier of ``gpu_capacity_bytes``."""
     policy = make_policy(config.policy)
     cost_per_token = None
-    if config.policy == "pgdsf":
+    if policy.needs_cost:
         def cost_per_token(cached_tokens: int, tokens: int) -> float:
             return cost.prefill_s_at(cached_tokens, tokens) / tokens
     cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token)
@@ -185,8 +184,8 @@ def _sum_per_request(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def run_replay(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None = None,
                progress: Progress | None = None) -> ReplayResult:
-    if config.policy == "pgdsf" and cost is None:
-        raise ValueError("PGDSF needs a prefill-cost table")
+    if make_policy(config.policy).needs_cost and cost is None:
+        raise ValueError(f"{config.policy} needs a prefill-cost table")
     started = time.perf_counter()
     driver = replay_flat if config.flat else replay_tree
     records, counters = driver(trace, config, cost, progress)

@@ -43,6 +43,7 @@ class TreePolicy:
     uses_clock = False  # greedy-dual policies raise a per-tier clock on eviction
     needs_future = False  # offline bounds need next-use information
     tracks_cache_entry = False  # True if on_enter_cache does something (FIFO)
+    needs_cost = False  # True if on_access uses the request's prefill cost (PGDSF)
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:

@@ -23,6 +23,7 @@ from ragsim.cache.tree import Node
 class PGDSF(TreePolicy):
     name = "pgdsf"
     uses_clock = True
+    needs_cost = True
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
