@@ -22,6 +22,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Simulate KV-cache and scheduling policies for RAG serving.")
 trace_app = typer.Typer(no_args_is_help=True, help="Create, convert and inspect traces.")
 app.add_typer(trace_app, name="trace")
+profiles_app = typer.Typer(no_args_is_help=True, help="Inspect prefill-cost profiles.")
+app.add_typer(profiles_app, name="profiles")
 
 out = Console()
 err = Console(stderr=True)
@@ -164,6 +166,9 @@ def _print_replay_summary(s: dict) -> None:
     for row in rows:
         table.add_row(*row)
     out.print(table)
+    if s.get("cost_table_extrapolations"):
+        err.print(f"[yellow]warning:[/] {s['cost_table_extrapolations']:,} prefill-cost "
+                  f"queries fell outside the grid of {c['cost_table']} and were extrapolated")
 
 
 # --------------------------------------------------------------------------- models
@@ -272,6 +277,99 @@ def trace_stats_command(trace: str,
     if info:
         out.print("[bold]how it was made:[/]", json.dumps(info, indent=1, default=str),
                   highlight=False)
+
+
+# --------------------------------------------------------------------------- profiles
+@profiles_app.command("list")
+def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The shipped cost tables."""
+    from ragsim.profiles.costs import load_cost_table, shipped_table_names
+
+    rows = []
+    for name in shipped_table_names():
+        table = load_cost_table(name)
+        meta = table.metadata
+        rows.append({"name": name, "hardware": meta.get("hardware", ""),
+                     "model": meta.get("model", ""),
+                     "obtained": meta.get("obtained", {}).get("kind", "")})
+    if json_output:
+        _print_json({"profiles": rows})
+        return
+    table = Table("name", "hardware", "model", "obtained")
+    for row in rows:
+        table.add_row(row["name"], row["hardware"], row["model"], row["obtained"])
+    out.print(table)
+
+
+@profiles_app.command("show")
+@friendly_errors
+def profiles_show(name: str,
+                  plot: Annotated[Path | None, typer.Option(help="Write curves of T(cached, new) "
+                                                                 "to this PNG/SVG.")] = None,
+                  json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A table's provenance and its prefill grid (a shipped name or a JSON path)."""
+    from ragsim.profiles.costs import load_cost_table
+
+    table = load_cost_table(name)
+    if plot is not None:
+        _plot_prefill(table, plot)
+        err.print(f"wrote {plot}")
+    if json_output:
+        _print_json(table.to_dict())
+        return
+    out.print(f"[bold]{table.name}[/]", json.dumps(table.metadata, indent=1, default=str),
+              highlight=False)
+    grid = Table("cached \\ new", *[f"{b:g}" for b in table.new_tokens],
+                 title="prefill seconds")
+    for a, row in zip(table.cached_tokens, table.prefill_s, strict=True):
+        grid.add_row(f"{a:g}", *[f"{v:.4g}" for v in row])
+    out.print(grid)
+
+
+def _plot_prefill(table, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    new = np.geomspace(max(1.0, table.new_tokens[0]), table.new_tokens[-1], 200)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cached in table.cached_tokens:
+        ax.plot(new, table.prefill_s_many(np.full_like(new, cached), new),
+                label=f"{cached:g} cached")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("new (uncached) tokens")
+    ax.set_ylabel("prefill time (s)")
+    ax.set_title(f"T(cached, new): {table.name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncols=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@profiles_app.command("predict")
+@friendly_errors
+def profiles_predict(name: str,
+                     cached: Annotated[float, typer.Option(help="Cached tokens (alpha).")],
+                     new: Annotated[float, typer.Option(help="New tokens (beta).")],
+                     json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The bilinearly interpolated prefill time of one request, to check a table by hand."""
+    from ragsim.profiles.costs import load_cost_table
+
+    if cached < 0 or new < 0:
+        raise RagsimInputError("token counts must be >= 0", field="--cached/--new")
+    table = load_cost_table(name)
+    seconds = table.prefill_s_at(cached, new)
+    result = {"profile": table.name, "cached_tokens": cached, "new_tokens": new,
+              "prefill_s": seconds, "extrapolated": table.extrapolated_queries > 0}
+    if json_output:
+        _print_json(result)
+        return
+    note = "  (outside the grid: extrapolated)" if result["extrapolated"] else ""
+    out.print(f"{table.name}: T({cached:g} cached, {new:g} new) = {seconds:.6g} s{note}")
 
 
 if __name__ == "__main__":

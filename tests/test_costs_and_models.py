@@ -52,6 +52,8 @@ def test_vectorised_matches_scalar_and_extrapolation_is_counted():
     (lambda d: d.update(new_tokens=[1]), "new_tokens"),
     (lambda d: d["prefill_s"][1].__setitem__(0, -1.0), "prefill_s"),
     (lambda d: d["prefill_s"].pop(), "prefill_s"),
+    (lambda d: d["prefill_s"][0].__setitem__(1, 0.5), "prefill_s"),  # falls along new_tokens
+    (lambda d: d["prefill_s"][2].__setitem__(0, 2.0), "prefill_s"),  # falls along cached
 ])
 def test_malformed_tables_are_refused_with_the_field(tmp_path, mutate, field):
     data = small_table().to_dict()

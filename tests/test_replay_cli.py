@@ -140,3 +140,20 @@ def test_trace_errors_exit_2(tmp_path):
     result = runner.invoke(app, ["trace", "import-jsonl", str(bad), str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "row 1" in result.output and "doc_ids" in result.output
+
+
+def test_profiles_commands(tmp_path):
+    listed = invoke_json("profiles", "list")["profiles"]
+    assert any(p["name"] == "a10g-mistral-7b" for p in listed)
+    p = invoke_json("profiles", "predict", "a10g-mistral-7b", "--cached", "0", "--new", "4000")
+    assert 0.8 < p["prefill_s"] < 1.25 and p["extrapolated"] is False
+    far = invoke_json("profiles", "predict", "a10g-mistral-7b", "--cached", "0",
+                      "--new", "100000")
+    assert far["extrapolated"] is True
+    result = runner.invoke(app, ["profiles", "show", "a10g-mistral-7b", "--plot",
+                                 str(tmp_path / "t.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    assert "prefill seconds" in result.stdout
+    bad = runner.invoke(app, ["profiles", "show", "no-such-profile"])
+    assert bad.exit_code == 2 and "no-such-profile" in bad.output

@@ -79,6 +79,21 @@ class PrefillCostTable:
                         or not math.isfinite(value) or value < 0):
                     raise ProfileError(f"column {c} is {value!r}; times must be finite and >= 0",
                                        file=source, row=r, field="prefill_s")
+        # more tokens never take less time: interpolation stays monotone only if the grid is
+        for r, row in enumerate(self.prefill_s):
+            for c in range(1, len(row)):
+                if row[c] < row[c - 1]:
+                    raise ProfileError(
+                        f"time falls from {row[c - 1]} to {row[c]} s as new_tokens grows "
+                        f"(columns {c - 1} -> {c}); grids must be non-decreasing",
+                        file=source, row=r, field="prefill_s")
+            if r:
+                for c in range(len(row)):
+                    if row[c] < self.prefill_s[r - 1][c]:
+                        raise ProfileError(
+                            f"time falls from {self.prefill_s[r - 1][c]} to {row[c]} s as "
+                            f"cached_tokens grows (column {c}); grids must be non-decreasing",
+                            file=source, row=r, field="prefill_s")
 
     # -- queries ---------------------------------------------------------------------------
     @cython.cfunc
