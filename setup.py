@@ -16,7 +16,7 @@ COMPILED = [
     "ragsim/cache/policies/pgdsf.py",
     "ragsim/cache/policies/fifo.py",
     "ragsim/cache/policies/belady.py",
-    "ragsim/profiles/costs.py",
+    "ragsim/profiles/grid.py",
 ]
 
 setup(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragsim.profiles.costs import load_cost_table
+from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.traces import builtin_trace
 
@@ -46,7 +46,7 @@ def libcachesim_seconds(policy: str, capacity_bytes: int, path: Path, repeats: i
 
 
 def ragsim_seconds(trace, config: ReplayConfig, repeats: int) -> tuple[float, dict]:
-    table = load_cost_table("a10g-mistral-7b")
+    table = load_profile("a10g-mistral-7b")
     best, summary = float("inf"), {}
     for _ in range(repeats):
         summary = run_replay(trace, config, table).summary

@@ -73,8 +73,8 @@ def replay(
                                             "(--gpu-mem); no prefix tree.")] = False,
     kv_bytes_per_token: Annotated[int | None, typer.Option(
         help="Override the model's KV bytes per token.")] = None,
-    cost_table: Annotated[str, typer.Option(
-        "--profile", "--cost-table", help="Prefill-cost table: shipped name or JSON path.")
+    profile: Annotated[str, typer.Option(
+        help="Cost profile (prefill costs for PGDSF): shipped name or JSON path.")
     ] = "a10g-mistral-7b",
     system_prompt_tokens: Annotated[int, typer.Option(help="Tokens of the shared system "
                                                            "prompt (tree root).")] = 0,
@@ -88,8 +88,8 @@ def replay(
                                                  "summary.json here.")] = None,
 ) -> None:
     """Feed a trace, in order, through the cache policy core (no timing model)."""
-    from ragsim.profiles.costs import load_cost_table
     from ragsim.profiles.models import resolve_model
+    from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig, run_replay
     from ragsim.traces import resolve_trace
 
@@ -110,7 +110,7 @@ def replay(
         gpu_capacity_bytes=parse_bytes(gpu_mem, field="--gpu-mem"),
         host_capacity_bytes=parse_bytes(host_mem, field="--host-mem"),
         flat=flat,
-        cost_table=cost_table,
+        profile=profile,
         system_prompt_tokens=system_prompt_tokens,
         max_cached_depth=cache_depth,
         n_requests=requests,
@@ -125,11 +125,11 @@ def replay(
         config = replace(config, host_capacity_bytes=0)
         if not json_output:
             err.print("note: --flat uses one tier of --gpu-mem; host memory is ignored")
-    cost = load_cost_table(cost_table)
+    costs = load_profile(profile)
     data = resolve_trace(trace, seed=seed, n_requests=requests)
     progress, callback = _progress(data.n_requests, "replay", not json_output)
     with progress:
-        result = run_replay(data, config, cost, callback)
+        result = run_replay(data, config, costs, callback)
     summary = result.summary
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -166,9 +166,9 @@ def _print_replay_summary(s: dict) -> None:
     for row in rows:
         table.add_row(*row)
     out.print(table)
-    if s.get("cost_table_extrapolations"):
-        err.print(f"[yellow]warning:[/] {s['cost_table_extrapolations']:,} prefill-cost "
-                  f"queries fell outside the grid of {c['cost_table']} and were extrapolated")
+    if s.get("cost_extrapolations"):
+        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost queries fell "
+                  f"outside the grids of profile {c['profile']} and were extrapolated")
 
 
 # --------------------------------------------------------------------------- models
@@ -282,22 +282,22 @@ def trace_stats_command(trace: str,
 # --------------------------------------------------------------------------- profiles
 @profiles_app.command("list")
 def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """The shipped cost tables."""
-    from ragsim.profiles.costs import load_cost_table, shipped_table_names
+    """The shipped profiles (names follow HARDWARE-MODEL[-tpN])."""
+    from ragsim.profiles.profile import load_profile, shipped_profile_names
 
     rows = []
-    for name in shipped_table_names():
-        table = load_cost_table(name)
-        meta = table.metadata
-        rows.append({"name": name, "hardware": meta.get("hardware", ""),
-                     "model": meta.get("model", ""),
-                     "obtained": meta.get("obtained", {}).get("kind", "")})
+    for name in shipped_profile_names():
+        p = load_profile(name)
+        rows.append({"name": name, "hardware": p.hardware.get("device", ""),
+                     "model": p.model.name, "tensor_parallel": p.tensor_parallel,
+                     "obtained": p.kind, "kv_capacity_bytes": p.kv_capacity_bytes})
     if json_output:
         _print_json({"profiles": rows})
         return
-    table = Table("name", "hardware", "model", "obtained")
+    table = Table("name", "hardware", "model", "TP", "obtained", "KV space")
     for row in rows:
-        table.add_row(row["name"], row["hardware"], row["model"], row["obtained"])
+        table.add_row(row["name"], row["hardware"], row["model"], str(row["tensor_parallel"]),
+                      row["obtained"], format_bytes(row["kv_capacity_bytes"]))
     out.print(table)
 
 
@@ -307,42 +307,53 @@ def profiles_show(name: str,
                   plot: Annotated[Path | None, typer.Option(help="Write curves of T(cached, new) "
                                                                  "to this PNG/SVG.")] = None,
                   json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """A table's provenance and its prefill grid (a shipped name or a JSON path)."""
-    from ragsim.profiles.costs import load_cost_table
+    """A profile's provenance and tables (a shipped name or a JSON path)."""
+    from ragsim.profiles.profile import load_profile
 
-    table = load_cost_table(name)
+    p = load_profile(name)
     if plot is not None:
-        _plot_prefill(table, plot)
+        _plot_prefill(p, plot)
         err.print(f"wrote {plot}")
     if json_output:
-        _print_json(table.to_dict())
+        _print_json(p.to_dict())
         return
-    out.print(f"[bold]{table.name}[/]", json.dumps(table.metadata, indent=1, default=str),
+    out.print(f"[bold]{p.name}[/]: {p.model.name} on {p.tensor_parallel} x "
+              f"{p.hardware.get('device', '?')}, {p.dtype}, {p.engine}; {p.kind}; "
+              f"KV space {format_bytes(p.kv_capacity_bytes)}; overhead {p.overhead_s * 1e3:.1f} ms",
               highlight=False)
-    grid = Table("cached \\ new", *[f"{b:g}" for b in table.new_tokens],
-                 title="prefill seconds")
-    for a, row in zip(table.cached_tokens, table.prefill_s, strict=True):
-        grid.add_row(f"{a:g}", *[f"{v:.4g}" for v in row])
-    out.print(grid)
+    for key, value in p.obtained.get("sources", {}).items():
+        out.print(f"  [dim]{key}[/]: {value}", highlight=False)
+    for grid, title in ((p.prefill, "prefill seconds (rows: cached, columns: new tokens)"),
+                        (p.decode, "decode seconds (rows: batch, columns: context tokens)")):
+        table = Table("", *[f"{y:g}" for y in grid.y_axis], title=title)
+        for x, row in zip(grid.x_axis, grid.values, strict=True):
+            table.add_row(f"{x:g}", *[f"{v:.3g}" for v in row])
+        out.print(table)
+    b = p.batched_prefill
+    out.print(f"batched prefill: {b.per_iteration_s * 1e3:.3g} ms + {b.per_token_s * 1e6:.3g} "
+              f"us/token + {b.per_pair_s * 1e9:.3g} ns/pair; fit {b.fit}", highlight=False)
+    t = p.transfers
+    out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
+              f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)
 
 
-def _plot_prefill(table, path: Path) -> None:
+def _plot_prefill(profile, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    new = np.geomspace(max(1.0, table.new_tokens[0]), table.new_tokens[-1], 200)
+    grid = profile.prefill
+    new = np.geomspace(max(1.0, grid.y_axis[0]), grid.y_axis[-1], 200)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for cached in table.cached_tokens:
-        ax.plot(new, table.prefill_s_many(np.full_like(new, cached), new),
-                label=f"{cached:g} cached")
+    for cached in grid.x_axis:
+        ax.plot(new, grid.many(np.full_like(new, cached), new), label=f"{cached:g} cached")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("new (uncached) tokens")
     ax.set_ylabel("prefill time (s)")
-    ax.set_title(f"T(cached, new): {table.name}")
+    ax.set_title(f"T(cached, new): {profile.name} ({profile.kind})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncols=2)
     fig.tight_layout()
@@ -357,19 +368,41 @@ def profiles_predict(name: str,
                      new: Annotated[float, typer.Option(help="New tokens (beta).")],
                      json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The bilinearly interpolated prefill time of one request, to check a table by hand."""
-    from ragsim.profiles.costs import load_cost_table
+    from ragsim.profiles.profile import load_profile
 
     if cached < 0 or new < 0:
         raise RagsimInputError("token counts must be >= 0", field="--cached/--new")
-    table = load_cost_table(name)
-    seconds = table.prefill_s_at(cached, new)
-    result = {"profile": table.name, "cached_tokens": cached, "new_tokens": new,
-              "prefill_s": seconds, "extrapolated": table.extrapolated_queries > 0}
+    p = load_profile(name)
+    seconds = p.prefill_s(cached, new)
+    result = {"profile": p.name, "cached_tokens": cached, "new_tokens": new,
+              "prefill_s": seconds, "extrapolated": p.extrapolated_queries > 0}
     if json_output:
         _print_json(result)
         return
     note = "  (outside the grid: extrapolated)" if result["extrapolated"] else ""
-    out.print(f"{table.name}: T({cached:g} cached, {new:g} new) = {seconds:.6g} s{note}")
+    out.print(f"{p.name}: T({cached:g} cached, {new:g} new) = {seconds:.6g} s{note}")
+
+
+@profiles_app.command("derive")
+@friendly_errors
+def profiles_derive(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the profile files.")],
+    json_output: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Regenerate the roofline-derived profiles (the shipped ones come from this command)."""
+    from ragsim.profiles.derived import all_derived_profiles, anchor_report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for p in all_derived_profiles():
+        p.save(out_dir / f"{p.name}.json")
+        names.append(p.name)
+    report = {"written": names, "anchor": anchor_report()}
+    if json_output:
+        _print_json(report)
+        return
+    err.print(f"wrote {len(names)} profiles to {out_dir}")
+    out.print(json.dumps(report["anchor"], indent=1), highlight=False)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ PURE_SCRIPT = r"""
 import json, sys
 import ragsim.cache.tree as tree
 assert tree.__file__.endswith(".py"), tree.__file__
-from ragsim.profiles.costs import load_cost_table
+from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.traces import builtin_trace
 trace = builtin_trace("mmlu", n_requests=1500, seed=11)
@@ -49,7 +49,7 @@ for policy in ("pgdsf", "gdsf", "lru", "lfu", "fifo", "belady"):
     for flat in (False, True):
         config = ReplayConfig(trace="mmlu", policy=policy, flat=flat, gpu_capacity_bytes=2**30,
                               host_capacity_bytes=0 if flat else 4 * 2**30)
-        s = run_replay(trace, config, load_cost_table("a10g-mistral-7b")).summary
+        s = run_replay(trace, config, load_profile("a10g-mistral-7b")).summary
         out[f"{policy}-{flat}"] = [s[k] for k in ("hit_tokens_gpu", "hit_tokens_host",
                                                   "swap_out_bytes", "evictions_gpu",
                                                   "evictions_host")]
@@ -73,7 +73,7 @@ def test_pure_python_source_behaves_exactly_like_the_compiled_build(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     pure = json.loads(result.stdout.strip().splitlines()[-1])
 
-    from ragsim.profiles.costs import load_cost_table
+    from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig, run_replay
     from ragsim.traces import builtin_trace
 
@@ -83,7 +83,7 @@ def test_pure_python_source_behaves_exactly_like_the_compiled_build(tmp_path):
         config = ReplayConfig(trace="mmlu", policy=policy, flat=flat == "True",
                               gpu_capacity_bytes=2**30,
                               host_capacity_bytes=0 if flat == "True" else 4 * 2**30)
-        s = run_replay(trace, config, load_cost_table("a10g-mistral-7b")).summary
+        s = run_replay(trace, config, load_profile("a10g-mistral-7b")).summary
         got = [s[k] for k in ("hit_tokens_gpu", "hit_tokens_host", "swap_out_bytes",
                               "evictions_gpu", "evictions_host")]
         assert got == expected, key

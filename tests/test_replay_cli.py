@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ragsim.cli import app
-from ragsim.profiles.costs import load_cost_table
+from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.traces import builtin_trace
 
@@ -57,7 +57,7 @@ def test_llama2_kv_is_four_times_mistral_and_hits_less():
 
 def test_unbounded_capacity_recomputes_only_first_seen_pairs_and_zero_hits_nothing():
     trace = builtin_trace("mmlu", n_requests=3000)
-    table = load_cost_table("a10g-mistral-7b")
+    table = load_profile("a10g-mistral-7b")
     big = run_replay(trace, ReplayConfig(trace="mmlu", gpu_capacity_bytes=2**60,
                                          host_capacity_bytes=0), table).summary
     pairs = {}

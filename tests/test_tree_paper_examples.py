@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 
 from ragsim.cache import KnowledgeTree, Tier, make_policy
-from ragsim.profiles.costs import PrefillCostTable
+from ragsim.profiles.grid import BilinearGrid
 
 
-def bilinear_table(c0: float, c_new: float, c_pair: float) -> PrefillCostTable:
+def bilinear_table(c0: float, c_new: float, c_pair: float) -> BilinearGrid:
     """T(a, b) = c0 + c_new*b + c_pair*a*b: bilinear, so interpolation on it is exact."""
     cached, new = [0.0, 10_000.0], [1.0, 10_000.0]
     grid = [[c0 + c_new * b + c_pair * a * b for b in new] for a in cached]
-    return PrefillCostTable("test", cached, new, grid)
+    return BilinearGrid("test", "cached_tokens", "new_tokens", cached, new, grid)
 
 
 def tree(policy: str = "pgdsf", *, gpu: int, host: int = 0, table=None, **kw) -> KnowledgeTree:
     table = table or bilinear_table(0.0, 0.001, 0.0)
     return KnowledgeTree(make_policy(policy), gpu_capacity_bytes=gpu, host_capacity_bytes=host,
-                         kv_bytes_per_token=1, prefill_cost_s=table.prefill_s_at, **kw)
+                         kv_bytes_per_token=1, prefill_cost_s=table.at, **kw)
 
 
 class TestFigure9CostEstimation:

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from ragsim.cache import KnowledgeTree, make_policy
 from ragsim.cache.policies import POLICY_NAMES
-from ragsim.profiles.costs import load_cost_table
+from ragsim.profiles.profile import load_profile
 
-TABLE = load_cost_table("a10g-mistral-7b")
+TABLE = load_profile("a10g-mistral-7b").prefill
 DOC_TOKENS = {d: 1 + (d * 7) % 9 for d in range(10)}
 
 requests = st.lists(
@@ -34,7 +34,7 @@ def run(config: dict, reqs: list) -> tuple[list, KnowledgeTree]:
     kt = KnowledgeTree(make_policy(config["policy"]),
                        gpu_capacity_bytes=config["gpu"] + config["system"],
                        host_capacity_bytes=config["host"], kv_bytes_per_token=1,
-                       prefill_cost_s=TABLE.prefill_s_at,
+                       prefill_cost_s=TABLE.at,
                        system_prompt_tokens=config["system"],
                        max_cached_depth=config["depth"])
     results, running = [], []

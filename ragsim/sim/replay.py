@@ -18,7 +18,7 @@ import pandas as pd
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
 from ragsim.cache.tree import KnowledgeTree
-from ragsim.profiles.costs import PrefillCostTable
+from ragsim.profiles.profile import Profile
 from ragsim.traces.schema import Trace
 
 Progress = Callable[[int], None]  # called with the number of requests done so far
@@ -37,7 +37,7 @@ class ReplayConfig:
     gpu_capacity_bytes: int = 4 * 2**30
     host_capacity_bytes: int = 32 * 2**30
     flat: bool = False
-    cost_table: str = "a10g-mistral-7b"
+    profile: str = "a10g-mistral-7b"
     system_prompt_tokens: int = 0
     max_cached_depth: int | None = None
     n_requests: int | None = None
@@ -89,7 +89,7 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-def replay_tree(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None,
+def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
                 progress: Progress | None = None) -> tuple[dict[str, np.ndarray], dict]:
     policy = make_policy(config.policy)
     if policy.needs_future:
@@ -99,7 +99,7 @@ def replay_tree(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
         gpu_capacity_bytes=config.gpu_capacity_bytes,
         host_capacity_bytes=config.host_capacity_bytes,
         kv_bytes_per_token=config.kv_bytes_per_token,
-        prefill_cost_s=cost.prefill_s_at if policy.needs_cost else None,
+        prefill_cost_s=profile.prefill.at if policy.needs_cost else None,
         system_prompt_tokens=config.system_prompt_tokens,
         max_cached_depth=config.max_cached_depth,
     )
@@ -128,14 +128,14 @@ def replay_tree(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | Non
     return records, counters
 
 
-def replay_flat(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None,
+def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
                 progress: Progress | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """Every document an independent object in one tier of ``gpu_capacity_bytes``."""
     policy = make_policy(config.policy)
     cost_per_token = None
     if policy.needs_cost:
         def cost_per_token(cached_tokens: int, tokens: int) -> float:
-            return cost.prefill_s_at(cached_tokens, tokens) / tokens
+            return profile.prefill.at(cached_tokens, tokens) / tokens
     cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token)
     tokens_flat = trace.doc_tokens_flat
     offsets = trace.doc_offsets
@@ -182,13 +182,13 @@ def _sum_per_request(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return sums
 
 
-def run_replay(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None = None,
+def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = None,
                progress: Progress | None = None) -> ReplayResult:
-    if make_policy(config.policy).needs_cost and cost is None:
-        raise ValueError(f"{config.policy} needs a prefill-cost table")
+    if make_policy(config.policy).needs_cost and profile is None:
+        raise ValueError(f"{config.policy} needs a profile (prefill costs)")
     started = time.perf_counter()
     driver = replay_flat if config.flat else replay_tree
-    records, counters = driver(trace, config, cost, progress)
+    records, counters = driver(trace, config, profile, progress)
     elapsed = time.perf_counter() - started
     doc_tokens = int(records["doc_tokens"].sum())
     hit_gpu = int(records["hit_tokens_gpu"].sum())
@@ -212,7 +212,7 @@ def run_replay(trace: Trace, config: ReplayConfig, cost: PrefillCostTable | None
         "elapsed_s": elapsed,
         "requests_per_s": trace.n_requests / elapsed if elapsed > 0 else float("inf"),
         **counters,
-        "cost_table_extrapolations": cost.extrapolated_queries if cost is not None else 0,
+        "cost_extrapolations": profile.extrapolated_queries if profile is not None else 0,
         "config": asdict(config),
         "trace_info": trace.info,
     }
