@@ -279,6 +279,68 @@ def trace_stats_command(trace: str,
                   highlight=False)
 
 
+# --------------------------------------------------------------------------- profile
+@app.command()
+@friendly_errors
+def profile(
+    model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
+                     ] = "mistral-7b",
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    out_file: Annotated[Path, typer.Option("--out", help="Profile JSON to write.")
+                        ] = Path("profile.json"),
+    layers: Annotated[int | None, typer.Option(help="Scale down: this many layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(
+        help="Scale down: this hidden size (heads, KV heads and MLP scale with it).")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, "
+                                            "the model's on CUDA).")] = "",
+    quick: Annotated[bool, typer.Option(help="A small grid (minutes on two CPU cores).")
+                     ] = False,
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (one is steadiest).")
+                       ] = 1,
+    name: Annotated[str, typer.Option(help="Profile name (default: DEVICE-MODEL).")] = "",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Measure prefill, batched prefill, decode and copies on this machine into a profile.
+
+    Builds the model from its architecture with random weights (nothing is downloaded). On a
+    CPU only small models are practical: scale one down with --layers/--hidden (the name and
+    the file say so). Interrupted runs resume from OUT.partial.json.
+    """
+    from ragsim.profiles.models import resolve_model, scaled_down
+    from ragsim.profiles.profiler import ProfilePlan, run_profile
+
+    spec = resolve_model(model)
+    label = ""
+    if layers is not None or hidden is not None:
+        spec = scaled_down(spec, layers=layers, hidden=hidden)
+        label = f"scaled down from {model}: {spec.num_layers} layers, hidden {spec.hidden_size}"
+    chosen_dtype = dtype or ("fp32" if device == "cpu" else spec.dtype)
+    if chosen_dtype not in ("fp32", "fp16", "bf16"):
+        raise RagsimInputError(f"unknown dtype {chosen_dtype!r}", field="--dtype")
+    spec = spec.with_dtype(chosen_dtype)
+    device_tag = "cpu" if device == "cpu" else device.replace(":", "")
+    profile_name = name or f"{device_tag}-{spec.name}"
+    plan = ProfilePlan.quick() if quick else ProfilePlan.full()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True)
+    tasks: dict[str, int] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done)
+
+    with progress:
+        result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
+                             plan=plan, out=out_file, threads=threads, seed=seed, label=label,
+                             progress=report)
+    v = result.obtained["validation"]
+    err.print(f"wrote {out_file}")
+    out.print(f"held-out prefill points: median error {v['held_out_prefill_median_rel_error']:.1%}"
+              f", max {v['held_out_prefill_max_rel_error']:.1%}; held-out batches: median "
+              f"{v['held_out_batch_median_rel_error']:.1%}", highlight=False)
+
+
 # --------------------------------------------------------------------------- profiles
 @profiles_app.command("list")
 def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:

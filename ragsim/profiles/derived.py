@@ -215,7 +215,8 @@ def _batch_fit(costs: RooflineCosts, seed: int = 0):
     model = fit_separable(cached, new, seconds)
     fit = {**model.fit, "against": "the roofline formula on 200 random batches of 1-8 requests "
            "(seed 0); the formula's weight-read floor is what the separable model misses"}
-    return type(model)(model.per_iteration_s, model.per_token_s, model.per_pair_s, fit)
+    return type(model)(model.per_iteration_s, model.per_token_s, model.per_pair_s, fit,
+                       model.padding)
 
 
 def derive_profile(gpu_name: str, model_name: str, tp: int = 1,

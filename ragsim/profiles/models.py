@@ -74,6 +74,29 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
 }
 
 
+def scaled_down(spec: ModelSpec, *, layers: int | None = None, hidden: int | None = None
+                ) -> ModelSpec:
+    """A smaller model of the same architecture, for profiling on a CPU.
+
+    Head dimension stays as is; heads, KV heads (keeping the GQA ratio) and the MLP width scale
+    with the hidden size. The name records what was changed.
+    """
+    if layers is not None and layers <= 0:
+        raise RagsimInputError("must be > 0", field="--layers")
+    if hidden is not None and (hidden <= 0 or hidden % spec.head_dim):
+        raise RagsimInputError(f"must be a positive multiple of the head dim {spec.head_dim}",
+                               field="--hidden")
+    new_layers = layers or spec.num_layers
+    new_hidden = hidden or spec.hidden_size
+    heads = max(1, new_hidden // spec.head_dim)
+    group = max(1, spec.num_attention_heads // spec.num_kv_heads)
+    kv_heads = max(1, heads // group)
+    intermediate = max(1, round(spec.intermediate_size * new_hidden / spec.hidden_size))
+    tag = f"{spec.name}-l{new_layers}-h{new_hidden}"
+    return ModelSpec(tag, new_layers, heads, kv_heads, spec.head_dim, new_hidden, intermediate,
+                     spec.vocab_size, spec.dtype, spec.num_experts, spec.experts_per_token)
+
+
 def spec_from_hf_config(config: dict, *, name: str, source: str = "<config>") -> ModelSpec:
     """Build a spec from a Hugging Face style ``config.json`` dictionary."""
 

@@ -51,23 +51,45 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 
 @dataclass(frozen=True)
 class SeparableBatchModel:
-    """Time of one iteration prefilling several requests (see the module docstring)."""
+    """Time of one iteration prefilling several requests (see the module docstring).
+
+    ``padding`` says what the engine computes: ``"none"`` for varlen kernels (vLLM: each request
+    its own tokens and pairs), ``"left"`` for engines that left-pad the batch to its longest
+    cached prefix and longest new segment (the torch reference engine), where every row costs
+    what the longest does.
+    """
 
     per_iteration_s: float
     per_token_s: float
     per_pair_s: float
     fit: dict = field(default_factory=dict)
+    padding: str = "none"
+
+    def features(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
+                 ) -> tuple[float, float]:
+        return batch_features(cached_tokens, new_tokens, self.padding)
 
     def iteration_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]) -> float:
-        total = self.per_iteration_s
-        for alpha, beta in zip(cached_tokens, new_tokens, strict=True):
-            total += self.per_token_s * beta + self.per_pair_s * beta * (alpha + beta / 2)
-        return total
+        tokens, pairs = self.features(cached_tokens, new_tokens)
+        return self.per_iteration_s + self.per_token_s * tokens + self.per_pair_s * pairs
 
     def to_dict(self) -> dict:
-        return {"model": "separable", "per_iteration_s": self.per_iteration_s,
-                "per_token_s": self.per_token_s, "per_pair_s": self.per_pair_s,
-                "fit": self.fit}
+        return {"model": "separable", "padding": self.padding,
+                "per_iteration_s": self.per_iteration_s, "per_token_s": self.per_token_s,
+                "per_pair_s": self.per_pair_s, "fit": self.fit}
+
+
+def batch_features(cached_tokens: Sequence[float], new_tokens: Sequence[float],
+                   padding: str = "none") -> tuple[float, float]:
+    """(tokens computed, query-key pairs computed) by one batched prefill iteration."""
+    if padding == "left":
+        rows = len(new_tokens)
+        longest_new, longest_cached = max(new_tokens), max(cached_tokens)
+        return (rows * longest_new,
+                rows * longest_new * (longest_cached + longest_new / 2))
+    tokens = float(sum(new_tokens))
+    pairs = float(sum(b * (a + b / 2) for a, b in zip(cached_tokens, new_tokens, strict=True)))
+    return tokens, pairs
 
 
 @dataclass(frozen=True)
@@ -232,12 +254,16 @@ def _batched(data: object, source: str) -> SeparableBatchModel:
     if data.get("model") != "separable":
         raise ProfileError(f"unknown model {data.get('model')!r}; known: 'separable'",
                            file=source, field="batched_prefill.model")
+    if data.get("padding", "none") not in ("none", "left"):
+        raise ProfileError(f"unknown padding {data.get('padding')!r}; known: 'none', 'left'",
+                           file=source, field="batched_prefill.padding")
     p = "batched_prefill."
     return SeparableBatchModel(
         per_iteration_s=_number(data, "per_iteration_s", source, prefix=p),
         per_token_s=_number(data, "per_token_s", source, prefix=p),
         per_pair_s=_number(data, "per_pair_s", source, prefix=p),
         fit=data.get("fit", {}) if isinstance(data.get("fit", {}), dict) else {},
+        padding=data.get("padding", "none"),
     )
 
 
@@ -288,22 +314,18 @@ def load_profile(name_or_path: str) -> Profile:
 
 
 def fit_separable(cached: Sequence[Sequence[float]], new: Sequence[Sequence[float]],
-                  seconds: Sequence[float]) -> SeparableBatchModel:
+                  seconds: Sequence[float], padding: str = "none") -> SeparableBatchModel:
     """Least-squares fit (non-negative) of the separable batch model to measured iterations.
 
     Each iteration i prefilled requests with ``cached[i][r]`` and ``new[i][r]`` tokens and took
-    ``seconds[i]``. Errors are relative, reported as median and max over the iterations.
+    ``seconds[i]``. Rows are weighted by 1/seconds so the fit minimises relative error; errors
+    are reported as median and max over the iterations.
     """
     from scipy.optimize import nnls
 
-    rows = []
-    for alphas, betas in zip(cached, new, strict=True):
-        tokens = float(sum(betas))
-        pairs = float(sum(b * (a + b / 2) for a, b in zip(alphas, betas, strict=True)))
-        rows.append((1.0, tokens, pairs))
+    rows = [(1.0, *batch_features(a, b, padding)) for a, b in zip(cached, new, strict=True)]
     design = np.asarray(rows)
     target = np.asarray(seconds, dtype=np.float64)
-    # scale rows by 1/target so that the fit minimises relative, not absolute, error
     weights = 1.0 / np.maximum(target, 1e-12)
     coef, _ = nnls(design * weights[:, None], target * weights)
     predicted = design @ coef
@@ -312,4 +334,5 @@ def fit_separable(cached: Sequence[Sequence[float]], new: Sequence[Sequence[floa
         per_iteration_s=float(coef[0]), per_token_s=float(coef[1]), per_pair_s=float(coef[2]),
         fit={"points": len(target), "median_rel_error": float(np.median(rel)),
              "max_rel_error": float(np.max(rel))},
+        padding=padding,
     )

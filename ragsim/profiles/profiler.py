@@ -1,0 +1,459 @@
+"""``ragsim profile``: measure a device into a profile (format v1) with a real model.
+
+The model is built from its architecture with random weights (transformers, nothing
+downloaded): timing does not depend on the weights. T(alpha, beta) is measured by running a
+prefill of beta new tokens on top of a real cached prefix of alpha tokens (the prefix is computed
+once per alpha and the cache is cropped back after each repetition). Batched prefill runs several
+requests with different cached lengths in one forward pass (cached KV and new tokens left-padded,
+a 2-D attention mask, per-row positions), decode runs one token for a batch over a cached context,
+and transfers copy KV-sized tensors host<->device (pinned memory on CUDA). Every point is warmed
+up, repeated, and stored as its median with the spread (min, max).
+
+Measured medians are made non-decreasing along both grid axes (a running maximum) before they are
+written: the format requires monotone grids; the raw medians stay in ``obtained.raw``. Held-out
+points, not on the grid, are measured at the end and the file records how well the grid and the
+separable batch model predict them.
+
+A run writes ``OUT.partial.json`` after every point and resumes from it when started again with
+the same settings, so an interrupted profile loses at most one point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from ragsim.errors import RagsimInputError
+from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.profile import Profile, SeparableBatchModel, Transfers, fit_separable
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What to measure. ``quick`` is small enough for CI on two CPU cores."""
+
+    cached_tokens: list[int]
+    new_tokens: list[int]
+    batch_sizes: list[int]
+    context_tokens: list[int]
+    batches: int
+    held_out_points: int
+    held_out_batches: int
+    copy_bytes: list[int]
+    warmup: int
+    repetitions: int
+
+    @classmethod
+    def quick(cls) -> ProfilePlan:
+        return cls(cached_tokens=[0, 1, 128, 256, 512, 1024, 1536, 2048],
+                   new_tokens=[1, 16, 64, 128, 256, 512, 1024],
+                   batch_sizes=[1, 4, 16], context_tokens=[128, 512, 2048], batches=16,
+                   held_out_points=10, held_out_batches=8,
+                   copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=5)
+
+    @classmethod
+    def full(cls) -> ProfilePlan:
+        return cls(cached_tokens=[0, 1, 256, 512, 1024, 2048, 4096, 8192, 16384],
+                   new_tokens=[1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+                   batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+                   context_tokens=[128, 512, 1024, 2048, 4096, 8192],
+                   batches=60, held_out_points=24, held_out_batches=16,
+                   copy_bytes=[2**16, 2**20, 2**24, 2**27], warmup=2, repetitions=7)
+
+
+@dataclass
+class Measurement:
+    median_s: float
+    min_s: float
+    max_s: float
+
+
+@dataclass
+class ProfilerState:
+    """Everything measured so far (what ``OUT.partial.json`` holds)."""
+
+    settings: dict
+    prefill: dict[str, list[float]] = field(default_factory=dict)  # "a,b" -> [med, min, max]
+    decode: dict[str, list[float]] = field(default_factory=dict)
+    batches: list[dict] = field(default_factory=list)
+    copies: dict[str, list[float]] = field(default_factory=dict)
+    held_out: list[dict] = field(default_factory=list)
+    held_out_batches: list[dict] = field(default_factory=list)
+
+
+class TorchEngine:
+    """A Llama-architecture model with random weights, and the timed forward passes."""
+
+    def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
+                 seed: int) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RagsimInputError("CUDA is not available on this machine", field="--device")
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
+                      "bf16": torch.bfloat16}[dtype]
+        self.config = LlamaConfig(
+            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+            max_position_embeddings=1 << 17)
+        torch.manual_seed(seed)
+        self.model = LlamaForCausalLM(self.config).to(device=self.device, dtype=self.dtype)
+        self.model.eval()
+        self.rng = np.random.default_rng(seed)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def _tokens(self, rows: int, n: int):
+        ids = self.rng.integers(0, self.config.vocab_size, size=(rows, n))
+        return self.torch.as_tensor(ids, device=self.device)
+
+    def _timed(self, fn: Callable[[], None], warmup: int, repetitions: int) -> Measurement:
+        times = []
+        for i in range(warmup + repetitions):
+            self._sync()
+            start = time.perf_counter()
+            fn()
+            self._sync()
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
+
+    def prefix_cache(self, rows: int, tokens: int):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        if tokens:
+            with self.torch.no_grad():
+                self.model(input_ids=self._tokens(rows, tokens), cache=cache, use_cache=True,
+                           logits_to_keep=1)
+        return cache
+
+    def prefill(self, cached: int, new: int, warmup: int, repetitions: int) -> Measurement:
+        return self.prefill_row(cached, [new], warmup, repetitions)[0]
+
+    def prefill_row(self, cached: int, new: list[int], warmup: int, repetitions: int
+                    ) -> list[Measurement]:
+        """T(cached, b) for every b in ``new`` on one real prefix, in interleaved sweeps.
+
+        Each sweep times every point once, so a slow spell of a shared machine spreads over
+        the whole row instead of inflating the few points measured during it.
+        """
+        torch = self.torch
+        cache = self.prefix_cache(1, cached) if cached else None
+        inputs = [(self._tokens(1, b), torch.arange(cached, cached + b, device=self.device)[None])
+                  for b in new]
+        times: list[list[float]] = [[] for _ in new]
+        for sweep in range(warmup + repetitions):
+            for k, (ids, positions) in enumerate(inputs):
+                self._sync()
+                start = time.perf_counter()
+                with torch.no_grad():
+                    if cache is None:
+                        self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                    else:
+                        self.model(input_ids=ids, cache=cache, position_ids=positions,
+                                   use_cache=True, logits_to_keep=1)
+                self._sync()
+                elapsed = time.perf_counter() - start
+                if cache is not None:
+                    cache.crop(-ids.shape[1])
+                if sweep >= warmup:
+                    times[k].append(elapsed)
+        return [Measurement(float(np.median(t)), float(min(t)), float(max(t))) for t in times]
+
+    def prefill_batch(self, cached: list[int], new: list[int], warmup: int,
+                      repetitions: int) -> Measurement:
+        """Several requests in one forward pass, each on its own real prefix."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        rows, longest_cached, longest_new = len(cached), max(cached), max(new)
+        batch_cache = DynamicCache(config=self.config)
+        if longest_cached:
+            prefixes = [self.prefix_cache(1, a) if a else None for a in cached]
+            heads, dim = self.config.num_key_value_heads, self.config.head_dim
+            for layer in range(self.config.num_hidden_layers):
+                keys = torch.zeros(rows, heads, longest_cached, dim, device=self.device,
+                                   dtype=self.dtype)
+                values = torch.zeros_like(keys)
+                for r, (prefix, a) in enumerate(zip(prefixes, cached, strict=True)):
+                    if prefix is not None:
+                        keys[r, :, longest_cached - a:] = prefix.layers[layer].keys[0]
+                        values[r, :, longest_cached - a:] = prefix.layers[layer].values[0]
+                batch_cache.update(keys, values, layer_idx=layer)
+        mask = torch.zeros(rows, longest_cached + longest_new, dtype=torch.long,
+                           device=self.device)
+        positions = torch.zeros(rows, longest_new, dtype=torch.long, device=self.device)
+        for r, (a, b) in enumerate(zip(cached, new, strict=True)):
+            mask[r, longest_cached - a: longest_cached] = 1
+            mask[r, longest_cached + longest_new - b:] = 1
+            positions[r, longest_new - b:] = torch.arange(a, a + b, device=self.device)
+        ids = self._tokens(rows, longest_new)
+
+        def run() -> None:
+            with torch.no_grad():
+                self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           cache=batch_cache if longest_cached else None,
+                           use_cache=bool(longest_cached), logits_to_keep=1)
+                if longest_cached:
+                    batch_cache.crop(-longest_new)
+
+        return self._timed(run, warmup, repetitions)
+
+    def decode(self, batch: int, context: int, warmup: int, repetitions: int) -> Measurement:
+        torch = self.torch
+        cache = self.prefix_cache(batch, context)
+        ids = self._tokens(batch, 1)
+        positions = torch.full((batch, 1), context, device=self.device)
+
+        def run() -> None:
+            with torch.no_grad():
+                self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True,
+                           logits_to_keep=1)
+                cache.crop(-1)
+
+        return self._timed(run, warmup, repetitions)
+
+    def copy(self, n_bytes: int, to_device: bool, warmup: int,
+             repetitions: int) -> Measurement:
+        """Host->device (or back) copy of a KV-sized buffer; on a CPU, a memory copy."""
+        torch = self.torch
+        n = max(1, n_bytes // 2)
+        host = torch.empty(n, dtype=torch.float16)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = torch.empty(n, dtype=torch.float16, device=self.device)
+        src, dst = (host, dev) if to_device else (dev, host)
+
+        def run() -> None:
+            dst.copy_(src, non_blocking=self.device.type == "cuda")
+
+        return self._timed(run, warmup, repetitions)
+
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return self.torch.cuda.get_device_name(self.device)
+        return platform.processor() or platform.machine()
+
+
+def _key(*values: int) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _monotone(values: list[list[float]]) -> list[list[float]]:
+    """Closest non-decreasing grid: isotonic regression along each axis, then a running max.
+
+    A plain running maximum would carry every upward noise spike to all larger cells.
+    """
+    from scipy.optimize import isotonic_regression
+
+    grid = np.asarray(values, dtype=np.float64)
+    grid = np.vstack([isotonic_regression(row).x for row in grid])
+    grid = np.column_stack([isotonic_regression(col).x for col in grid.T])
+    grid = np.maximum.accumulate(np.maximum.accumulate(grid, axis=1), axis=0)
+    return [[float(v) for v in row] for row in grid]
+
+
+def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """latency + bytes / bandwidth, least squares with both terms >= 0."""
+    from scipy.optimize import nnls
+
+    design = np.column_stack([np.ones(len(sizes)), np.asarray(sizes, dtype=np.float64)])
+    weights = 1.0 / np.asarray(seconds)
+    coef, _ = nnls(design * weights[:, None], np.asarray(seconds) * weights)
+    latency, per_byte = float(coef[0]), float(coef[1])
+    return latency, 1.0 / per_byte if per_byte > 0 else float("inf")
+
+
+def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: ProfilePlan,
+                out: Path, threads: int | None = 1, seed: int = 0,
+                kv_capacity_bytes: int | None = None, label: str = "",
+                progress: Progress | None = None) -> Profile:
+    """Measure everything in ``plan`` and write the profile to ``out`` (resuming if possible)."""
+    settings = {"model": asdict(spec), "device": device, "dtype": dtype, "plan": asdict(plan),
+                "threads": threads, "seed": seed}
+    partial = out.with_name(out.name + ".partial.json")
+    state = ProfilerState(settings=settings)
+    if partial.exists():
+        saved = json.loads(partial.read_text())
+        if saved.get("settings") == settings:
+            state = ProfilerState(**saved)
+
+    def save() -> None:
+        tmp = partial.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state)))
+        tmp.replace(partial)
+
+    engine = TorchEngine(spec, device, dtype, threads, seed)
+    report = progress or (lambda phase, done, total: None)
+    w, r = plan.warmup, plan.repetitions
+
+    for i, a in enumerate(plan.cached_tokens):
+        if any(_key(a, b) not in state.prefill for b in plan.new_tokens):
+            for b, m in zip(plan.new_tokens, engine.prefill_row(a, plan.new_tokens, w, r),
+                            strict=True):
+                state.prefill[_key(a, b)] = [m.median_s, m.min_s, m.max_s]
+            save()
+        report("prefill", i + 1, len(plan.cached_tokens))
+
+    cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
+    for i, (bs, ctx) in enumerate(cells):
+        if _key(bs, ctx) not in state.decode:
+            m = engine.decode(bs, ctx, w, r)
+            state.decode[_key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
+            save()
+        report("decode", i + 1, len(cells))
+
+    batch_rng = np.random.default_rng(seed + 7)
+    wanted = [_random_batch(batch_rng, plan) for _ in range(plan.batches + plan.held_out_batches)]
+    done = len(state.batches) + len(state.held_out_batches)
+    for i, (cached, new) in enumerate(wanted):
+        if i >= done:
+            m = engine.prefill_batch(cached, new, w, r)
+            target = state.batches if i < plan.batches else state.held_out_batches
+            target.append({"cached": cached, "new": new, "seconds": m.median_s})
+            save()
+        report("batched prefill", i + 1, len(wanted))
+
+    for i, n_bytes in enumerate(plan.copy_bytes):
+        for direction in ("h2d", "d2h"):
+            if _key(n_bytes) + direction not in state.copies:
+                m = engine.copy(n_bytes, direction == "h2d", w, r)
+                state.copies[_key(n_bytes) + direction] = [m.median_s, m.min_s, m.max_s]
+                save()
+        report("transfers", i + 1, len(plan.copy_bytes))
+
+    held_rng = np.random.default_rng(seed + 11)
+    for i in range(plan.held_out_points):
+        a = int(held_rng.integers(1, max(plan.cached_tokens) + 1))
+        b = int(held_rng.integers(plan.new_tokens[1], max(plan.new_tokens) + 1))
+        if i >= len(state.held_out):
+            m = engine.prefill(a, b, w, r)
+            state.held_out.append({"cached": a, "new": b, "seconds": m.median_s})
+            save()
+        report("held-out points", i + 1, plan.held_out_points)
+
+    profile = _assemble(spec, name, device, dtype, plan, state, engine, kv_capacity_bytes,
+                        label, threads)
+    profile.save(out)
+    partial.unlink(missing_ok=True)
+    return profile
+
+
+def _random_batch(rng: np.random.Generator, plan: ProfilePlan) -> tuple[list[int], list[int]]:
+    rows = int(rng.integers(2, 5))
+    cached = [int(rng.choice(plan.cached_tokens)) for _ in range(rows)]
+    new = [int(rng.integers(plan.new_tokens[1], plan.new_tokens[-1] // 2 + 1))
+           for _ in range(rows)]
+    return cached, new
+
+
+def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: ProfilePlan,
+              state: ProfilerState, engine: TorchEngine, kv_capacity_bytes: int | None,
+              label: str, threads: int | None) -> Profile:
+    import torch
+    import transformers
+
+    raw_prefill = [[state.prefill[_key(a, b)][0] for b in plan.new_tokens]
+                   for a in plan.cached_tokens]
+    raw_decode = [[state.decode[_key(bs, c)][0] for c in plan.context_tokens]
+                  for bs in plan.batch_sizes]
+    prefill = BilinearGrid(name, "cached_tokens", "new_tokens",
+                           [float(a) for a in plan.cached_tokens],
+                           [float(b) for b in plan.new_tokens], _monotone(raw_prefill))
+    decode = BilinearGrid(name, "batch_sizes", "context_tokens",
+                          [float(b) for b in plan.batch_sizes],
+                          [float(c) for c in plan.context_tokens], _monotone(raw_decode))
+    batched = fit_separable([b["cached"] for b in state.batches],
+                            [b["new"] for b in state.batches],
+                            [b["seconds"] for b in state.batches], padding="left")
+    held_batch_errors = [abs(batched.iteration_s(b["cached"], b["new"]) - b["seconds"])
+                         / b["seconds"] for b in state.held_out_batches]
+    held_errors = [abs(prefill.at(h["cached"], h["new"]) - h["seconds"]) / h["seconds"]
+                   for h in state.held_out]
+    batched = SeparableBatchModel(batched.per_iteration_s, batched.per_token_s,
+                                  batched.per_pair_s,
+                                  {**batched.fit, "held_out_batches": len(held_batch_errors),
+                                   "held_out_median_rel_error": float(np.median(
+                                       held_batch_errors)) if held_batch_errors else None,
+                                   "held_out_max_rel_error": float(max(held_batch_errors))
+                                   if held_batch_errors else None}, batched.padding)
+    copies = {}
+    for direction in ("h2d", "d2h"):
+        sizes = plan.copy_bytes
+        seconds = [state.copies[_key(n) + direction][0] for n in sizes]
+        copies[direction] = _fit_copy(sizes, seconds)
+    if kv_capacity_bytes is None:
+        if engine.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(engine.device)
+            kv_capacity_bytes = int(free * 0.9)
+        else:
+            kv_capacity_bytes = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                    // 4)
+    return Profile(
+        name=name,
+        hardware={"name": device, "device": engine.device_name(), "gpus": 1,
+                  "memory_bytes_per_gpu": None, "host_link": None,
+                  "interconnect_bytes_per_s": None},
+        model=spec,
+        dtype=dtype,
+        tensor_parallel=1,
+        engine=f"transformers {transformers.__version__} (torch {torch.__version__})",
+        obtained={
+            "kind": "measured",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "device": engine.device_name(),
+            "device_type": engine.device.type,
+            "label": label,
+            "libraries": {"torch": torch.__version__, "transformers": transformers.__version__,
+                          "python": platform.python_version()},
+            "threads": threads,
+            "warmup": plan.warmup,
+            "repetitions": plan.repetitions,
+            "statistic": "median of the repetitions (interleaved sweeps along each prefill row); "
+                         "grids made non-decreasing by isotonic regression along each axis "
+                         "(raw medians and min/max spread below)",
+            "raw": {"prefill": state.prefill, "decode": state.decode,
+                    "copies": state.copies},
+            "validation": {
+                "held_out_prefill": [{**h, "predicted": prefill.at(h["cached"], h["new"])}
+                                     for h in state.held_out],
+                "held_out_prefill_points": len(held_errors),
+                "held_out_prefill_median_rel_error": float(np.median(held_errors))
+                if held_errors else None,
+                "held_out_prefill_max_rel_error": float(max(held_errors))
+                if held_errors else None,
+                "held_out_batches": len(held_batch_errors),
+                "held_out_batch_median_rel_error": batched.fit["held_out_median_rel_error"],
+            },
+        },
+        kv_capacity_bytes=int(kv_capacity_bytes),
+        overhead_s=float(prefill.values[0][0]),
+        prefill=prefill,
+        batched_prefill=batched,
+        decode=decode,
+        transfers=Transfers(host_to_device_bytes_per_s=copies["h2d"][1],
+                            host_to_device_latency_s=copies["h2d"][0],
+                            device_to_host_bytes_per_s=copies["d2h"][1],
+                            device_to_host_latency_s=copies["d2h"][0]),
+    )
