@@ -250,6 +250,13 @@ class TorchEngine:
 
         return self._timed(run, warmup, repetitions)
 
+    def free_memory_bytes(self) -> int:
+        """Memory a KV cache may use here: 90% of free GPU memory, a quarter of host RAM."""
+        if self.device.type == "cuda":
+            free, _ = self.torch.cuda.mem_get_info(self.device)
+            return int(free * 0.9)
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4)
+
     def device_name(self) -> str:
         if self.device.type == "cuda":
             return self.torch.cuda.get_device_name(self.device)
@@ -307,6 +314,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     engine = TorchEngine(spec, device, dtype, threads, seed)
     report = progress or (lambda phase, done, total: None)
     w, r = plan.warmup, plan.repetitions
+    if kv_capacity_bytes is None:
+        kv_capacity_bytes = engine.free_memory_bytes()
+    plan = fit_plan_to_memory(plan, spec, kv_capacity_bytes)
 
     for i, a in enumerate(plan.cached_tokens):
         if any(_key(a, b) not in state.prefill for b in plan.new_tokens):
@@ -360,6 +370,23 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     return profile
 
 
+def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
+                       ) -> ProfilePlan:
+    """Drop decode batch sizes whose KV (batch x longest context) would not fit in memory.
+
+    A 7B model's full decode grid on one GPU reaches batch 128 x 8k context, far more KV than
+    any GPU holds; measuring it would only run out of memory.
+    """
+    budget_tokens = kv_capacity_bytes // spec.kv_bytes_per_token
+    longest = max(plan.context_tokens)
+    batches = [b for b in plan.batch_sizes if b * longest <= budget_tokens]
+    if len(batches) < 2:
+        raise RagsimInputError(
+            f"only {budget_tokens:,} tokens of KV fit; the decode grid needs two batch sizes "
+            f"at {longest:,} tokens of context", field="--device")
+    return ProfilePlan(**{**asdict(plan), "batch_sizes": batches})
+
+
 def _random_batch(rng: np.random.Generator, plan: ProfilePlan) -> tuple[list[int], list[int]]:
     rows = int(rng.integers(2, 5))
     cached = [int(rng.choice(plan.cached_tokens)) for _ in range(rows)]
@@ -404,12 +431,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
         seconds = [state.copies[_key(n) + direction][0] for n in sizes]
         copies[direction] = _fit_copy(sizes, seconds)
     if kv_capacity_bytes is None:
-        if engine.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(engine.device)
-            kv_capacity_bytes = int(free * 0.9)
-        else:
-            kv_capacity_bytes = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-                                    // 4)
+        kv_capacity_bytes = engine.free_memory_bytes()
     return Profile(
         name=name,
         hardware={"name": device, "device": engine.device_name(), "gpus": 1,
