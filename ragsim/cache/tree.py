@@ -80,26 +80,7 @@ class Node:
 
     def __init__(self, key: cython.longlong, parent: object, tokens: cython.longlong,
                  size_bytes: cython.longlong) -> None:
-        self.key = key
-        self.parent = parent
-        self.children = None
-        self.depth = 0 if parent is None else cython.cast(Node, parent).depth + 1
-        self.tokens = tokens
-        self.size_bytes = size_bytes
-        self.in_gpu = False
-        self.host_copy = False
-        self.gpu_children = 0
-        self.cached_children = 0
-        self.pins = 0
-        self.frequency = 0
-        self.total_cost = 0.0
-        self.num_computed = 0
-        self.value = 0.0
-        self.last_access = 0
-        self.priority_gpu = 0.0
-        self.priority_host = 0.0
-        self.gpu_pos = -1
-        self.host_pos = -1
+        _set_fields(self, key, parent, tokens, size_bytes)
 
     @property
     def tier(self) -> Tier:
@@ -131,14 +112,12 @@ class Node:
 
 
 @cython.cfunc
-def _new_node(key: object, parent: Node, tokens: cython.longlong,
-              size_bytes: cython.longlong) -> Node:
-    """``Node(key, parent, tokens, size_bytes)`` without argument parsing (the hot path)."""
-    n: Node = Node.__new__(Node)
+def _set_fields(n: Node, key: object, parent: object, tokens: cython.longlong,
+                size_bytes: cython.longlong) -> cython.void:
     n.key = key
     n.parent = parent
     n.children = None
-    n.depth = parent.depth + 1
+    n.depth = 0 if parent is None else cython.cast(Node, parent).depth + 1
     n.tokens = tokens
     n.size_bytes = size_bytes
     n.in_gpu = False
@@ -155,6 +134,14 @@ def _new_node(key: object, parent: Node, tokens: cython.longlong,
     n.priority_host = 0.0
     n.gpu_pos = -1
     n.host_pos = -1
+
+
+@cython.cfunc
+def _new_node(key: object, parent: Node, tokens: cython.longlong,
+              size_bytes: cython.longlong) -> Node:
+    """``Node(key, parent, tokens, size_bytes)`` without argument parsing (the hot path)."""
+    n: Node = Node.__new__(Node)
+    _set_fields(n, key, parent, tokens, size_bytes)
     return n
 
 

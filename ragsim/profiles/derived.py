@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.hardware import GPU, GPUS
 from ragsim.profiles.models import BUILTIN_MODELS, ModelSpec
 from ragsim.profiles.profile import Profile, Transfers, fit_separable
@@ -190,13 +190,8 @@ CALIBRATION = calibrate_kv_copy_efficiency()
 
 # --------------------------------------------------------------------------- profiles
 def _grid(fn, name: str, x_name: str, y_name: str, xs: list, ys: list) -> BilinearGrid:
-    values = [[float(f"{fn(x, y):.6g}") for y in ys] for x in xs]
-    # rounding to 6 significant digits must not break monotonicity
-    for row in values:
-        for j in range(1, len(row)):
-            row[j] = max(row[j], row[j - 1])
-    for i in range(1, len(values)):
-        values[i] = [max(v, u) for v, u in zip(values[i], values[i - 1], strict=True)]
+    # the formula is monotone; rounding to 6 significant digits must not make it otherwise
+    values = monotone_values([[float(f"{fn(x, y):.6g}") for y in ys] for x in xs])
     return BilinearGrid(name, x_name, y_name, [float(x) for x in xs], [float(y) for y in ys],
                         values)
 

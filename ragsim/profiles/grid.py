@@ -22,6 +22,19 @@ import numpy as np
 from ragsim.errors import ProfileError
 
 
+def monotone_values(values: list[list[float]]) -> list[list[float]]:
+    """The closest non-decreasing grid: isotonic regression along each axis, then a running
+    maximum for what rounding leaves. (A plain running maximum would carry every upward noise
+    spike of a measurement to all larger cells.)"""
+    from scipy.optimize import isotonic_regression
+
+    grid = np.asarray(values, dtype=np.float64)
+    grid = np.vstack([isotonic_regression(row).x for row in grid])
+    grid = np.column_stack([isotonic_regression(col).x for col in grid.T])
+    grid = np.maximum.accumulate(np.maximum.accumulate(grid, axis=1), axis=0)
+    return [[float(v) for v in row] for row in grid]
+
+
 @cython.cclass
 class BilinearGrid:
     """``values[i][j]`` seconds at ``x_axis[i]``, ``y_axis[j]`` (names say what x and y are)."""

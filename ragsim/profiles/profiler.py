@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ragsim.errors import RagsimInputError
-from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.profile import Profile, SeparableBatchModel, Transfers, fit_separable
 
@@ -267,20 +267,6 @@ def _key(*values: int) -> str:
     return ",".join(str(v) for v in values)
 
 
-def _monotone(values: list[list[float]]) -> list[list[float]]:
-    """Closest non-decreasing grid: isotonic regression along each axis, then a running max.
-
-    A plain running maximum would carry every upward noise spike to all larger cells.
-    """
-    from scipy.optimize import isotonic_regression
-
-    grid = np.asarray(values, dtype=np.float64)
-    grid = np.vstack([isotonic_regression(row).x for row in grid])
-    grid = np.column_stack([isotonic_regression(col).x for col in grid.T])
-    grid = np.maximum.accumulate(np.maximum.accumulate(grid, axis=1), axis=0)
-    return [[float(v) for v in row] for row in grid]
-
-
 def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     """latency + bytes / bandwidth, least squares with both terms >= 0."""
     from scipy.optimize import nnls
@@ -407,10 +393,10 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                   for bs in plan.batch_sizes]
     prefill = BilinearGrid(name, "cached_tokens", "new_tokens",
                            [float(a) for a in plan.cached_tokens],
-                           [float(b) for b in plan.new_tokens], _monotone(raw_prefill))
+                           [float(b) for b in plan.new_tokens], monotone_values(raw_prefill))
     decode = BilinearGrid(name, "batch_sizes", "context_tokens",
                           [float(b) for b in plan.batch_sizes],
-                          [float(c) for c in plan.context_tokens], _monotone(raw_decode))
+                          [float(c) for c in plan.context_tokens], monotone_values(raw_decode))
     batched = fit_separable([b["cached"] for b in state.batches],
                             [b["new"] for b in state.batches],
                             [b["seconds"] for b in state.batches], padding="left")
