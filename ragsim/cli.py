@@ -240,6 +240,25 @@ def trace_generate(name: str, destination: Path,
     _report_written(trace, destination)
 
 
+@trace_app.command("retime")
+@friendly_errors
+def trace_retime(trace: str, destination: Path,
+                 rate: Annotated[float, typer.Option(help="Requests per second.")],
+                 arrival: Annotated[str, typer.Option(help="poisson or gamma.")] = "poisson",
+                 cv: Annotated[float, typer.Option(help="Coefficient of variation of the "
+                                                        "gaps (gamma).")] = 1.0,
+                 seed: Annotated[int, typer.Option()] = 0,
+                 requests: Annotated[int | None, typer.Option()] = None) -> None:
+    """The same requests arriving at a new rate (Poisson or gamma gaps), written to a folder."""
+    from ragsim.traces import resolve_trace, write_trace
+    from ragsim.traces.retime import retime
+
+    data = retime(resolve_trace(trace, seed=seed, n_requests=requests), rate, process=arrival,
+                  cv=cv, seed=seed)
+    write_trace(data, destination)
+    _report_written(data, destination)
+
+
 def _report_written(trace, destination: Path) -> None:
     err.print(f"wrote {trace.n_requests:,} requests and {trace.n_documents:,} documents to "
               f"{destination}")
