@@ -115,7 +115,15 @@ class TorchEngine:
             num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             max_position_embeddings=1 << 17)
         torch.manual_seed(seed)
-        self.model = LlamaForCausalLM(self.config).to(device=self.device, dtype=self.dtype)
+        # create the weights where they will live, in their final dtype: a 7B model built in
+        # fp32 on the host first would need 28 GB of RAM and minutes of random initialisation
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with self.device:
+                self.model = LlamaForCausalLM(self.config)
+        finally:
+            torch.set_default_dtype(previous)
         self.model.eval()
         self.rng = np.random.default_rng(seed)
 
