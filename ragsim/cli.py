@@ -228,14 +228,19 @@ def trace_import_mooncake(source: Path, destination: Path) -> None:
 @friendly_errors
 def trace_generate(name: str, destination: Path,
                    requests: Annotated[int | None, typer.Option()] = None,
-                   seed: Annotated[int, typer.Option()] = 0) -> None:
+                   seed: Annotated[int, typer.Option()] = 0,
+                   drift: Annotated[float, typer.Option(
+                       help="Fraction of popularity ranks that trade documents after every "
+                            "1,000 requests (0: stationary).")] = 0.0) -> None:
     """Write a built-in synthetic trace (mmlu, nq) to a directory."""
     from ragsim.traces import BUILTIN_SPECS, builtin_trace, write_trace
 
     if name not in BUILTIN_SPECS:
         raise RagsimInputError(f"unknown built-in trace {name!r}; known: "
                                f"{sorted(BUILTIN_SPECS)}")
-    trace = builtin_trace(name, seed=seed, n_requests=requests)
+    if not 0.0 <= drift <= 1.0:
+        raise RagsimInputError("must lie in [0, 1]", field="--drift")
+    trace = builtin_trace(name, seed=seed, n_requests=requests, drift_per_1k_requests=drift)
     write_trace(trace, destination)
     _report_written(trace, destination)
 

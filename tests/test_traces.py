@@ -211,3 +211,35 @@ def test_stats_skew_on_a_hand_made_trace(tmp_path):
     assert stats["unique_documents_retrieved"] == 31
     assert stats["top_1pct_share"] == pytest.approx(0.70)
     assert stats["top_10pct_share"] == pytest.approx(0.73)
+
+
+def test_popularity_drift_is_explicit_calibrated_and_changes_what_is_popular():
+    still = builtin_trace("mmlu", n_requests=20_000)
+    moving = builtin_trace("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
+    assert still.info["parameters"]["drift_per_1k_requests"] == 0.0
+    assert trace_stats(moving)["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
+
+    def top(trace, lo, hi):
+        ids, counts = np.unique(trace.doc_ids[2 * lo: 2 * hi], return_counts=True)
+        return set(ids[np.argsort(counts)[-50:]])
+
+    # the 50 hottest documents of the first and last 2,000 requests
+    assert len(top(still, 0, 2000) & top(still, 18_000, 20_000)) > 35
+    assert len(top(moving, 0, 2000) & top(moving, 18_000, 20_000)) < 10
+
+
+def test_drift_is_where_frequency_alone_stops_winning():
+    """Stationary Zipf is LFU's best case; when topics move, PGDSF's aging wins (seeded)."""
+    from ragsim.profiles.profile import load_profile
+    from ragsim.sim.replay import ReplayConfig, run_replay
+
+    profile = load_profile("a10g-mistral-7b")
+
+    def rate(trace, policy):
+        config = ReplayConfig(trace="mmlu", policy=policy)
+        return run_replay(trace, config, profile).summary["token_hit_rate"]
+
+    still = builtin_trace("mmlu", n_requests=20_000)
+    moving = builtin_trace("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
+    assert rate(still, "lfu") > rate(still, "pgdsf")
+    assert rate(moving, "pgdsf") > rate(moving, "lfu")

@@ -9,7 +9,10 @@ exact number is our reading, not the paper's). Each request retrieves ``top_k`` 
 in rank order, more popular documents tending to rank first. Sizes are log-normal: documents of a
 few hundred to a few thousand tokens (Wikipedia passages; the paper's Figure 3), MMLU questions
 with their four choices (~80 tokens) and short answers, NQ's short search-like questions. Arrivals
-are Poisson at ``rate_rps``. Every parameter is printed by ``ragsim trace stats`` and stored in the
+are Poisson at ``rate_rps``. Popularity is stationary unless ``drift_per_1k_requests`` is set:
+then, after every 1,000 requests, that fraction of the popularity ranks trade documents (topics
+rise and fall; a stationary Zipf law is the best case of LFU, real traffic is not). Every
+parameter is printed by ``ragsim trace stats`` and stored in the
 trace's info.
 """
 
@@ -39,6 +42,7 @@ class SyntheticSpec:
     output_tokens_median: float = 32.0
     output_tokens_sigma: float = 0.6
     rate_rps: float = 1.0
+    drift_per_1k_requests: float = 0.0
     seed: int = 0
 
 
@@ -86,15 +90,42 @@ def _zipf_cdf(n: int, exponent: float) -> np.ndarray:
     return cdf / cdf[-1]
 
 
+DRIFT_BLOCK_REQUESTS = 1000
+
+
+def _drifting_ranks_to_docs(rank_lists: np.ndarray, n_documents: int, drift: float,
+                            seed: int) -> np.ndarray:
+    """Map popularity ranks to documents with a mapping that drifts: after every block of
+    1,000 requests, ``drift`` of the ranks (chosen at random) trade documents among themselves,
+    so topics rise and fall while the popularity law stays the same."""
+    rng = np.random.default_rng(seed)
+    mapping = rng.permutation(n_documents).astype(np.int64)
+    moved = round(drift * n_documents)
+    out = np.empty_like(rank_lists)
+    for start in range(0, len(rank_lists), DRIFT_BLOCK_REQUESTS):
+        stop = start + DRIFT_BLOCK_REQUESTS
+        out[start:stop] = mapping[rank_lists[start:stop]]
+        if moved > 1:
+            ranks = rng.choice(n_documents, size=moved, replace=False)
+            mapping[ranks] = mapping[rng.permutation(ranks)]
+    return out
+
+
 def generate(spec: SyntheticSpec) -> Trace:
     if spec.top_k > spec.n_documents:
         raise ValueError("top_k cannot exceed the number of documents")
+    if not 0.0 <= spec.drift_per_1k_requests <= 1.0:
+        raise ValueError("drift_per_1k_requests must lie in [0, 1]")
     rng = np.random.default_rng(spec.seed)
     uniforms = rng.random((spec.n_requests, 3 * spec.top_k))
+    drifting = spec.drift_per_1k_requests > 0
 
     def share(exponent: float, rows: int) -> tuple[float, np.ndarray]:
         lists = _sample_lists(uniforms[:rows], _zipf_cdf(spec.n_documents, exponent),
                               spec.top_k, np.random.default_rng(spec.seed + 1))
+        if drifting:  # skew is measured on documents, which drift spreads out
+            lists = _drifting_ranks_to_docs(lists, spec.n_documents,
+                                            spec.drift_per_1k_requests, spec.seed + 2)
         return retrieval_skew(lists.ravel())["top_3pct_share"], lists
 
     def bisect(lo: float, hi: float, rows: int, steps: int) -> float:
@@ -111,9 +142,9 @@ def generate(spec: SyntheticSpec) -> Trace:
     # retrieved documents" depends on how many requests there are)
     rough = bisect(0.0, 3.0, min(spec.n_requests, 20_000), 24)
     exponent = bisect(max(0.0, rough - 0.15), rough + 0.15, spec.n_requests, 10)
-    achieved, rank_lists = share(exponent, spec.n_requests)
+    achieved, lists = share(exponent, spec.n_requests)
     permutation = rng.permutation(spec.n_documents).astype(np.int64)  # rank -> doc id
-    doc_lists = permutation[rank_lists]
+    doc_lists = lists if drifting else permutation[lists]
     doc_tokens = _lognormal_ints(rng, spec.n_documents, spec.doc_tokens_median,
                                  spec.doc_tokens_sigma, spec.doc_tokens_min, spec.doc_tokens_max)
     query_tokens = _lognormal_ints(rng, spec.n_requests, spec.query_tokens_median,
