@@ -23,7 +23,6 @@ from this module; a test checks the shipped files are exactly what it produces.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -301,7 +300,3 @@ def anchor_report(cal: Calibration = CALIBRATION) -> dict:
 
 def all_derived_profiles() -> list[Profile]:
     return [derive_profile(g, m, tp) for g, m, tp in shipped_combinations()]
-
-
-def isclose(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from ragsim.cache.tree import Node
 
 
@@ -34,6 +36,16 @@ class FlatCache(Protocol):
         tokens: list[int] | None = None,
         next_access: list[int] | None = None,
     ) -> bytearray: ...
+
+
+def checked_sizes(keys: list, sizes_bytes, *aligned) -> np.ndarray:
+    """The sizes as a contiguous int64 array, after checking every aligned column's length."""
+    sizes = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
+    for column in (sizes, *aligned):
+        if column is not None and len(column) != len(keys):
+            raise ValueError(f"flat cache inputs differ in length: {len(keys)} keys, "
+                             f"{len(column)} values")
+    return sizes
 
 
 class TreePolicy:

@@ -17,7 +17,7 @@ from heapq import heappop, heappush
 import cython
 import numpy as np
 
-from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.policies.base import TreePolicy, checked_sizes
 from ragsim.cache.tree import Node
 
 NEVER = 2**62
@@ -100,9 +100,7 @@ class FlatBelady:
         if next_access is None:
             raise ValueError("Belady needs next_access for every request")
         n: cython.Py_ssize_t = len(keys)
-        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
-        if len(sizes_bytes) != n or len(next_access) != n:
-            raise ValueError("keys, sizes_bytes and next_access differ in length")
+        sizes_view: cython.longlong[:] = checked_sizes(keys, sizes_bytes, next_access)
         nexts: dict = self._next
         sizes: dict = self._size
         heap: list = self._heap

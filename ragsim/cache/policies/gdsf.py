@@ -11,9 +11,8 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 
 import cython
-import numpy as np
 
-from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.policies.base import TreePolicy, checked_sizes
 from ragsim.cache.tree import Node
 
 GDSF_CONSTANT_COST = 1.0e6
@@ -58,9 +57,7 @@ class FlatGreedyDual:
     def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
-        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
-        if len(sizes_bytes) != n or (tokens is not None and len(tokens) != n):
-            raise ValueError("keys, sizes_bytes and tokens differ in length")
+        sizes_view: cython.longlong[:] = checked_sizes(keys, sizes_bytes, tokens)
         entries: dict = self._entries
         heap: list = self._heap
         capacity: cython.longlong = self.capacity_bytes

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import cython
-import numpy as np
 
-from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.policies.base import TreePolicy, checked_sizes
 from ragsim.cache.tree import Node
 
 
@@ -45,9 +44,7 @@ class FlatLFU:
     def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
-        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
-        if len(sizes_bytes) != n:
-            raise ValueError("keys and sizes_bytes differ in length")
+        sizes_view: cython.longlong[:] = checked_sizes(keys, sizes_bytes)
         freq: dict = self._freq
         size_of: dict = self._size
         buckets: dict = self._buckets

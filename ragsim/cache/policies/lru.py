@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import cython
-import numpy as np
 
-from ragsim.cache.policies.base import TreePolicy
+from ragsim.cache.policies.base import TreePolicy, checked_sizes
 from ragsim.cache.tree import Node
 
 
@@ -35,9 +34,7 @@ class FlatLRU:
     def process(self, keys: list, sizes_bytes, tokens: list | None = None,
                 next_access: list | None = None) -> bytearray:
         n: cython.Py_ssize_t = len(keys)
-        sizes_view: cython.longlong[:] = np.ascontiguousarray(sizes_bytes, dtype=np.int64)
-        if len(sizes_bytes) != n:
-            raise ValueError("keys and sizes_bytes differ in length")
+        sizes_view: cython.longlong[:] = checked_sizes(keys, sizes_bytes)
         entries = self._entries
         promote = entries.move_to_end
         pop_oldest = entries.popitem
