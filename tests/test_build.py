@@ -87,3 +87,10 @@ def test_pure_python_source_behaves_exactly_like_the_compiled_build(tmp_path):
         got = [s[k] for k in ("hit_tokens_gpu", "hit_tokens_host", "swap_out_bytes",
                               "evictions_gpu", "evictions_host")]
         assert got == expected, key
+
+
+def test_no_extension_module_outlives_its_source():
+    """An .so left behind by a deleted or renamed module would still import, silently."""
+    orphans = [str(so.relative_to(ROOT)) for so in (ROOT / "ragsim").rglob("*.so")
+               if not so.with_name(so.name.split(".")[0] + ".py").exists()]
+    assert not orphans, f"remove stale builds: {orphans}"
