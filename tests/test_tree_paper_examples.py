@@ -193,3 +193,64 @@ def test_capacity_zero_never_hits():
         r = kt.access([1, 2], [10, 20], 5)
         assert (r.hit_tokens_gpu, r.hit_tokens_host, r.recomputed_tokens) == (0, 0, 30)
     kt.check_invariants()
+
+
+def test_reservations_evict_cache_but_never_pinned_nodes():
+    kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=300, kv_bytes_per_token=1)
+    old = kt.access([1], [100])
+    running = kt.access([2], [100], keep_pinned=True)
+    assert kt.gpu_available_bytes == 200  # doc 1 is evictable, doc 2 is not
+    assert not kt.reserve_gpu(201)
+    assert kt.tier_of([1]) == Tier.GPU  # a refused reservation changes nothing
+    assert kt.reserve_gpu(150)  # evicts doc 1 (no host tier: dropped)
+    assert kt.tier_of([1]) == Tier.NONE and kt.tier_of([2]) == Tier.GPU
+    assert kt.gpu_used_bytes == 250 and kt.gpu_available_bytes == 50
+    kt.release(running.path)
+    kt.free_gpu(150)
+    assert kt.gpu_available_bytes == 300
+    assert old.recomputed_tokens == 100
+    kt.check_invariants()
+
+
+def test_gpu_failure_keeps_host_copies_and_drops_what_hangs_below_a_lost_node():
+    kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=250, host_capacity_bytes=1000,
+                       kv_bytes_per_token=1, system_prompt_tokens=50)
+    kt.access([1], [100])
+    kt.access([2], [100])  # GPU full: 50 + 100 + 100
+    kt.access([3], [100])  # evicts doc 1 to host (its first departure: a copy)
+    kt.access([1, 4], [100, 100])  # doc 1 back to GPU (host copy kept), [1, 4] placed
+    assert kt.tier_of([1]) == Tier.GPU and kt.tier_of([1, 4]) == Tier.GPU
+    tiers_before = {k: kt.tier_of(list(k)) for k in ((1,), (2,), (3,), (1, 4))}
+    lost = kt.fail_gpu()
+    kt.check_invariants()
+    assert kt.gpu_used_bytes == 50  # the system prompt, recovered from its replica
+    assert kt.tier_of([1]) == Tier.HOST  # it had a host copy
+    assert kt.tier_of([1, 4]) == Tier.NONE  # GPU only: gone
+    # what was only in GPU is lost; host copies survive
+    gpu_only = [k for k, t in tiers_before.items() if t == Tier.GPU and k != (1,)]
+    assert lost == sum(100 for _ in gpu_only)
+    again = kt.access([1, 4], [100, 100])
+    assert again.hit_tokens_host == 100 and again.recomputed_tokens == 100
+    assert kt.gpu_failures == 1
+
+
+def test_gpu_failure_refuses_while_requests_hold_the_gpu():
+    kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=300, kv_bytes_per_token=1)
+    r = kt.access([1], [100], keep_pinned=True)
+    with pytest.raises(ValueError, match="release"):
+        kt.fail_gpu()
+    kt.release(r.path)
+    kt.fail_gpu()
+    kt.check_invariants()
+
+
+def test_gpu_failure_invalidates_host_copies_below_a_lost_gpu_node():
+    kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=250, host_capacity_bytes=1000,
+                       kv_bytes_per_token=1, system_prompt_tokens=50)
+    kt.access([1, 4], [100, 100])
+    kt.access([2], [100])  # evicts the leaf [1, 4] to host; [1] stays, GPU only
+    assert kt.tier_of([1]) == Tier.GPU and kt.tier_of([1, 4]) == Tier.HOST
+    lost = kt.fail_gpu()
+    kt.check_invariants()
+    assert kt.tier_of([1]) == Tier.NONE and kt.tier_of([1, 4]) == Tier.NONE
+    assert lost == 300 and kt.host_used_bytes == 0

@@ -113,3 +113,52 @@ def test_tree_of_single_documents_equals_the_flat_cache(docs, capacity, policy):
     flat = make_policy(policy).flat_cache(capacity)
     flat_hits = flat.process(docs, [DOC_TOKENS[d] for d in docs])
     assert tree_hits == [bool(h) for h in flat_hits]
+
+
+running_ops = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 9), min_size=1, max_size=4, unique=True),
+        st.integers(0, 8),  # private bytes the running request reserves
+        st.sampled_from(["run", "run", "run", "finish", "fail"]),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, running_ops)
+def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
+    """Running requests' private KV competes with the cache; a GPU failure loses GPU nodes."""
+    kt = KnowledgeTree(make_policy(config["policy"]),
+                       gpu_capacity_bytes=config["gpu"] + config["system"],
+                       host_capacity_bytes=config["host"], kv_bytes_per_token=1,
+                       prefill_cost_s=TABLE.at, system_prompt_tokens=config["system"],
+                       max_cached_depth=config["depth"])
+    running: list = []
+    for docs, private, op in ops:
+        if op == "finish" and running:
+            path, reserved = running.pop(0)
+            kt.release(path)
+            kt.free_gpu(reserved)
+        elif op == "fail":
+            for path, reserved in running:
+                kt.release(path)
+                kt.free_gpu(reserved)
+            running.clear()
+            host_before = {id(n) for n in kt.iter_nodes() if n.host_copy}
+            kt.fail_gpu()
+            assert kt.gpu_used_bytes == config["system"]
+            # survivors were in host memory before; nothing appears from nowhere
+            assert {id(n) for n in kt.iter_nodes() if n.host_copy} <= host_before
+        else:
+            available = kt.gpu_available_bytes
+            r = kt.access(docs, [DOC_TOKENS[d] for d in docs], 0, keep_pinned=True)
+            assert kt.gpu_available_bytes <= available
+            if kt.reserve_gpu(private):
+                running.append((r.path, private))
+            else:
+                assert private > kt.gpu_available_bytes
+                running.append((r.path, 0))
+        kt.check_invariants()
+        assert kt.gpu_available_bytes >= 0

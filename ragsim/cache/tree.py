@@ -16,6 +16,12 @@ Residency rules (checked by ``check_invariants``):
 * a pinned node (in use by a running request) is never evicted;
 * used bytes never exceed a tier's capacity.
 
+Running requests also need GPU memory the cache cannot reuse (their query, generated tokens,
+documents past the cached depth): ``reserve_gpu``/``free_gpu`` take it from the same GPU
+capacity, evicting cache as needed, so cache and running requests compete as in a real engine.
+``gpu_available_bytes`` is what a new request can still get: capacity minus pinned nodes and
+reservations (every unpinned GPU node can be evicted). ``fail_gpu`` models losing the GPU.
+
 The root is the shared system prompt; it stays resident in GPU for the life of the tree.
 
 The tree owns structure and residency; a ``TreePolicy`` turns accesses into ``node.value`` and
@@ -179,6 +185,9 @@ class KnowledgeTree:
     swap_out_bytes = cython.declare(cython.longlong, visibility="public")
     dropped_bytes = cython.declare(cython.longlong, visibility="public")
     admission_failures = cython.declare(cython.longlong, visibility="public")
+    pinned_gpu_bytes = cython.declare(cython.longlong, visibility="public")
+    reserved_gpu_bytes = cython.declare(cython.longlong, visibility="public")
+    gpu_failures = cython.declare(cython.longlong, visibility="public")
     node_count = cython.declare(cython.longlong, visibility="public")
     _heap_gpu = cython.declare(list)
     _heap_host = cython.declare(list)
@@ -229,6 +238,9 @@ class KnowledgeTree:
         self.root.in_gpu = True
         self.root.pins = 1  # the shared system prompt stays resident
         self.gpu_used_bytes = root_bytes
+        self.pinned_gpu_bytes = root_bytes
+        self.reserved_gpu_bytes = 0
+        self.gpu_failures = 0
         self.host_used_bytes = 0
         self.clock_gpu = 0.0
         self.clock_host = 0.0
@@ -418,6 +430,8 @@ class KnowledgeTree:
             n.frequency += 1
             n.last_access = self._seq
             n.pins += 1
+            if n.pins == 1 and n.in_gpu:
+                self.pinned_gpu_bytes += n.size_bytes
             on_access(n, depth < n_cached, cost_per_token, request_index, depth + 1)
             if depth < n_cached:
                 n.priority_gpu = self.clock_gpu + n.value
@@ -442,6 +456,7 @@ class KnowledgeTree:
                 parent.cached_children += 1
             n.in_gpu = True
             self.gpu_used_bytes += n.size_bytes
+            self.pinned_gpu_bytes += n.size_bytes  # on the request's path, so pinned
             parent.gpu_children += 1
             self._sync(n)
             self._sync(parent)
@@ -463,6 +478,102 @@ class KnowledgeTree:
         for item in path:
             n = item
             n.pins -= 1
+            if n.pins == 0 and n.in_gpu:
+                self.pinned_gpu_bytes -= n.size_bytes
+
+    # ------------------------------------------------------------------ running requests
+    @property
+    def gpu_available_bytes(self) -> int:
+        """GPU bytes a new request can still obtain: free plus evictable (unpinned) cache."""
+        return self.gpu_capacity_bytes - self.pinned_gpu_bytes - self.reserved_gpu_bytes
+
+    def reserve_gpu(self, n_bytes: int) -> bool:
+        """Take ``n_bytes`` of GPU memory for a running request's private KV.
+
+        Evicts cache (lowest priority first) as needed. False, with nothing changed, when
+        pinned nodes and other reservations leave too little.
+        """
+        if n_bytes < 0:
+            raise ValueError("n_bytes must be >= 0")
+        if n_bytes > self.gpu_available_bytes:
+            return False
+        if not self._make_room(True, n_bytes):  # cannot happen: unpinned GPU nodes can go
+            raise AssertionError("unpinned cache could not be evicted")
+        self.gpu_used_bytes += n_bytes
+        self.reserved_gpu_bytes += n_bytes
+        return True
+
+    def free_gpu(self, n_bytes: int) -> None:
+        """Give back what ``reserve_gpu`` took."""
+        if n_bytes < 0 or n_bytes > self.reserved_gpu_bytes:
+            raise ValueError(f"cannot free {n_bytes} of {self.reserved_gpu_bytes} reserved bytes")
+        self.gpu_used_bytes -= n_bytes
+        self.reserved_gpu_bytes -= n_bytes
+
+    def fail_gpu(self) -> int:
+        """The GPU failed: every GPU node loses its KV; returns the bytes that are gone for good.
+
+        Nodes with a host copy survive in host memory; the rest become ghosts, and host copies
+        below a lost node go too (the prefix property: their KV depends on it). The root (the
+        system prompt) is recovered from its host replica and stays resident; the caller
+        charges that copy. Running requests must have released their paths and reservations.
+        """
+        if self.pinned_gpu_bytes != self.root.size_bytes or self.reserved_gpu_bytes:
+            raise ValueError("release running requests' paths and reservations first")
+        lost: cython.longlong = 0
+        n: Node
+        child: Node
+        parent: Node
+        gpu_nodes: list = []
+        stack: list = [self.root]
+        while stack:  # phase 1: nothing stays in GPU but the root
+            n = stack.pop()
+            if n.gpu_children and n.children is not None:
+                for item in n.children.values():
+                    child = item
+                    if child.in_gpu:
+                        stack.append(child)
+                        gpu_nodes.append(child)
+        for item in gpu_nodes:
+            n = item
+            parent = n.parent
+            n.in_gpu = False
+            self.gpu_used_bytes -= n.size_bytes
+            parent.gpu_children -= 1
+            if not n.host_copy:
+                parent.cached_children -= 1
+                n.frequency = 0
+                lost += n.size_bytes
+        for item in gpu_nodes:  # phase 2: host copies below a lost node are invalid
+            n = item
+            if n.host_copy or n.children is None:
+                continue
+            stack = [n]
+            while stack:
+                parent = stack.pop()
+                if parent.children is None:
+                    continue
+                for child_item in parent.children.values():
+                    child = child_item
+                    if child.in_gpu or not child.host_copy:
+                        continue  # lost children without a copy get their own turn
+                    child.host_copy = False
+                    self.host_used_bytes -= child.size_bytes
+                    self.dropped_bytes += child.size_bytes
+                    parent.cached_children -= 1
+                    child.frequency = 0
+                    lost += child.size_bytes
+                    stack.append(child)
+        self._heap_gpu = []
+        self._heap_host = []
+        for item in self.iter_nodes():  # rebuild the candidate heaps (failures are rare)
+            n = item
+            n.gpu_pos = -1
+            n.host_pos = -1
+        for item in self.iter_nodes():
+            self._sync(item)
+        self.gpu_failures += 1
+        return lost
 
     # ------------------------------------------------------------------ heaps
     @cython.cfunc
@@ -684,10 +795,12 @@ class KnowledgeTree:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any residency rule is broken (used by property tests)."""
-        gpu_bytes = host_bytes = 0
+        gpu_bytes = host_bytes = pinned_bytes = 0
         for n in self.iter_nodes():
             if n.in_gpu:
                 gpu_bytes += n.size_bytes
+                if n.pins > 0:
+                    pinned_bytes += n.size_bytes
             if n.host_copy:
                 host_bytes += n.size_bytes
             assert n.pins >= 0, f"negative pins on {n}"
@@ -697,7 +810,10 @@ class KnowledgeTree:
             if n.parent is not None:
                 assert n.parent.tier >= n.tier, f"{n} is faster than its parent {n.parent}"
         assert self.root.in_gpu
-        assert gpu_bytes == self.gpu_used_bytes, (gpu_bytes, self.gpu_used_bytes)
+        assert pinned_bytes == self.pinned_gpu_bytes, (pinned_bytes, self.pinned_gpu_bytes)
+        assert self.reserved_gpu_bytes >= 0
+        assert gpu_bytes + self.reserved_gpu_bytes == self.gpu_used_bytes, (
+            gpu_bytes, self.reserved_gpu_bytes, self.gpu_used_bytes)
         assert host_bytes == self.host_used_bytes, (host_bytes, self.host_used_bytes)
         assert self.gpu_used_bytes <= self.gpu_capacity_bytes
         assert self.host_used_bytes <= self.host_capacity_bytes
