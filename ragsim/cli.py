@@ -57,6 +57,187 @@ def _print_json(data: dict) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+# --------------------------------------------------------------------------- run
+def _opt(help_text: str, *names: str):
+    return typer.Option(*names, help=help_text)
+
+
+@app.command()
+@friendly_errors
+def run(
+    trace: Annotated[str | None, _opt("Built-in name (mmlu, nq) or trace path. [default: mmlu]")
+                     ] = None,
+    system: Annotated[str | None, _opt("Preset: vllm, vllm-apc, sglang, ragcache (see `ragsim "
+                                       "systems`). [default: ragcache]")] = None,
+    config_file: Annotated[Path | None, _opt("TOML configuration ([run] table); flags given "
+                                             "here override it.", "--config")] = None,
+    profile: Annotated[str | None, _opt("Cost profile: shipped name or JSON path. "
+                                        "[default: a10g-mistral-7b]")] = None,
+    policy: Annotated[str | None, _opt("Replacement policy: pgdsf, gdsf, lru, lfu, fifo.")
+                      ] = None,
+    cache: Annotated[bool | None, _opt("Cross-request KV reuse (off: vLLM v0.3).",
+                                       "--cache/--no-cache")] = None,
+    host_mem: Annotated[str | None, _opt("Host memory for cached KV, e.g. 192GiB.")] = None,
+    gpu_mem: Annotated[str | None, _opt("GPU memory for KV (cache and running requests); "
+                                        "default: the profile's KV capacity.")] = None,
+    cache_depth: Annotated[int | None, _opt("Cache only the first k' documents (top-k').")
+                           ] = None,
+    block_tokens: Annotated[int | None, _opt("Reuse whole blocks of this many tokens only "
+                                             "(vLLM APC: 16).")] = None,
+    system_prompt_tokens: Annotated[int | None, _opt("Shared system prompt (tree root).")
+                                    ] = None,
+    top_k: Annotated[int | None, _opt("Use only the first K retrieved documents.")] = None,
+    reorder: Annotated[bool | None, _opt("Cache-aware reordering.", "--reorder/--no-reorder")
+                       ] = None,
+    window: Annotated[int | None, _opt("Reordering window, in scheduling decisions.")] = None,
+    speculate: Annotated[bool | None, _opt("Dynamic speculative pipelining.",
+                                           "--speculate/--no-speculate")] = None,
+    overlap_swap: Annotated[bool | None, _opt("Overlap host->GPU KV loads with compute.",
+                                              "--overlap-swap/--no-overlap-swap")] = None,
+    max_batch_size: Annotated[int | None, _opt("Most running requests.")] = None,
+    max_prefill_bs: Annotated[int | None, _opt("Most requests per prefill iteration.")] = None,
+    max_batched_tokens: Annotated[int | None, _opt("Most new tokens per prefill iteration.")
+                                  ] = None,
+    search_workers: Annotated[int | None, _opt("Vector-search CPU workers.")] = None,
+    search_s: Annotated[float | None, _opt("One request's full vector search, seconds.")
+                        ] = None,
+    search_stages: Annotated[int | None, _opt("Stages of a search (intermediate top-k lists).")
+                             ] = None,
+    stage_source: Annotated[str | None, _opt("Intermediate lists: auto, trace, synthetic, none.")
+                            ] = None,
+    rate: Annotated[float | None, _opt("Re-time arrivals at R requests/s.")] = None,
+    arrival: Annotated[str | None, _opt("trace, poisson or gamma (with --rate).")] = None,
+    cv: Annotated[float | None, _opt("Gamma arrivals' coefficient of variation.")] = None,
+    fail_gpu_at: Annotated[list[float] | None, _opt("Fail the GPU at T seconds (repeatable).")
+                           ] = None,
+    gpu_failure_rate: Annotated[float | None, _opt("GPU failures per hour (Poisson).")] = None,
+    gpu_recovery: Annotated[float | None, _opt("Seconds the GPU is down after a failure.")
+                            ] = None,
+    retry_timeout: Annotated[float | None, _opt("Seconds before a failed request is retried.")
+                             ] = None,
+    max_retries: Annotated[int | None, _opt("Retries before a request fails for good.")] = None,
+    requests: Annotated[int | None, _opt("Simulate only the first N requests.")] = None,
+    seed: Annotated[int | None, _opt("Seed (built-in traces, arrivals, synthetic stages).")
+                    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet, "
+                                                 "summary.json and config.toml here.")] = None,
+) -> None:
+    """Simulate the RAG serving stack end to end: TTFT, throughput and hit rates."""
+    from ragsim.profiles.profile import load_profile
+    from ragsim.sim.config import build_config, load_config_file
+    from ragsim.sim.simulator import run_simulation
+    from ragsim.traces import resolve_trace
+
+    base = load_config_file(config_file) if config_file is not None else None
+    flags = {
+        "trace": trace, "system": system, "profile": profile,
+        "policy": policy.lower() if policy else None, "cache": cache,
+        "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem else None,
+        "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
+        "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
+        "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
+        "reorder_window": window, "speculate": speculate, "overlap_swap": overlap_swap,
+        "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
+        "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
+        "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
+        "rate_rps": rate, "arrival": arrival, "cv": cv,
+        "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
+        "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
+        "retry_timeout_s": retry_timeout, "max_retries": max_retries,
+        "n_requests": requests, "seed": seed,
+    }
+    config = build_config(flags, base=base,
+                          source=str(config_file) if config_file is not None else None)
+    costs = load_profile(config.profile)
+    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
+    progress = Progress(TextColumn("run"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[simulated]}"), TimeElapsedColumn(),
+                        console=err, transient=True, disable=json_output)
+    task = progress.add_task("run", total=data.n_requests, simulated="")
+    with progress:
+        result = run_simulation(
+            data, config, costs,
+            lambda done, now: progress.update(task, completed=done,
+                                              simulated=f"{now:,.0f} simulated s"))
+    summary = result.summary
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result.records.to_parquet(out_dir / "requests.parquet", index=False)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        (out_dir / "config.toml").write_text(config.to_toml())
+    if json_output:
+        _print_json(summary)
+        return
+    _print_run_summary(summary)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:,.1f} ms"
+
+
+def _print_run_summary(s: dict) -> None:
+    c = s["config"]
+    table = Table(title=f"run: {c['trace']} · {c['system']} · {c['policy']} · {s['profile']}",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    failed = ", ".join(f"{k}: {v}" for k, v in s["failed_by_reason"].items())
+    rows = [
+        ("requests completed / failed", f"{s['requests_completed']:,} / {s['requests_failed']:,}"
+                                        + (f" ({failed})" if failed else "")),
+        ("TTFT mean / p50 / p90 / p99", " / ".join(_ms(s[f"ttft_{k}_s"])
+                                                   for k in ("mean", "p50", "p90", "p99"))),
+        ("  search wait / search / queue / prefill",
+         " / ".join(_ms(s[f"ttft_{k}_mean_s"]) for k in ("search_wait", "search", "queue",
+                                                         "prefill"))),
+        ("TPOT mean", _ms(s["tpot_mean_s"])),
+        ("end-to-end mean / p99", f"{_ms(s['e2e_mean_s'])} / {_ms(s['e2e_p99_s'])}"),
+        ("throughput", f"{s['throughput_rps']:.3f} req/s, {s['throughput_tokens_s']:,.1f} tok/s"),
+        ("token hit rate (GPU + host)", f"{s['token_hit_rate']:.1%} ({s['token_hit_rate_gpu']:.1%}"
+                                        f" + {s['token_hit_rate_host']:.1%})"),
+        ("request hit rate", f"{s['request_hit_rate']:.1%}"),
+        ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
+                             f"{format_bytes(s['swap_out_bytes'])}"),
+        ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        ("speculations (kept) / wasted", f"{s['speculations_started']:,} "
+                                         f"({s['speculation_kept']:,}) / "
+                                         f"{s['speculation_wasted_s']:,.1f} GPU s"),
+        ("scheduler overhead", f"{s['scheduler_overhead_ms_per_decision']:.3f} ms/decision"),
+        ("GPU failures / retries", f"{s['gpu_failures']} / {s['retries']}"),
+        ("GPU KV / host cache", f"{format_bytes(s['gpu_kv_bytes'])} / "
+                                f"{format_bytes(c['host_cache_bytes'])}"),
+        ("simulated", f"{s['simulated_s']:,.1f} s in {s['elapsed_s']:.2f} s wall "
+                      f"({s['sim_requests_per_wall_s']:,.0f} req/s)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    out.print(table)
+    if s["cost_extrapolations"]:
+        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost lookups fell outside "
+                  "the profile's grid (extrapolated)")
+
+
+@app.command()
+def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the system presets of `ragsim run --system` and what each sets."""
+    from ragsim.sim.config import SYSTEM_DESCRIPTIONS, SYSTEM_PRESETS
+
+    if json_output:
+        _print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings}
+                     for name, settings in SYSTEM_PRESETS.items()})
+        return
+    table = Table(title="systems (`ragsim run --system NAME`; any flag overrides)")
+    table.add_column("system", style="bold")
+    table.add_column("what it models")
+    table.add_column("settings")
+    for name, settings in SYSTEM_PRESETS.items():
+        table.add_row(name, SYSTEM_DESCRIPTIONS[name],
+                      ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else v}"
+                                for k, v in settings.items()))
+    out.print(table)
+
+
 # --------------------------------------------------------------------------- replay
 @app.command()
 @friendly_errors

@@ -39,3 +39,7 @@ class TraceError(RagsimInputError):
 
 class ProfileError(RagsimInputError):
     """A cost table / profile that does not follow the profile format."""
+
+
+class ConfigError(RagsimInputError):
+    """A simulation configuration (TOML file or flags) that cannot be used."""

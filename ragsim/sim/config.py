@@ -1,0 +1,225 @@
+"""What one simulation run is: a flat, validated, serialisable configuration and system presets.
+
+A configuration is plain data (TOML on disk, ``[run]`` table) so a run can be repeated exactly:
+``ragsim run --out DIR`` writes the resolved configuration next to the results and
+``ragsim run --config DIR/config.toml`` reruns it. Presets (``--system``) set the fields that
+distinguish the systems the paper compares; any field can then be overridden flag by flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+
+from ragsim.cache.policies import POLICY_NAMES
+from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_DECISIONS
+from ragsim.errors import ConfigError
+from ragsim.units import parse_bytes
+
+GiB = 2**30
+ARRIVALS = ("trace", "poisson", "gamma")
+STAGE_SOURCES = ("auto", "trace", "synthetic", "none")
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every knob of a run; defaults are the paper's main setup (A10G, Mistral-7B, top-2).
+
+    Memory: ``gpu_kv_bytes`` is the GPU memory for KV (cache *and* running requests); ``None``
+    takes the profile's ``kv_capacity_bytes`` (what weights and activations leave of the GPU).
+    """
+
+    trace: str = "mmlu"
+    system: str = "ragcache"
+    profile: str = "a10g-mistral-7b"
+    n_requests: int | None = None
+    top_k: int | None = None  # truncate each request's retrieved list (None: as in the trace)
+    seed: int = 0
+    # arrivals
+    arrival: str = "trace"  # trace timestamps, or re-timed: poisson | gamma
+    rate_rps: float | None = None
+    cv: float = 1.0
+    # knowledge cache
+    cache: bool = True  # False: no cross-request reuse (vLLM v0.3)
+    policy: str = "pgdsf"
+    host_cache_bytes: int = 192 * GiB
+    gpu_kv_bytes: int | None = None
+    max_cached_depth: int | None = None
+    prefix_block_tokens: int = 1  # hits count whole blocks only (vLLM's automatic prefix cache)
+    system_prompt_tokens: int = 0
+    # scheduler
+    reorder: bool = True
+    reorder_window: int = DEFAULT_WINDOW_DECISIONS
+    reorder_scan: int = DEFAULT_SCAN_LIMIT
+    max_batch_size: int = 256  # running requests
+    max_prefill_bs: int = 8  # requests prefilled in one iteration
+    max_batched_tokens: int = 16384  # new tokens prefilled in one iteration
+    # retrieval (vector search on a CPU pool)
+    search_workers: int = 16
+    search_s: float = 0.05  # one request's full search on one worker
+    search_stages: int = 4
+    stage_source: str = "auto"  # auto: the trace's stages if present, else synthetic
+    speculate: bool = True
+    # engine
+    overlap_swap: bool = False  # host->GPU KV loads overlapped with the prefill's compute
+    # faults
+    fail_gpu_at_s: tuple[float, ...] = ()
+    gpu_failure_rate_per_h: float = 0.0
+    gpu_recovery_s: float = 10.0
+    retry_timeout_s: float = 1.0
+    max_retries: int = 3
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["fail_gpu_at_s"] = list(self.fail_gpu_at_s)
+        return data
+
+    def to_toml(self) -> str:
+        """TOML of the resolved configuration (``None`` fields are omitted: they mean default)."""
+        run = {k: v for k, v in self.to_dict().items() if v is not None}
+        return tomli_w.dumps({"format": "ragsim.config", "version": CONFIG_VERSION, "run": run})
+
+    def replace(self, **changes) -> SimConfig:
+        return validate(dataclasses.replace(self, **changes))
+
+
+# The systems the paper compares. Each preset lists only what it changes from the defaults.
+SYSTEM_PRESETS: dict[str, dict] = {
+    "vllm": dict(cache=False, reorder=False, speculate=False, host_cache_bytes=0,
+                 policy="lru"),
+    "vllm-apc": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=False,
+                     speculate=False, prefix_block_tokens=16),
+    "sglang": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=False,
+                   speculate=False),
+    "ragcache": dict(cache=True, policy="pgdsf", host_cache_bytes=192 * GiB, reorder=True,
+                     speculate=True),
+}
+SYSTEM_DESCRIPTIONS = {
+    "vllm": "vLLM v0.3 (the paper's baseline): continuous batching, no cross-request KV reuse",
+    "vllm-apc": "vLLM with automatic prefix caching: GPU blocks of 16 tokens, LRU",
+    "sglang": "SGLang: GPU radix tree over token prefixes, LRU, no host tier",
+    "ragcache": "RAGCache: knowledge tree in GPU + host, PGDSF, cache-aware reordering, "
+                "dynamic speculative pipelining",
+}
+
+
+def preset(system: str) -> dict:
+    if system not in SYSTEM_PRESETS:
+        raise ConfigError(f"unknown system {system!r}; known: {', '.join(SYSTEM_PRESETS)}",
+                          field="system")
+    return dict(SYSTEM_PRESETS[system])
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
+_BYTES_FIELDS = ("host_cache_bytes", "gpu_kv_bytes")
+
+
+def build_config(overrides: dict, *, base: dict | None = None, source: str | None = None
+                 ) -> SimConfig:
+    """Defaults, then the system preset, then ``base`` (a config file), then ``overrides``.
+
+    The preset is applied under everything given explicitly, so ``--system sglang --policy
+    pgdsf`` is SGLang's setup with PGDSF.
+    """
+    given = {**(base or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    unknown = sorted(set(given) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}", file=source,
+                          field=unknown[0])
+    if given.get("rate_rps") is not None and "arrival" not in given:
+        given["arrival"] = "poisson"  # a rate without a process: Poisson, the paper's choice
+    system = given.get("system", SimConfig.system)
+    values = {**preset(system), **given}
+    for name in _BYTES_FIELDS:
+        if values.get(name) is not None and not isinstance(values[name], int):
+            values[name] = parse_bytes(values[name], field=name)
+    if "fail_gpu_at_s" in values:
+        times = values["fail_gpu_at_s"]
+        values["fail_gpu_at_s"] = tuple(float(t) for t in (
+            times if isinstance(times, list | tuple) else [times]))
+    try:
+        config = SimConfig(**values)
+    except TypeError as exc:  # pragma: no cover - unknown keys are caught above
+        raise ConfigError(str(exc), file=source) from exc
+    return validate(config, source=source)
+
+
+def _check(ok: bool, name: str, message: str, source: str | None) -> None:
+    if not ok:
+        raise ConfigError(message, file=source, field=name)
+
+
+def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
+    """Reject what cannot run, naming the field."""
+    for name, f in _FIELDS.items():
+        value = getattr(config, name)
+        expected = f.type
+        if value is None:
+            _check("None" in str(expected), name, "must be set", source)
+            continue
+        if "bool" in str(expected):
+            _check(isinstance(value, bool), name, f"must be true or false, got {value!r}",
+                   source)
+        elif "int" in str(expected) and "float" not in str(expected) and name != "fail_gpu_at_s":
+            _check(isinstance(value, int) and not isinstance(value, bool), name,
+                   f"must be an integer, got {value!r}", source)
+        elif "float" in str(expected) and name != "fail_gpu_at_s":
+            _check(isinstance(value, int | float) and not isinstance(value, bool)
+                   and math.isfinite(value), name, f"must be a number, got {value!r}", source)
+        elif "str" in str(expected):
+            _check(isinstance(value, str), name, f"must be a string, got {value!r}", source)
+    c = config
+    _check(c.system in SYSTEM_PRESETS, "system",
+           f"unknown system {c.system!r}; known: {', '.join(SYSTEM_PRESETS)}", source)
+    _check(c.policy in POLICY_NAMES and c.policy != "belady", "policy",
+           f"must be one of {', '.join(p for p in POLICY_NAMES if p != 'belady')} "
+           "(Belady needs the future, which an online simulator does not have)", source)
+    _check(c.arrival in ARRIVALS, "arrival", f"must be one of {', '.join(ARRIVALS)}", source)
+    _check(c.arrival == "trace" or (c.rate_rps is not None and c.rate_rps > 0), "rate_rps",
+           "a re-timed arrival process needs a positive rate", source)
+    _check(c.rate_rps is None or c.rate_rps > 0, "rate_rps", "must be > 0", source)
+    _check(c.cv > 0, "cv", "must be > 0", source)
+    _check(c.stage_source in STAGE_SOURCES, "stage_source",
+           f"must be one of {', '.join(STAGE_SOURCES)}", source)
+    for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",
+                 "max_batched_tokens", "reorder_window", "reorder_scan", "prefix_block_tokens"):
+        _check(getattr(c, name) >= 1, name, "must be >= 1", source)
+    for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "gpu_failure_rate_per_h",
+                 "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed"):
+        _check(getattr(c, name) >= 0, name, "must be >= 0", source)
+    _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
+    _check(c.top_k is None or c.top_k >= 1, "top_k", "must be >= 1", source)
+    _check(c.gpu_kv_bytes is None or c.gpu_kv_bytes > 0, "gpu_kv_bytes", "must be > 0", source)
+    _check(c.max_cached_depth is None or c.max_cached_depth >= 0, "max_cached_depth",
+           "must be >= 0", source)
+    _check(all(math.isfinite(t) and t >= 0 for t in c.fail_gpu_at_s), "fail_gpu_at_s",
+           "failure times must be finite and >= 0", source)
+    return config
+
+
+def load_config_file(path: str | Path) -> dict:
+    """The ``[run]`` table of a configuration file, checked for format and version."""
+    path = Path(path)
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError("no such file", file=source) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid TOML: {exc}", file=source) from exc
+    if data.get("format", "ragsim.config") != "ragsim.config":
+        raise ConfigError(f"not a ragsim configuration (format {data.get('format')!r})",
+                          file=source, field="format")
+    if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
+        raise ConfigError(f"unsupported version {data.get('version')!r} (this ragsim reads "
+                          f"{CONFIG_VERSION})", file=source, field="version")
+    run = data.get("run")
+    if not isinstance(run, dict):
+        raise ConfigError("missing the [run] table", file=source, field="run")
+    return run

@@ -1,0 +1,397 @@
+"""The LLM engine as a SimPy process: iteration-level continuous batching over the policy core.
+
+Each iteration is either a *prefill* iteration (requests taken from the pool, their uncached
+tokens computed in one batch) or a *decode* iteration (one token for every running request);
+waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends. Iteration
+times come from the cost profile: a single prefill from the bilinear T(alpha, beta) grid, a
+batch from the separable batched-prefill model, a decode step from the decode grid.
+
+Memory: the knowledge tree owns the GPU's KV space. A request admitted to a batch pins its
+cached path, places its computed documents in the tree, and reserves the rest of its KV (query,
+output, documents past the cached depth) with ``reserve_gpu``; admission requires the request's
+whole KV footprint to fit in what pinned nodes and other reservations leave (conservative: a
+shared, already-pinned prefix is counted again). Output KV is reserved up front, so a running
+request is never preempted.
+
+Host-tier hits are copied host->GPU before the prefill (``overlap_swap=False``, the default) or
+while it computes (``overlap_swap=True``: the iteration takes the longer of the two). Swap-outs
+(GPU->host on eviction) run on the other PCIe direction, asynchronously; their bytes are counted.
+
+Decode bookkeeping is O(finished requests) per iteration, not O(batch): a running request knows
+the iteration at which it finishes, and the context length of the batch is kept as a sum.
+"""
+
+from __future__ import annotations
+
+import heapq
+from time import perf_counter
+
+import simpy
+
+from ragsim.cache.reorder import RequestPool
+from ragsim.cache.tree import KnowledgeTree
+from ragsim.profiles.profile import Profile
+
+
+class Job:
+    """One attempt to generate for a request with one document list (speculative or final)."""
+
+    __slots__ = (
+        "alpha",
+        "attributed_s",
+        "beta",
+        "context_tokens",
+        "doc_tokens",
+        "docs",
+        "done",
+        "finish_s",
+        "first_token_s",
+        "footprint_tokens",
+        "generated",
+        "hit_gpu",
+        "hit_host",
+        "in_iteration",
+        "iter_at_join",
+        "key",
+        "output_tokens",
+        "path",
+        "prefill_start_s",
+        "query_tokens",
+        "recomputed",
+        "request",
+        "reserved_bytes",
+        "slot_at_join",
+        "speculative",
+        "swap_in_bytes",
+        "terminated",
+    )
+
+    def __init__(self, key: int, request: int, docs: list, doc_tokens: list, query_tokens: int,
+                 output_tokens: int, speculative: bool, generated: int = 0) -> None:
+        self.key = key
+        self.request = request
+        self.docs = docs
+        self.doc_tokens = doc_tokens
+        self.query_tokens = query_tokens  # plus tokens generated before a retry
+        self.output_tokens = output_tokens  # still to generate
+        self.speculative = speculative
+        self.terminated = False
+        self.done = False
+        self.path: list | None = None
+        self.reserved_bytes = 0
+        self.alpha = self.beta = 0
+        self.context_tokens = 0
+        self.generated = generated
+        self.attributed_s = 0.0  # engine time spent on this job (for speculation waste)
+        self.slot_at_join = 0.0
+        self.iter_at_join = 0
+        self.hit_gpu = self.hit_host = self.recomputed = self.swap_in_bytes = 0
+        self.prefill_start_s = self.first_token_s = self.finish_s = -1.0
+        self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens, 1)
+        self.in_iteration = False
+
+
+class EngineHooks:
+    """What the engine tells the rest of the simulation (implemented by the simulator)."""
+
+    def prefilled(self, job: Job) -> None: ...
+    def finished(self, job: Job) -> None: ...
+    def aborted(self, job: Job, reason: str) -> None: ...
+    def cannot_fit(self, job: Job) -> None: ...
+
+
+class Engine:
+    def __init__(self, env: simpy.Environment, *, tree: KnowledgeTree, pool: RequestPool,
+                 profile: Profile, hooks: EngineHooks, kv_bytes_per_token: int,
+                 max_batch_size: int, max_prefill_bs: int, max_batched_tokens: int,
+                 prefix_block_tokens: int, overlap_swap: bool, gpu_recovery_s: float) -> None:
+        self.env = env
+        self.tree = tree
+        self.pool = pool
+        self.profile = profile
+        self.hooks = hooks
+        self.kv = kv_bytes_per_token
+        self.max_batch_size = max_batch_size
+        self.max_prefill_bs = max_prefill_bs
+        self.max_batched_tokens = max_batched_tokens
+        self.block = prefix_block_tokens
+        self.overlap_swap = overlap_swap
+        self.gpu_recovery_s = gpu_recovery_s
+        self._prefill_one = profile.prefill.at
+        self._prefill_batch = profile.batched_prefill.iteration_s
+        self._decode = profile.decode.at
+        self._h2d = profile.transfers.host_to_device_s
+        # running (decoding) requests
+        self._decoding: set[Job] = set()
+        self._finish_heap: list[tuple[int, int, Job]] = []
+        self._decode_iter = 0
+        self._slot_s = 0.0  # cumulative decode time per batch slot
+        self._context_sum = 0  # sum of running requests' context lengths
+        self._current: list[Job] = []  # jobs in the iteration under way
+        self._parked: set[Job] = set()  # speculative jobs done before their search
+        self._terminate: list[Job] = []
+        self._iterating = False  # an iteration is under way: terminations wait for its end
+        self._wakeup: simpy.Event | None = None
+        self.down_until_s = 0.0
+        # counters
+        self.iterations_prefill = 0
+        self.iterations_decode = 0
+        self.busy_s = 0.0
+        self.swap_in_s = 0.0
+        self.scheduler_s = 0.0  # wall time spent choosing batches
+        self.scheduler_decisions = 0
+        self.gpu_failures = 0
+        self.lost_bytes = 0
+        self.process = env.process(self._run())
+
+    # ------------------------------------------------------------------ interface
+    def notify(self) -> None:
+        """A job entered the pool: wake the engine if it idles."""
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    @property
+    def n_running(self) -> int:
+        return len(self._decoding)
+
+    def terminate(self, job: Job) -> None:
+        """Stop a speculative job: at once if it waits, after the current iteration if not."""
+        if job.done or job.terminated:
+            return
+        job.terminated = True
+        if self.pool.discard(job.key) is not None:
+            job.done = True
+            self.hooks.aborted(job, "speculation-terminated")
+        elif job in self._parked:
+            self._parked.discard(job)
+            job.done = True
+            self.hooks.aborted(job, "speculation-terminated")
+        else:
+            self._terminate.append(job)
+            if not self._iterating:
+                self._apply_terminations()
+
+    def confirm(self, job: Job) -> None:
+        """The search confirmed a speculative job's list: its output stands."""
+        job.speculative = False
+        if job in self._parked:
+            self._parked.discard(job)
+            self.hooks.finished(job)
+
+    def fail_gpu(self) -> None:
+        """Called by the fault process: interrupt whatever the engine is doing."""
+        if self.process.is_alive:
+            self.process.interrupt("gpu-failure")
+
+    # ------------------------------------------------------------------ the process
+    def _run(self):
+        env = self.env
+        while True:
+            try:
+                if env.now < self.down_until_s:
+                    yield env.timeout(self.down_until_s - env.now)
+                    continue
+                batch = self._admit()
+                if batch:
+                    duration = self._prefill_time(batch)
+                    self._current = batch
+                    self._iterating = True
+                    yield env.timeout(duration)
+                    self._iterating = False
+                    self._current = []
+                    self._after_prefill(batch, duration)
+                elif self._decoding:
+                    n = len(self._decoding)
+                    duration = self._decode(n, self._context_sum / n)
+                    self._iterating = True
+                    yield env.timeout(duration)
+                    self._iterating = False
+                    self._after_decode(duration, n)
+                else:
+                    self._wakeup = env.event()
+                    yield self._wakeup
+                    self._wakeup = None
+            except simpy.Interrupt:
+                self._iterating = False
+                self._wakeup = None
+                self._on_gpu_failure()
+
+    # ------------------------------------------------------------------ scheduling
+    def _lengths(self, job: Job) -> tuple[int, int]:
+        matched, _, _ = self.tree.match_prefix(job.docs)
+        cached = self.tree.system_prompt_tokens + sum(job.doc_tokens[:matched])
+        total = self.tree.system_prompt_tokens + job.footprint_tokens - max(job.output_tokens, 1)
+        return cached, total - cached
+
+    def _admit(self) -> list[Job]:
+        """Take requests from the pool into one prefill batch (None fits: an empty list)."""
+        self._apply_terminations()
+        pool = self.pool
+        if not pool:
+            return []
+        started = perf_counter()
+        tree = self.tree
+        kv = self.kv
+        batch: list[Job] = []
+        budget = self.max_batched_tokens
+        lengths = self._lengths if pool.reorder else None
+        while (pool and len(batch) < self.max_prefill_bs
+               and len(self._decoding) + len(batch) < self.max_batch_size):
+            key, job = pool.peek(lengths)
+            need_bytes = job.footprint_tokens * kv
+            if need_bytes > tree.gpu_available_bytes:
+                if not batch and not self._decoding and not self._current:
+                    # nothing runs that could free memory: it can never fit
+                    pool.take(key)
+                    job.done = True
+                    self.hooks.cannot_fit(job)
+                    continue
+                break
+            _, compute = self._lengths(job)
+            if batch and compute > budget:
+                break  # a single request larger than the budget still runs alone
+            pool.take(key)
+            self._start(job)
+            budget -= job.beta
+            batch.append(job)
+        self.scheduler_s += perf_counter() - started
+        self.scheduler_decisions += len(batch)
+        return batch
+
+    def _start(self, job: Job) -> None:
+        tree = self.tree
+        r = tree.access(job.docs, job.doc_tokens, job.query_tokens, request_index=job.request,
+                        keep_pinned=True)
+        alpha, beta, hit_gpu = r.cached_tokens, r.new_tokens, r.hit_tokens_gpu
+        if self.block > 1:  # only whole blocks are reused: the partial block is recomputed
+            usable = (alpha // self.block) * self.block
+            lost = alpha - usable
+            beta += lost
+            alpha = usable
+            hit_gpu = max(0, hit_gpu - lost)
+        job.path = r.path
+        job.alpha, job.beta = alpha, beta
+        job.hit_gpu, job.hit_host = hit_gpu, r.hit_tokens_host
+        job.recomputed = r.recomputed_tokens + (r.hit_tokens_gpu - hit_gpu)
+        job.swap_in_bytes = r.swap_in_bytes
+        job.context_tokens = alpha + beta
+        in_gpu = sum(n.tokens for n in r.path if n.in_gpu)
+        private = job.footprint_tokens - in_gpu
+        job.reserved_bytes = private * self.kv
+        if not tree.reserve_gpu(job.reserved_bytes):  # admission checked the whole footprint
+            raise AssertionError("KV reservation failed after admission")
+        job.prefill_start_s = self.env.now
+        job.in_iteration = True
+
+    def _prefill_time(self, batch: list[Job]) -> float:
+        if len(batch) == 1:
+            compute = self._prefill_one(batch[0].alpha, batch[0].beta)
+        else:
+            compute = self._prefill_batch([j.alpha for j in batch], [j.beta for j in batch])
+        swap_bytes = sum(j.swap_in_bytes for j in batch)
+        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
+        self.swap_in_s += copy
+        duration = max(compute, copy) if self.overlap_swap else compute + copy
+        total_new = sum(j.beta for j in batch) or 1
+        for j in batch:
+            j.attributed_s += duration * j.beta / total_new
+        self.iterations_prefill += 1
+        self.busy_s += duration
+        return duration
+
+    def _after_prefill(self, batch: list[Job], duration: float) -> None:
+        now = self.env.now
+        for job in batch:
+            job.in_iteration = False
+            if job.terminated:
+                continue  # handled by _apply_terminations below
+            job.first_token_s = now
+            job.generated += 1
+            self.hooks.prefilled(job)
+            remaining = job.output_tokens - 1
+            if remaining <= 0:
+                self._release(job)
+                self._finish(job)
+            else:
+                job.context_tokens += 1
+                job.slot_at_join = self._slot_s
+                job.iter_at_join = self._decode_iter
+                self._decoding.add(job)
+                self._context_sum += job.context_tokens
+                heapq.heappush(self._finish_heap,
+                               (self._decode_iter + remaining, job.key, job))
+        self._apply_terminations()
+
+    def _after_decode(self, duration: float, n: int) -> None:
+        self.iterations_decode += 1
+        self.busy_s += duration
+        self._decode_iter += 1
+        self._slot_s += duration / n
+        self._context_sum += n
+        heap = self._finish_heap
+        while heap and heap[0][0] <= self._decode_iter:
+            _, _, job = heapq.heappop(heap)
+            if job.done or job not in self._decoding:
+                continue
+            self._leave_decoding(job)
+            job.generated += job.output_tokens - 1
+            self._release(job)
+            self._finish(job)
+        self._apply_terminations()
+
+    def _leave_decoding(self, job: Job) -> None:
+        self._decoding.discard(job)
+        steps = self._decode_iter - job.iter_at_join
+        self._context_sum -= job.context_tokens + steps
+        job.attributed_s += self._slot_s - job.slot_at_join
+
+    def _release(self, job: Job) -> None:
+        if job.path is not None:
+            self.tree.release(job.path)
+            job.path = None
+        if job.reserved_bytes:
+            self.tree.free_gpu(job.reserved_bytes)
+            job.reserved_bytes = 0
+
+    def _finish(self, job: Job) -> None:
+        job.finish_s = self.env.now
+        job.done = True
+        if job.speculative:  # the search has not confirmed it yet: hold the result
+            self._parked.add(job)
+            return
+        self.hooks.finished(job)
+
+    def _apply_terminations(self) -> None:
+        if not self._terminate:
+            return
+        for job in self._terminate:
+            if job in self._decoding:
+                self._leave_decoding(job)
+            self._release(job)
+            if not job.done:
+                job.done = True
+                self.hooks.aborted(job, "speculation-terminated")
+        self._terminate = []
+
+    # ------------------------------------------------------------------ faults
+    def _on_gpu_failure(self) -> None:
+        """Every running job loses its KV; the tree loses its GPU tier; the GPU is down a while."""
+        victims = list(self._current) + list(self._decoding)
+        self._current = []
+        for job in victims:
+            if job in self._decoding:
+                self._leave_decoding(job)
+            job.in_iteration = False
+            self._release(job)
+        self._terminate = []
+        self._finish_heap = []
+        self._decoding.clear()
+        self._context_sum = 0
+        self.lost_bytes += self.tree.fail_gpu()
+        self.gpu_failures += 1
+        recovery = self.gpu_recovery_s + self._h2d(self.tree.root.size_bytes)
+        self.down_until_s = max(self.down_until_s, self.env.now + recovery)
+        for job in victims:
+            if not job.done:
+                job.done = True
+                self.hooks.aborted(job, "gpu-failure")

@@ -1,0 +1,86 @@
+"""The vector search a request goes through: how long each stage takes, what each stage returns.
+
+A search runs on one worker of a CPU pool, in ``stages`` equal slices of ``search_s`` (IVF: a
+few clusters per stage; HNSW: time slices). After each stage the index holds a current top-k;
+the last stage's is the request's final list (the trace's ``doc_ids``).
+
+Where the intermediate lists come from (``stage_source``):
+
+* ``trace``: the trace's ``stages`` column (recorded by a real staged faiss search);
+* ``synthetic``: an explicit model for traces that carry no stages. The final list first
+  appears at a stage drawn uniformly from 1..stages (seeded); every earlier stage returns the
+  final list with its last document replaced by another document of the corpus. It is a
+  stand-in with one documented assumption, not a measurement; real staged traces replace it;
+* ``none``: no intermediate lists (speculation has nothing to start from);
+* ``auto``: ``trace`` when the trace has stages, else ``synthetic``.
+
+Default latency: ``search_s = 0.05`` s for one request's full search on one core: the paper's
+knowledge base (~300k Wikipedia documents, 768-dimensional embeddings, IVF with 1,024 lists)
+scanned in full reads ~0.9 GB of float32 vectors, tens of milliseconds at one core's memory
+bandwidth. It is an assumption to replace with a measured retrieval profile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ragsim.traces.schema import Trace
+
+
+class StagedSearch:
+    """Per-request stage lists and timing, precomputed compactly (no per-stage Python lists)."""
+
+    def __init__(self, trace: Trace, final_of, *, stages: int,
+                 search_s: float, source: str, seed: int) -> None:
+        if source == "auto":
+            source = "trace" if trace.stages is not None else "synthetic"
+        if source == "trace" and trace.stages is None:
+            from ragsim.errors import ConfigError
+
+            raise ConfigError("the trace has no 'stages' column", field="stage_source")
+        self.source = source
+        self.search_s = search_s
+        self._final_of = final_of  # request index -> its final top-k (a list)
+        n = trace.n_requests
+        if source == "trace":
+            self._trace_stages = trace.stages
+            self.stages_per_request = np.array(
+                [max(1, len(s)) for s in trace.stages.to_pylist()], dtype=np.int64)
+        else:
+            self._trace_stages = None
+            self.stages_per_request = np.full(n, stages, dtype=np.int64)
+        rng = np.random.default_rng([seed, 0x5EA7C4])
+        if source == "synthetic":
+            # the stage (1-based) at which the final list first appears
+            self._first_final = rng.integers(1, stages + 1, size=n)
+            documents = trace.document_ids
+            self._replacement = documents[rng.integers(0, len(documents), size=n)]
+            self._replacement_alt = documents[rng.integers(0, len(documents), size=n)]
+        self.stage_s = search_s / self.stages_per_request
+
+    def n_stages(self, i: int) -> int:
+        return int(self.stages_per_request[i])
+
+    def stage_list(self, i: int, stage: int) -> list[int] | None:
+        """Top-k after ``stage`` (1-based) of request ``i``; None when not known."""
+        final = self._final_of(i)
+        n = self.stages_per_request[i]
+        if stage >= n:
+            return final
+        if self.source == "none":
+            return None
+        if self.source == "trace":
+            lists = self._trace_stages[i].as_py()
+            return [int(d) for d in lists[stage - 1]][: len(final)] if lists else None
+        if stage >= self._first_final[i]:
+            return final
+        if not final:
+            return final
+        wrong = list(final)
+        other = int(self._replacement[i])
+        if other in final:
+            other = int(self._replacement_alt[i])
+        if other in final:  # tiny corpora: give up on a different list
+            return final
+        wrong[-1] = other
+        return wrong

@@ -1,0 +1,368 @@
+"""``ragsim run``: the whole RAG serving stack as SimPy processes over the policy core.
+
+    arrival ─► vector search (CPU pool, in stages) ─► request pool (FCFS / reordering)
+            ─► engine (continuous batching; knowledge tree in GPU + host) ─► answer
+
+One process per request walks the pipeline: it arrives, waits for a search worker, searches
+stage by stage (starting and stopping speculative generations as Algorithm 2 says), then hands
+its final job to the pool; the engine process (``engine.py``) serves the pool. A fault process
+fails the GPU at given times or at a rate. Every request ends exactly once, completed or failed
+with a reason; per-request records are kept in flat lists and turned into columns at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from ragsim.cache import speculation
+from ragsim.cache.policies import make_policy
+from ragsim.cache.reorder import RequestPool
+from ragsim.cache.tree import KnowledgeTree
+from ragsim.profiles.profile import Profile
+from ragsim.sim.config import SimConfig
+from ragsim.sim.engine import Engine, EngineHooks, Job
+from ragsim.sim.replay import _cyclic_gc_paused
+from ragsim.sim.retrieval import StagedSearch
+from ragsim.traces.retime import arrival_times
+from ragsim.traces.schema import Trace
+
+Progress = Callable[[int, float], None]  # (requests ended, simulated seconds)
+
+PENDING, COMPLETED, FAILED = 0, 1, 2
+FAIL_REASONS = ("", "gpu-failure-retries-exhausted", "exceeds-kv-capacity")
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    columns: dict[str, np.ndarray]
+    summary: dict
+
+    @property
+    def records(self) -> pd.DataFrame:
+        return pd.DataFrame(self.columns)
+
+
+class Simulation(EngineHooks):
+    def __init__(self, trace: Trace, config: SimConfig, profile: Profile,
+                 progress: Progress | None = None) -> None:
+        self.config = config
+        self.trace = trace
+        self.profile = profile
+        self.progress = progress
+        self.env = simpy.Environment()
+        n = self.n = trace.n_requests
+        kv = profile.model.kv_bytes_per_token
+        self.kv = kv
+        gpu_kv = config.gpu_kv_bytes or profile.kv_capacity_bytes
+        policy = make_policy(config.policy)
+        self.tree = KnowledgeTree(
+            policy, gpu_capacity_bytes=gpu_kv,
+            host_capacity_bytes=config.host_cache_bytes if config.cache else 0,
+            kv_bytes_per_token=kv,
+            prefill_cost_s=profile.prefill.at if policy.needs_cost else None,
+            system_prompt_tokens=config.system_prompt_tokens,
+            max_cached_depth=config.max_cached_depth if config.cache else 0)
+        self.pool: RequestPool[Job] = RequestPool(
+            reorder=config.reorder, window_decisions=config.reorder_window,
+            scan_limit=config.reorder_scan)
+        self.engine = Engine(
+            self.env, tree=self.tree, pool=self.pool, profile=profile, hooks=self,
+            kv_bytes_per_token=kv, max_batch_size=config.max_batch_size,
+            max_prefill_bs=config.max_prefill_bs, max_batched_tokens=config.max_batched_tokens,
+            prefix_block_tokens=config.prefix_block_tokens, overlap_swap=config.overlap_swap,
+            gpu_recovery_s=config.gpu_recovery_s)
+        self.workers = simpy.Resource(self.env, capacity=config.search_workers)
+        # the requests' documents, CSR: slicing flat lists is cheaper than n small lists
+        self._ids = trace.doc_ids.tolist()
+        self._toks = trace.doc_tokens_flat.tolist()
+        self._offsets = trace.doc_offsets.tolist()
+        self._query = trace.query_tokens.tolist()
+        self._output = trace.output_tokens.tolist()
+        self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
+                                   search_s=config.search_s, source=config.stage_source,
+                                   seed=config.seed)
+        if config.arrival == "trace":
+            self.arrival_s = trace.arrival_s.astype(float)
+        else:
+            self.arrival_s = arrival_times(n, config.rate_rps, process=config.arrival,
+                                           cv=config.cv, seed=config.seed)
+        nan = math.nan
+        self.r_search_start = [nan] * n
+        self.r_search_end = [nan] * n
+        self.r_prefill_start = [nan] * n
+        self.r_first_token = [nan] * n
+        self.r_finish = [nan] * n
+        self.r_status = [PENDING] * n
+        self.r_reason = [0] * n
+        self.r_attempts = [0] * n
+        self.r_cached = [0] * n
+        self.r_hit_gpu = [0] * n
+        self.r_hit_host = [0] * n
+        self.r_recomputed = [0] * n
+        self.r_swap_in = [0] * n
+        self.r_spec_started = [0] * n
+        self.r_spec_kept = [False] * n
+        self.r_spec_wasted_s = [0.0] * n
+        self.r_generated = [0] * n
+        self._active_spec: dict[int, Job] = {}  # request -> its live speculative job
+        self._search_done = [False] * n
+        self._next_key = 0
+        self.ended = 0
+        self.all_ended = self.env.event()
+        self.spec_wasted_tokens = 0
+        self.retries = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _final_docs(self, i: int) -> list:
+        lo, hi = self._offsets[i], self._offsets[i + 1]
+        k = self.config.top_k
+        if k is not None and hi - lo > k:
+            hi = lo + k
+        return self._ids[lo:hi]
+
+    def _doc_tokens_of(self, i: int, docs: list) -> list:
+        lo, hi = self._offsets[i], self._offsets[i + 1]
+        final = self._ids[lo:hi]
+        if docs == final[:len(docs)]:
+            return self._toks[lo:lo + len(docs)]
+        tokens_of = self._document_tokens
+        return [tokens_of(d) for d in docs]
+
+    def _document_tokens(self, doc: int) -> int:
+        ids = self.trace.document_ids
+        return int(self.trace.document_tokens[np.searchsorted(ids, doc)])
+
+    def _new_job(self, i: int, docs: list, speculative: bool) -> Job:
+        self._next_key += 1
+        generated = self.r_generated[i]
+        return Job(self._next_key, i, docs, self._doc_tokens_of(i, docs),
+                   self._query[i] + generated, max(self._output[i] - generated, 1),
+                   speculative, generated)
+
+    def _submit(self, job: Job) -> None:
+        self.pool.add(job.key, job)
+        self.engine.notify()
+
+    def _end(self, i: int, status: int, reason: int = 0) -> None:
+        assert self.r_status[i] == PENDING, f"request {i} ended twice"
+        self.r_status[i] = status
+        self.r_reason[i] = reason
+        self.r_finish[i] = self.env.now
+        self.ended += 1
+        if self.progress is not None and (self.ended % 1000 == 0 or self.ended == self.n):
+            self.progress(self.ended, self.env.now)
+        if self.ended == self.n:
+            self.all_ended.succeed()
+
+    # ------------------------------------------------------------------ processes
+    def _arrivals(self):
+        env = self.env
+        for i, t in enumerate(self.arrival_s.tolist()):
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            env.process(self._request(i))
+
+    def _request(self, i: int):
+        env = self.env
+        config = self.config
+        with self.workers.request() as worker:
+            yield worker
+            self.r_search_start[i] = env.now
+            stages = self.search.n_stages(i)
+            stage_s = float(self.search.stage_s[i])
+            if not config.speculate or stages <= 1:
+                yield env.timeout(stage_s * stages)
+            else:
+                current: list | None = None
+                for stage in range(1, stages):
+                    yield env.timeout(stage_s)
+                    found = self.search.stage_list(i, stage)
+                    if found is None:
+                        continue
+                    active = self._active_spec.get(i)
+                    d = speculation.on_intermediate_stage(
+                        current, found, active is not None, len(self.pool),
+                        config.max_prefill_bs)
+                    if not d.changed:
+                        continue
+                    if d.terminate_running and active is not None:
+                        self._stop_speculation(i, active)
+                    if d.start_new:
+                        job = self._new_job(i, found, speculative=True)
+                        self._active_spec[i] = job
+                        self.r_spec_started[i] += 1
+                        self._submit(job)
+                    current = found
+                yield env.timeout(stage_s)
+        self.r_search_end[i] = env.now
+        self._search_done[i] = True
+        final = self._final_docs(i)
+        active = self._active_spec.pop(i, None)
+        d = speculation.on_final_result(None if active is None else active.docs, final)
+        if d.keep_speculation:
+            self.r_spec_kept[i] = True
+            if active.first_token_s >= 0:  # its first token waited for the search
+                self.r_first_token[i] = env.now
+                self._record_hits(active)
+            self.engine.confirm(active)
+            return
+        if d.terminate_running:
+            self._stop_speculation(i, active)
+        self._submit(self._new_job(i, final, speculative=False))
+
+    def _stop_speculation(self, i: int, job: Job) -> None:
+        if self._active_spec.get(i) is job:
+            del self._active_spec[i]
+        self.engine.terminate(job)
+
+    def _faults(self):
+        env = self.env
+        config = self.config
+        times = sorted(config.fail_gpu_at_s)
+        if config.gpu_failure_rate_per_h > 0:
+            rng = np.random.default_rng([config.seed, 0xFA17])
+            horizon = float(self.arrival_s[-1]) * 2 + 3600 if self.n else 0.0
+            t, mean = 0.0, 3600.0 / config.gpu_failure_rate_per_h
+            while True:
+                t += float(rng.exponential(mean))
+                if t > horizon:
+                    break
+                times.append(t)
+            times.sort()
+        for t in times:
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            if self.ended < self.n:
+                self.engine.fail_gpu()
+
+    def _retry(self, i: int):
+        yield self.env.timeout(self.config.retry_timeout_s)
+        self._submit(self._new_job(i, self._final_docs(i), speculative=False))
+
+    # ------------------------------------------------------------------ engine hooks
+    def _record_hits(self, job: Job) -> None:
+        i = job.request
+        self.r_cached[i] = job.alpha
+        self.r_hit_gpu[i] = job.hit_gpu
+        self.r_hit_host[i] = job.hit_host
+        self.r_recomputed[i] = job.recomputed
+        self.r_swap_in[i] = job.swap_in_bytes
+        self.r_prefill_start[i] = job.prefill_start_s
+
+    def prefilled(self, job: Job) -> None:
+        i = job.request
+        if job.speculative:
+            return  # its token is held until the search confirms the list
+        if math.isnan(self.r_first_token[i]):
+            self.r_first_token[i] = job.first_token_s
+            self._record_hits(job)
+
+    def finished(self, job: Job) -> None:
+        i = job.request
+        if job.speculative:
+            return
+        if math.isnan(self.r_first_token[i]):  # a parked speculation confirmed just now
+            self.r_first_token[i] = self.env.now
+            self._record_hits(job)
+        self.r_generated[i] = job.generated
+        self.r_attempts[i] += 1
+        self._end(i, COMPLETED)
+
+    def aborted(self, job: Job, reason: str) -> None:
+        i = job.request
+        if job.speculative or reason == "speculation-terminated":
+            if self._active_spec.get(i) is job:
+                del self._active_spec[i]
+            self.r_spec_wasted_s[i] += job.attributed_s
+            if job.prefill_start_s >= 0:
+                self.spec_wasted_tokens += job.beta
+            return
+        # a final job lost to a GPU failure: retry after the timeout, or give up
+        self.r_attempts[i] += 1
+        self.r_generated[i] = max(self.r_generated[i], job.generated)
+        if self.r_attempts[i] > self.config.max_retries:
+            self._end(i, FAILED, 1)
+            return
+        self.retries += 1
+        self.env.process(self._retry(i))
+
+    def cannot_fit(self, job: Job) -> None:
+        if job.speculative:
+            if self._active_spec.get(job.request) is job:
+                del self._active_spec[job.request]
+            return
+        self._end(job.request, FAILED, 2)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        if self.n:
+            self.env.process(self._arrivals())
+            self.env.process(self._faults())
+            with _cyclic_gc_paused():
+                self.env.run(until=self.all_ended)
+        elapsed = time.perf_counter() - started
+        columns = self._columns()
+        from ragsim.sim.summary import summarize
+
+        summary = summarize(self, columns, elapsed)
+        return SimResult(config=self.config, columns=columns, summary=summary)
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        f = np.asarray
+        cols = {
+            "request_id": self.trace.request_id,
+            "arrival_s": self.arrival_s,
+            "search_start_s": f(self.r_search_start, dtype=float),
+            "search_end_s": f(self.r_search_end, dtype=float),
+            "prefill_start_s": f(self.r_prefill_start, dtype=float),
+            "first_token_s": f(self.r_first_token, dtype=float),
+            "finish_s": f(self.r_finish, dtype=float),
+            "status": np.array(["pending", "completed", "failed"])[f(self.r_status)],
+            "fail_reason": np.array(FAIL_REASONS)[f(self.r_reason)],
+            "attempts": f(self.r_attempts, dtype=np.int64),
+            "doc_tokens": np.zeros(self.n, dtype=np.int64),
+            "query_tokens": self.trace.query_tokens,
+            "output_tokens": self.trace.output_tokens,
+            "cached_tokens": f(self.r_cached, dtype=np.int64),
+            "hit_tokens_gpu": f(self.r_hit_gpu, dtype=np.int64),
+            "hit_tokens_host": f(self.r_hit_host, dtype=np.int64),
+            "recomputed_tokens": f(self.r_recomputed, dtype=np.int64),
+            "swap_in_bytes": f(self.r_swap_in, dtype=np.int64),
+            "speculations": f(self.r_spec_started, dtype=np.int64),
+            "speculation_kept": f(self.r_spec_kept, dtype=bool),
+            "speculation_wasted_s": f(self.r_spec_wasted_s, dtype=float),
+        }
+        offsets = self.trace.doc_offsets
+        ends = offsets[1:]
+        if self.config.top_k is not None:
+            ends = np.minimum(ends, offsets[:-1] + self.config.top_k)
+        cumulative = np.concatenate(([0], np.cumsum(self.trace.doc_tokens_flat)))
+        cols["doc_tokens"] = (cumulative[ends] - cumulative[offsets[:-1]]).astype(np.int64)
+        cols["ttft_s"] = cols["first_token_s"] - cols["arrival_s"]
+        cols["e2e_s"] = np.where(cols["status"] == "completed",
+                                 cols["finish_s"] - cols["arrival_s"], np.nan)
+        decode_tokens = np.maximum(self.trace.output_tokens - 1, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["tpot_s"] = np.where(
+                (cols["status"] == "completed") & (decode_tokens > 0),
+                (cols["finish_s"] - cols["first_token_s"]) / np.maximum(decode_tokens, 1),
+                np.nan)
+        return cols
+
+
+def run_simulation(trace: Trace, config: SimConfig, profile: Profile,
+                   progress: Progress | None = None) -> SimResult:
+    """Simulate ``trace`` under ``config`` with ``profile``'s costs (deterministic per seed)."""
+    if config.n_requests is not None and trace.n_requests > config.n_requests:
+        trace = trace.head(config.n_requests)
+    return Simulation(trace, config, profile, progress).run()
+

@@ -1,0 +1,109 @@
+"""The numbers a user reads after a run, computed once from the per-request columns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ragsim.sim.simulator import Simulation
+
+
+def _stats(values: np.ndarray, prefix: str) -> dict:
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return {f"{prefix}_{k}": None for k in ("mean_s", "p50_s", "p90_s", "p99_s")}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {f"{prefix}_mean_s": float(values.mean()), f"{prefix}_p50_s": float(p50),
+            f"{prefix}_p90_s": float(p90), f"{prefix}_p99_s": float(p99)}
+
+
+def _mean(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else None
+
+
+def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) -> dict:
+    completed = cols["status"] == "completed"
+    n_done = int(completed.sum())
+    n_failed = int((cols["status"] == "failed").sum())
+    simulated_s = float(sim.env.now)
+    first_arrival = float(cols["arrival_s"].min()) if len(cols["arrival_s"]) else 0.0
+    last_finish = float(np.nanmax(cols["finish_s"])) if n_done or n_failed else first_arrival
+    span_s = max(last_finish - first_arrival, 1e-12)
+    served = np.isfinite(cols["first_token_s"])
+    doc_tokens = int(cols["doc_tokens"][served].sum())
+    hit_gpu = int(cols["hit_tokens_gpu"][served].sum())
+    hit_host = int(cols["hit_tokens_host"][served].sum())
+    hit_any = (cols["hit_tokens_gpu"] + cols["hit_tokens_host"])[served] > 0
+    ttft = np.where(completed, cols["ttft_s"], np.nan)
+    # TTFT = search wait + search + queue + prefill (non-overlapping; speculation shrinks the
+    # part after the search, possibly to zero)
+    after_search = cols["first_token_s"] - cols["search_end_s"]
+    queue = np.clip(cols["prefill_start_s"] - cols["search_end_s"], 0, None)
+    queue = np.minimum(queue, after_search)
+    engine = sim.engine
+    tree = sim.tree
+    pool = sim.pool
+    output_tokens = int(cols["output_tokens"][completed].sum())
+    reasons = Counter(str(r) for r in cols["fail_reason"][cols["status"] == "failed"])
+    spec_requests = cols["speculations"] > 0
+    return {
+        "requests": int(sim.n),
+        "requests_completed": n_done,
+        "requests_failed": n_failed,
+        "failed_by_reason": dict(sorted(reasons.items())),
+        **_stats(ttft, "ttft"),
+        "tpot_mean_s": _mean(cols["tpot_s"]),
+        **_stats(cols["e2e_s"], "e2e"),
+        "throughput_rps": n_done / span_s,
+        "throughput_tokens_s": output_tokens / span_s,
+        "token_hit_rate": (hit_gpu + hit_host) / doc_tokens if doc_tokens else 0.0,
+        "token_hit_rate_gpu": hit_gpu / doc_tokens if doc_tokens else 0.0,
+        "token_hit_rate_host": hit_host / doc_tokens if doc_tokens else 0.0,
+        "request_hit_rate": float(hit_any.mean()) if len(hit_any) else 0.0,
+        "prefix_cache_queries": doc_tokens,
+        "prefix_cache_hits": hit_gpu + hit_host,
+        "recomputed_tokens": int(cols["recomputed_tokens"][served].sum()),
+        "swap_in_bytes": int(tree.swap_in_bytes),
+        "swap_out_bytes": int(tree.swap_out_bytes),
+        "evictions_gpu": int(tree.evictions_gpu),
+        "evictions_host": int(tree.evictions_host),
+        "ttft_search_wait_mean_s": _mean(np.where(completed, cols["search_start_s"]
+                                                  - cols["arrival_s"], np.nan)),
+        "ttft_search_mean_s": _mean(np.where(completed, cols["search_end_s"]
+                                             - cols["search_start_s"], np.nan)),
+        "ttft_queue_mean_s": _mean(np.where(completed, queue, np.nan)),
+        "ttft_prefill_mean_s": _mean(np.where(completed, after_search - queue, np.nan)),
+        "speculations_started": int(cols["speculations"].sum()),
+        "speculation_requests": int(spec_requests.sum()),
+        "speculation_kept": int(cols["speculation_kept"].sum()),
+        "speculation_wasted_s": float(cols["speculation_wasted_s"].sum()),
+        "speculation_wasted_tokens": int(sim.spec_wasted_tokens),
+        "scheduler_decisions": int(engine.scheduler_decisions),
+        "scheduler_overhead_ms_per_decision": (
+            1e3 * engine.scheduler_s / engine.scheduler_decisions
+            if engine.scheduler_decisions else 0.0),
+        "reordered_decisions": int(pool.reordered),
+        "window_forced_decisions": int(pool.overdue_served),
+        "iterations_prefill": int(engine.iterations_prefill),
+        "iterations_decode": int(engine.iterations_decode),
+        "gpu_busy_fraction": engine.busy_s / simulated_s if simulated_s > 0 else 0.0,
+        "swap_in_s": float(engine.swap_in_s),
+        "gpu_failures": int(engine.gpu_failures),
+        "gpu_failure_lost_bytes": int(engine.lost_bytes),
+        "retries": int(sim.retries),
+        "cost_extrapolations": int(sim.profile.extrapolated_queries),
+        "simulated_s": simulated_s,
+        "elapsed_s": elapsed_s,
+        "sim_requests_per_wall_s": sim.n / elapsed_s if elapsed_s > 0 else float("inf"),
+        "sim_s_per_wall_s": simulated_s / elapsed_s if elapsed_s > 0 else float("inf"),
+        "stage_source": sim.search.source,
+        "kv_bytes_per_token": int(sim.kv),
+        "gpu_kv_bytes": int(tree.gpu_capacity_bytes),
+        "profile": sim.profile.name,
+        "config": sim.config.to_dict(),
+        "trace_info": sim.trace.info,
+    }
