@@ -87,7 +87,8 @@ class Job:
         self.iter_at_join = 0
         self.hit_gpu = self.hit_host = self.recomputed = self.swap_in_bytes = 0
         self.prefill_start_s = self.first_token_s = self.finish_s = -1.0
-        self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens, 1)
+        # KV the job needs at its peak: its context plus every generated token but the last
+        self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens - 1, 0)
         self.in_iteration = False
 
 
@@ -220,8 +221,8 @@ class Engine:
     def _lengths(self, job: Job) -> tuple[int, int]:
         matched, _, _ = self.tree.match_prefix(job.docs)
         cached = self.tree.system_prompt_tokens + sum(job.doc_tokens[:matched])
-        total = self.tree.system_prompt_tokens + job.footprint_tokens - max(job.output_tokens, 1)
-        return cached, total - cached
+        docs_cached = cached - self.tree.system_prompt_tokens
+        return cached, sum(job.doc_tokens) + job.query_tokens - docs_cached
 
     def _admit(self) -> list[Job]:
         """Take requests from the pool into one prefill batch (None fits: an empty list)."""

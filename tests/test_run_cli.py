@@ -1,0 +1,69 @@
+"""`ragsim run` and `ragsim systems` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+
+runner = CliRunner()
+REQUIRED = ("requests_completed", "requests_failed", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+            "ttft_p99_s", "tpot_mean_s", "throughput_rps", "token_hit_rate", "simulated_s",
+            "elapsed_s", "config")
+
+
+def run_json(*args: str) -> dict:
+    result = runner.invoke(app, ["run", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_run_json_has_the_documented_fields():
+    s = run_json("--requests", "300", "--rate", "0.5")
+    for key in REQUIRED:
+        assert key in s, key
+    assert s["requests_completed"] + s["requests_failed"] == 300
+    assert s["config"]["system"] == "ragcache" and s["config"]["arrival"] == "poisson"
+    assert s["profile"] == "a10g-mistral-7b"
+    assert 0 < s["ttft_p50_s"] <= s["ttft_p90_s"] <= s["ttft_p99_s"]
+
+
+def test_out_dir_has_everything_to_rerun_exactly(tmp_path):
+    out = tmp_path / "run1"
+    first = run_json("--requests", "200", "--system", "sglang", "--policy", "pgdsf",
+                     "--rate", "1", "--seed", "5", "--out", str(out))
+    records = pd.read_parquet(out / "requests.parquet")
+    assert len(records) == 200 and {"ttft_s", "status", "hit_tokens_host"} <= set(records)
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["token_hit_rate"] == first["token_hit_rate"]
+    again = run_json("--config", str(out / "config.toml"))
+    for key in ("ttft_mean_s", "token_hit_rate", "throughput_rps", "simulated_s"):
+        assert again[key] == first[key], key
+    assert again["config"] == first["config"]
+    # a flag overrides the file
+    other = run_json("--config", str(out / "config.toml"), "--policy", "lru")
+    assert other["config"]["policy"] == "lru" and other["config"]["system"] == "sglang"
+
+
+def test_table_output_and_systems_listing():
+    result = runner.invoke(app, ["run", "--requests", "100", "--system", "vllm"])
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.stdout and "vllm" in result.stdout
+    listing = runner.invoke(app, ["systems"])
+    assert listing.exit_code == 0
+    for name in ("vllm", "vllm-apc", "sglang", "ragcache"):
+        assert name in listing.stdout
+
+
+def test_bad_flags_and_files_give_one_clear_line(tmp_path):
+    result = runner.invoke(app, ["run", "--system", "tgi"])
+    assert result.exit_code == 2 and "system" in result.output
+    bad = tmp_path / "c.toml"
+    bad.write_text("[run]\nmax_batch_size = -1\n")
+    result = runner.invoke(app, ["run", "--config", str(bad)])
+    assert result.exit_code == 2 and "c.toml" in result.output and "max_batch_size" in result.output
+    result = runner.invoke(app, ["run", "--arrival", "gamma"])
+    assert result.exit_code == 2 and "rate" in result.output

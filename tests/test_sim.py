@@ -1,0 +1,324 @@
+"""The simulator on small hand-computed scenarios, and its invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragsim.cache.reorder import RequestPool, order_priority
+from ragsim.cache.speculation import on_final_result, on_intermediate_stage
+from ragsim.errors import ConfigError
+from ragsim.profiles.profile import load_profile
+from ragsim.sim.config import build_config
+from ragsim.sim.replay import ReplayConfig, run_replay
+from ragsim.sim.simulator import Simulation, run_simulation
+from ragsim.traces import resolve_trace
+from ragsim.traces.io import TraceBuilder
+
+PROFILE = load_profile("a10g-mistral-7b")
+KV = PROFILE.model.kv_bytes_per_token
+SEARCH_S = 0.05
+DOC_TOKENS = {1: 1000, 2: 1000, 3: 600, 4: 400}
+
+
+def make_trace(rows: list[tuple[float, list[int], int, int]], stages=None):
+    """rows: (arrival_s, doc ids, query tokens, output tokens)."""
+    b = TraceBuilder("test")
+    for i, (t, docs, query, output) in enumerate(rows):
+        b.add(i, t, query, output, docs, [DOC_TOKENS[d] for d in docs])
+    for lists in stages or []:  # documents seen only in stages belong to the corpus too
+        for docs in lists:
+            for d in docs:
+                b.doc_tokens.setdefault(d, DOC_TOKENS[d])
+    trace = b.build({"name": "test"})
+    if stages is not None:
+        trace = dataclasses.replace(trace, stages=pa.array(stages, pa.list_(pa.list_(pa.int64()))))
+    return trace
+
+
+def quiet(**overrides):
+    """ragcache without the parts a scenario does not test."""
+    base = dict(system="ragcache", speculate=False, reorder=False, search_s=SEARCH_S,
+                search_workers=4, stage_source="none", host_cache_bytes=0)
+    return build_config({**base, **overrides})
+
+
+def simulate(trace, config):
+    result = run_simulation(trace, config, PROFILE)
+    assert result.summary["requests_completed"] + result.summary["requests_failed"] == \
+        trace.n_requests
+    return result.records, result.summary
+
+
+def test_one_request_alone_ttft_is_search_plus_prefill():
+    trace = make_trace([(0.0, [1, 3], 50, 1)])
+    records, summary = simulate(trace, quiet())
+    expected = SEARCH_S + PROFILE.prefill_s(0, 1000 + 600 + 50)
+    assert records.ttft_s[0] == pytest.approx(expected, rel=1e-12)
+    assert records.finish_s[0] == pytest.approx(expected, rel=1e-12)  # one token: done
+    assert summary["token_hit_rate"] == 0.0
+
+
+def test_decode_adds_iterations_from_the_decode_grid():
+    trace = make_trace([(0.0, [1], 10, 4)])
+    records, _ = simulate(trace, quiet())
+    context = 1000 + 10 + 1
+    decode = sum(PROFILE.decode_s(1, context + k) for k in range(3))
+    assert records.finish_s[0] - records.first_token_s[0] == pytest.approx(decode, rel=1e-12)
+    assert records.tpot_s[0] == pytest.approx(decode / 3, rel=1e-12)
+
+
+def test_two_requests_sharing_the_first_document():
+    trace = make_trace([(0.0, [1, 3], 50, 1), (10.0, [1, 4], 20, 1)])
+    records, summary = simulate(trace, quiet())
+    assert records.ttft_s[1] == pytest.approx(
+        SEARCH_S + PROFILE.prefill_s(1000, 400 + 20), rel=1e-12)
+    assert records.hit_tokens_gpu.tolist() == [0, 1000]
+    assert summary["token_hit_rate"] == pytest.approx(1000 / (1600 + 1400))
+
+
+def test_a_host_hit_pays_the_pcie_copy():
+    # GPU KV holds one request at a time: [1] is swapped out to host by [2], then hit there
+    trace = make_trace([(0.0, [1], 10, 1), (10.0, [2], 10, 1), (20.0, [1], 10, 1)])
+    config = quiet(gpu_kv_bytes=1100 * KV, host_cache_bytes=10 * 2**30)
+    records, summary = simulate(trace, config)
+    copy = PROFILE.transfers.host_to_device_s(1000 * KV)
+    assert records.hit_tokens_host.tolist() == [0, 0, 1000]
+    assert records.ttft_s[2] == pytest.approx(SEARCH_S + copy + PROFILE.prefill_s(1000, 10),
+                                              rel=1e-12)
+    overlapped, _ = simulate(trace, config.replace(overlap_swap=True))
+    assert overlapped.ttft_s[2] == pytest.approx(
+        SEARCH_S + max(copy, PROFILE.prefill_s(1000, 10)), rel=1e-12)
+    assert summary["swap_in_bytes"] == 1000 * KV
+
+
+def test_running_requests_take_gpu_memory_from_the_cache():
+    trace = make_trace([(0.0, [1], 10, 1), (10.0, [2], 10, 1), (20.0, [1], 10, 1)])
+    records, _ = simulate(trace, quiet(gpu_kv_bytes=1100 * KV))  # no host tier
+    assert records.hit_tokens_gpu.tolist() == [0, 0, 0]  # [2] needed the room [1] had
+    roomy, _ = simulate(trace, quiet(gpu_kv_bytes=2100 * KV))
+    assert roomy.hit_tokens_gpu.tolist() == [0, 0, 1000]
+
+
+def test_a_request_that_can_never_fit_fails_with_a_reason():
+    trace = make_trace([(0.0, [1], 10, 1), (1.0, [3], 10, 1)])
+    records, summary = simulate(trace, quiet(gpu_kv_bytes=900 * KV))
+    assert records.status.tolist() == ["failed", "completed"]
+    assert summary["failed_by_reason"] == {"exceeds-kv-capacity": 1}
+
+
+def test_reordering_serves_the_most_cached_request_first():
+    # Figure 10a: same recomputation, different cached lengths -> longer cached first.
+    # [3] warms the cache, a long request [1] occupies the engine, then two wait.
+    trace = make_trace([(0.0, [3], 10, 1), (5.0, [1], 2000, 1), (5.01, [2], 10, 1),
+                        (5.02, [3, 4], 10, 1)])
+    fcfs, _ = simulate(trace, quiet(max_prefill_bs=1))
+    reordered, summary = simulate(trace, quiet(max_prefill_bs=1, reorder=True))
+    assert fcfs.prefill_start_s[2] < fcfs.prefill_start_s[3]
+    assert reordered.prefill_start_s[3] < reordered.prefill_start_s[2]
+    assert summary["reordered_decisions"] == 1
+
+
+def test_request_pool_follows_figure_10_and_its_window():
+    # 10a: equal recomputation (2), cached 1 vs 3 -> Q2 first; 10b: equal cached, less compute
+    pool = RequestPool(reorder=True, window_decisions=2)
+    lengths = {"Q1": (1, 2), "Q2": (3, 2), "Q3": (1, 1)}
+    for key in lengths:
+        pool.add(key, key)
+    assert order_priority(3, 2) > order_priority(1, 2)
+    assert pool.peek(lengths.get)[0] == "Q2"
+    pool.take("Q2")
+    assert pool.peek(lengths.get)[0] == "Q3"  # 1/1 beats 1/2
+    pool.take("Q3")
+    pool.add("Q4", "Q4")
+    lengths["Q4"] = (100, 1)
+    # Q1 has waited two decisions: the window serves it before the better-cached Q4
+    assert pool.peek(lengths.get)[0] == "Q1"
+    pool.take("Q1")
+    assert pool.overdue_served == 1
+    fcfs = RequestPool(reorder=False)
+    for key in ("Q1", "Q2"):
+        fcfs.add(key, key)
+    assert fcfs.peek(lengths.get)[0] == "Q1"
+
+
+def test_algorithm_2_decisions():
+    d = on_intermediate_stage(None, [1, 2], False, pool_size=0, max_prefill_bs=4)
+    assert d.changed and d.start_new and not d.terminate_running
+    d = on_intermediate_stage([1, 2], [1, 2], True, pool_size=0, max_prefill_bs=4)
+    assert not d.changed and not d.start_new
+    d = on_intermediate_stage([1, 2], [1, 3], True, pool_size=4, max_prefill_bs=4)
+    assert d.changed and d.terminate_running and not d.start_new  # pool too full
+    assert on_final_result([1, 3], [1, 3]).keep_speculation
+    f = on_final_result([1, 2], [1, 3])
+    assert f.terminate_running and f.start_final and not f.keep_speculation
+    assert on_final_result(None, [1, 3]).start_final
+
+
+def test_speculation_that_is_right_hides_the_search():
+    trace = make_trace([(0.0, [1], 10, 1)], stages=[[[1], [1]]])
+    records, summary = simulate(trace, quiet(speculate=True, stage_source="trace",
+                                             search_s=1.0))
+    prefill = PROFILE.prefill_s(0, 1010)  # ~0.2 s: done before the search ends at 1 s
+    assert prefill < 0.5
+    assert records.ttft_s[0] == pytest.approx(1.0, rel=1e-12)  # the token waits for the search
+    assert summary["speculation_kept"] == 1 and summary["speculation_wasted_s"] == 0.0
+    slow, _ = simulate(trace, quiet(speculate=True, stage_source="trace", search_s=0.2))
+    assert slow.ttft_s[0] == pytest.approx(0.1 + prefill, rel=1e-12)  # started at stage 1
+    plain, _ = simulate(trace, quiet(speculate=False, stage_source="trace", search_s=0.2))
+    assert plain.ttft_s[0] == pytest.approx(0.2 + prefill, rel=1e-12)
+
+
+def test_speculation_that_is_wrong_is_terminated_and_its_compute_counted():
+    trace = make_trace([(0.0, [1], 10, 1)], stages=[[[2], [1]]])
+    records, summary = simulate(trace, quiet(speculate=True, stage_source="trace",
+                                             search_s=0.2, gpu_kv_bytes=10**12))
+    wrong = PROFILE.prefill_s(0, 1010)  # [2], started at 0.1 s, cannot be stopped mid-batch
+    right = PROFILE.prefill_s(0, 1010)
+    assert records.ttft_s[0] == pytest.approx(0.1 + wrong + right, rel=1e-12)
+    assert summary["speculation_kept"] == 0
+    assert summary["speculation_wasted_s"] == pytest.approx(wrong, rel=1e-12)
+    assert summary["speculation_wasted_tokens"] == 1010
+
+
+def test_speculation_starts_only_when_the_pool_has_room():
+    rows = [(0.0, [1], 3000, 1)] + [(0.01, [2], 10, 1)] * 3 + [(0.02, [3], 10, 1)]
+    stages = [[[1], [1]]] * 4 + [[[3], [3]]]
+    trace = make_trace(rows, stages=stages)
+    config = quiet(speculate=True, stage_source="trace", search_s=0.2, max_prefill_bs=2,
+                   search_workers=8)
+    records, summary = simulate(trace, config)
+    # the long first prefill keeps the others waiting: three speculations fill the pool past
+    # max_prefill_bs, so the last request does not speculate
+    assert records.speculations.tolist()[-1] == 0
+    assert summary["speculations_started"] < 5
+
+
+def test_gpu_failure_mid_run_retries_and_nothing_is_lost():
+    trace = make_trace([(0.0, [1], 10, 200), (0.5, [3], 10, 200)])
+    config = quiet(fail_gpu_at_s=(1.0,), gpu_recovery_s=2.0, retry_timeout_s=0.5)
+    records, summary = simulate(trace, config)
+    assert records.status.tolist() == ["completed", "completed"]
+    assert summary["gpu_failures"] == 1 and summary["retries"] == 2
+    assert (records.finish_s > 3.0).all()  # finished after the recovery
+    assert records.first_token_s[0] < 1.0  # the first token was already out: TTFT kept
+    assert records.attempts.tolist() == [2, 2]
+    gave_up, summary = simulate(trace, config.replace(max_retries=0))
+    assert gave_up.status.tolist() == ["failed", "failed"]
+    assert summary["failed_by_reason"] == {"gpu-failure-retries-exhausted": 2}
+
+
+def test_gpu_failure_keeps_host_copies_for_recovery():
+    trace = make_trace([(0.0, [1], 10, 1), (10.0, [2], 10, 1), (30.0, [1], 10, 1)])
+    config = quiet(gpu_kv_bytes=1100 * KV, host_cache_bytes=10 * 2**30,
+                   fail_gpu_at_s=(20.0,))
+    records, summary = simulate(trace, config)
+    assert records.hit_tokens_host.tolist() == [0, 0, 1000]  # [1] survived in host memory
+    assert summary["gpu_failure_lost_bytes"] == 1000 * KV  # [2] was only in GPU
+
+
+def test_replay_and_run_agree_when_run_serves_one_request_at_a_time():
+    base = resolve_trace("mmlu", n_requests=400)
+    trace = dataclasses.replace(base, query_tokens=np.zeros(400, np.int64),
+                                output_tokens=np.ones(400, np.int64),
+                                arrival_s=np.arange(400, dtype=float) * 100.0)
+    gpu, host = 40_000 * KV, 120_000 * KV
+    for policy in ("pgdsf", "lru", "lfu"):
+        run = run_simulation(trace, quiet(policy=policy, gpu_kv_bytes=gpu, host_cache_bytes=host,
+                                          max_batch_size=1, max_prefill_bs=1), PROFILE)
+        replay = run_replay(trace, ReplayConfig(trace="mmlu", policy=policy,
+                                                kv_bytes_per_token=KV, gpu_capacity_bytes=gpu,
+                                                host_capacity_bytes=host), PROFILE)
+        for column in ("hit_tokens_gpu", "hit_tokens_host", "recomputed_tokens"):
+            assert run.columns[column].tolist() == replay.columns[column].tolist(), policy
+        assert run.summary["token_hit_rate"] > 0.2
+
+
+def _comparable(summary: dict) -> dict:
+    wall = {"elapsed_s", "sim_requests_per_wall_s", "sim_s_per_wall_s",
+            "scheduler_overhead_ms_per_decision"}
+    return {k: v for k, v in summary.items() if k not in wall}
+
+
+def test_same_seed_same_result_and_another_seed_differs():
+    trace = resolve_trace("mmlu", n_requests=300)
+    config = build_config({"rate_rps": 1.5, "seed": 3, "gpu_failure_rate_per_h": 20.0})
+    a = run_simulation(trace, config, PROFILE)
+    b = run_simulation(trace, config, PROFILE)
+    assert _comparable(a.summary) == _comparable(b.summary)
+    assert a.records.equals(b.records)
+    c = run_simulation(trace, config.replace(seed=4), PROFILE)
+    assert not np.array_equal(a.columns["arrival_s"], c.columns["arrival_s"])
+
+
+rows = st.lists(st.tuples(st.floats(0, 3), st.lists(st.sampled_from([1, 2, 3, 4]), min_size=1,
+                                                      max_size=3, unique=True),
+                          st.integers(0, 300), st.integers(0, 40)), min_size=1, max_size=25)
+knobs = st.fixed_dictionaries({
+    "system": st.sampled_from(["vllm", "vllm-apc", "sglang", "ragcache"]),
+    "policy": st.sampled_from(["pgdsf", "gdsf", "lru", "lfu", "fifo"]),
+    "gpu_kv_bytes": st.integers(1500, 6000).map(lambda t: t * KV),
+    "host_cache_bytes": st.sampled_from([0, 3000 * KV]),
+    "max_prefill_bs": st.integers(1, 4),
+    "max_batch_size": st.integers(1, 8),
+    "reorder": st.booleans(),
+    "speculate": st.booleans(),
+    "reorder_window": st.integers(1, 5),
+    "fail_gpu_at_s": st.lists(st.floats(0, 5), max_size=2).map(tuple),
+    "max_retries": st.integers(0, 2),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows, knobs)
+def test_every_arrival_ends_exactly_once_and_capacity_holds(rows, knobs):
+    rows = sorted(rows, key=lambda r: r[0])
+    trace = make_trace(rows)
+    config = build_config({**knobs, "search_s": 0.1, "stage_source": "synthetic",
+                           "retry_timeout_s": 0.2, "gpu_recovery_s": 0.5})
+    sim = Simulation(trace, config, PROFILE)
+    tree = sim.tree
+    start = sim.engine._start
+
+    def watched(job):  # capacity is checked whenever a request takes memory
+        start(job)
+        assert tree.gpu_used_bytes <= tree.gpu_capacity_bytes
+        assert tree.host_used_bytes <= tree.host_capacity_bytes
+        assert tree.pinned_gpu_bytes + tree.reserved_gpu_bytes <= tree.gpu_capacity_bytes
+
+    sim.engine._start = watched
+    result = sim.run()
+    status = result.columns["status"]
+    assert set(status) <= {"completed", "failed"}
+    assert (status == "completed").sum() + (status == "failed").sum() == trace.n_requests
+    done = status == "completed"
+    assert (result.columns["first_token_s"][done] >= result.columns["search_end_s"][done]).all()
+    assert (result.columns["finish_s"][done] >= result.columns["first_token_s"][done]).all()
+    sim.tree.check_invariants()
+    assert sim.tree.reserved_gpu_bytes == 0
+    assert sim.tree.pinned_gpu_bytes == sim.tree.root.size_bytes
+    assert not math.isnan(result.summary["simulated_s"])
+
+
+def test_bad_configuration_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="policy"):
+        build_config({"policy": "belady"})
+    with pytest.raises(ConfigError, match="max_prefill_bs"):
+        build_config({"max_prefill_bs": 0})
+    with pytest.raises(ConfigError, match="unknown system"):
+        build_config({"system": "tgi"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[run]\nsearch_s = "fast"\n')
+    from ragsim.sim.config import load_config_file
+
+    with pytest.raises(ConfigError, match=r"bad.toml.*search_s"):
+        build_config({}, base=load_config_file(bad), source=str(bad))
+    bad.write_text('[run]\nhost_mem = "8GiB"\n')
+    with pytest.raises(ConfigError, match="host_mem"):
+        build_config({}, base=load_config_file(bad), source=str(bad))
