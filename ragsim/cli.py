@@ -105,6 +105,8 @@ def run(
                              ] = None,
     stage_source: Annotated[str | None, _opt("Intermediate lists: auto, trace, synthetic, none.")
                             ] = None,
+    stage_converge_p: Annotated[float | None, _opt("Synthetic stages: chance that a stage "
+                                                   "finds the final list.")] = None,
     rate: Annotated[float | None, _opt("Re-time arrivals at R requests/s.")] = None,
     arrival: Annotated[str | None, _opt("trace, poisson or gamma (with --rate).")] = None,
     cv: Annotated[float | None, _opt("Gamma arrivals' coefficient of variation.")] = None,
@@ -141,6 +143,7 @@ def run(
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
+        "stage_converge_p": stage_converge_p,
         "rate_rps": rate, "arrival": arrival, "cv": cv,
         "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
         "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,

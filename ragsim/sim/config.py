@@ -65,6 +65,7 @@ class SimConfig:
     search_s: float = 0.05  # one request's full search on one worker
     search_stages: int = 4
     stage_source: str = "auto"  # auto: the trace's stages if present, else synthetic
+    stage_converge_p: float = 0.5  # synthetic stages: chance a stage finds the final list
     speculate: bool = True
     # engine
     overlap_swap: bool = False  # host->GPU KV loads overlapped with the prefill's compute
@@ -185,6 +186,7 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "a re-timed arrival process needs a positive rate", source)
     _check(c.rate_rps is None or c.rate_rps > 0, "rate_rps", "must be > 0", source)
     _check(c.cv > 0, "cv", "must be > 0", source)
+    _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     _check(c.stage_source in STAGE_SOURCES, "stage_source",
            f"must be one of {', '.join(STAGE_SOURCES)}", source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",

@@ -7,10 +7,14 @@ the last stage's is the request's final list (the trace's ``doc_ids``).
 Where the intermediate lists come from (``stage_source``):
 
 * ``trace``: the trace's ``stages`` column (recorded by a real staged faiss search);
-* ``synthetic``: an explicit model for traces that carry no stages. The final list first
-  appears at a stage drawn uniformly from 1..stages (seeded); every earlier stage returns the
-  final list with its last document replaced by another document of the corpus. It is a
-  stand-in with one documented assumption, not a measurement; real staged traces replace it;
+* ``synthetic``: an explicit model for traces that carry no stages. Each stage finds the
+  final list with probability ``converge_p`` if no earlier stage has (geometric, seeded; the
+  last stage always holds it), reflecting that approximate search often reaches its final
+  top-k early (Li et al., SIGMOD 2020, the observation speculation rests on); every earlier
+  stage returns the final list with its last document replaced by another document of the
+  corpus. With the default 0.5 and 4 stages, half the requests have their final list after
+  the first stage. It is a stand-in with one stated assumption, not a measurement; real staged
+  traces replace it;
 * ``none``: no intermediate lists (speculation has nothing to start from);
 * ``auto``: ``trace`` when the trace has stages, else ``synthetic``.
 
@@ -31,7 +35,7 @@ class StagedSearch:
     """Per-request stage lists and timing, precomputed compactly (no per-stage Python lists)."""
 
     def __init__(self, trace: Trace, final_of, *, stages: int,
-                 search_s: float, source: str, seed: int) -> None:
+                 search_s: float, source: str, seed: int, converge_p: float = 0.5) -> None:
         if source == "auto":
             source = "trace" if trace.stages is not None else "synthetic"
         if source == "trace" and trace.stages is None:
@@ -52,7 +56,7 @@ class StagedSearch:
         rng = np.random.default_rng([seed, 0x5EA7C4])
         if source == "synthetic":
             # the stage (1-based) at which the final list first appears
-            self._first_final = rng.integers(1, stages + 1, size=n)
+            self._first_final = np.minimum(rng.geometric(converge_p, size=n), stages)
             documents = trace.document_ids
             self._replacement = documents[rng.integers(0, len(documents), size=n)]
             self._replacement_alt = documents[rng.integers(0, len(documents), size=n)]

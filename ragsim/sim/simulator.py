@@ -88,7 +88,7 @@ class Simulation(EngineHooks):
         self._output = trace.output_tokens.tolist()
         self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
                                    search_s=config.search_s, source=config.stage_source,
-                                   seed=config.seed)
+                                   seed=config.seed, converge_p=config.stage_converge_p)
         if config.arrival == "trace":
             self.arrival_s = trace.arrival_s.astype(float)
         else:
