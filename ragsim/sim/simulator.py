@@ -94,26 +94,25 @@ class Simulation(EngineHooks):
         else:
             self.arrival_s = arrival_times(n, config.rate_rps, process=config.arrival,
                                            cv=config.cv, seed=config.seed)
-        nan = math.nan
-        self.r_search_start = [nan] * n
-        self.r_search_end = [nan] * n
-        self.r_prefill_start = [nan] * n
-        self.r_first_token = [nan] * n
-        self.r_finish = [nan] * n
-        self.r_status = [PENDING] * n
-        self.r_reason = [0] * n
-        self.r_attempts = [0] * n
-        self.r_cached = [0] * n
-        self.r_hit_gpu = [0] * n
-        self.r_hit_host = [0] * n
-        self.r_recomputed = [0] * n
-        self.r_swap_in = [0] * n
-        self.r_spec_started = [0] * n
-        self.r_spec_kept = [False] * n
-        self.r_spec_wasted_s = [0.0] * n
-        self.r_generated = [0] * n
+        # per-request records: preallocated columns (numpy), so a 1M-request run stays small
+        self.r_search_start = np.full(n, np.nan)
+        self.r_search_end = np.full(n, np.nan)
+        self.r_prefill_start = np.full(n, np.nan)
+        self.r_first_token = np.full(n, np.nan)
+        self.r_finish = np.full(n, np.nan)
+        self.r_status = np.full(n, PENDING, dtype=np.int8)
+        self.r_reason = np.zeros(n, dtype=np.int8)
+        self.r_attempts = np.zeros(n, dtype=np.int64)
+        self.r_cached = np.zeros(n, dtype=np.int64)
+        self.r_hit_gpu = np.zeros(n, dtype=np.int64)
+        self.r_hit_host = np.zeros(n, dtype=np.int64)
+        self.r_recomputed = np.zeros(n, dtype=np.int64)
+        self.r_swap_in = np.zeros(n, dtype=np.int64)
+        self.r_spec_started = np.zeros(n, dtype=np.int64)
+        self.r_spec_kept = np.zeros(n, dtype=bool)
+        self.r_spec_wasted_s = np.zeros(n)
+        self.r_generated: dict[int, int] = {}  # tokens generated before a retry (rare)
         self._active_spec: dict[int, Job] = {}  # request -> its live speculative job
-        self._search_done = [False] * n
         self._next_key = 0
         self.ended = 0
         self.all_ended = self.env.event()
@@ -142,7 +141,7 @@ class Simulation(EngineHooks):
 
     def _new_job(self, i: int, docs: list, speculative: bool) -> Job:
         self._next_key += 1
-        generated = self.r_generated[i]
+        generated = self.r_generated.get(i, 0)
         return Job(self._next_key, i, docs, self._doc_tokens_of(i, docs),
                    self._query[i] + generated, max(self._output[i] - generated, 1),
                    speculative, generated)
@@ -203,7 +202,6 @@ class Simulation(EngineHooks):
                     current = found
                 yield env.timeout(stage_s)
         self.r_search_end[i] = env.now
-        self._search_done[i] = True
         final = self._final_docs(i)
         active = self._active_spec.pop(i, None)
         d = speculation.on_final_result(None if active is None else active.docs, final)
@@ -272,7 +270,6 @@ class Simulation(EngineHooks):
         if math.isnan(self.r_first_token[i]):  # a parked speculation confirmed just now
             self.r_first_token[i] = self.env.now
             self._record_hits(job)
-        self.r_generated[i] = job.generated
         self.r_attempts[i] += 1
         self._end(i, COMPLETED)
 
@@ -287,7 +284,7 @@ class Simulation(EngineHooks):
             return
         # a final job lost to a GPU failure: retry after the timeout, or give up
         self.r_attempts[i] += 1
-        self.r_generated[i] = max(self.r_generated[i], job.generated)
+        self.r_generated[i] = max(self.r_generated.get(i, 0), job.generated)
         if self.r_attempts[i] > self.config.max_retries:
             self._end(i, FAILED, 1)
             return
@@ -317,29 +314,28 @@ class Simulation(EngineHooks):
         return SimResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:
-        f = np.asarray
         cols = {
             "request_id": self.trace.request_id,
             "arrival_s": self.arrival_s,
-            "search_start_s": f(self.r_search_start, dtype=float),
-            "search_end_s": f(self.r_search_end, dtype=float),
-            "prefill_start_s": f(self.r_prefill_start, dtype=float),
-            "first_token_s": f(self.r_first_token, dtype=float),
-            "finish_s": f(self.r_finish, dtype=float),
-            "status": np.array(["pending", "completed", "failed"])[f(self.r_status)],
-            "fail_reason": np.array(FAIL_REASONS)[f(self.r_reason)],
-            "attempts": f(self.r_attempts, dtype=np.int64),
+            "search_start_s": self.r_search_start,
+            "search_end_s": self.r_search_end,
+            "prefill_start_s": self.r_prefill_start,
+            "first_token_s": self.r_first_token,
+            "finish_s": self.r_finish,
+            "status": np.array(["pending", "completed", "failed"])[self.r_status],
+            "fail_reason": np.array(FAIL_REASONS)[self.r_reason],
+            "attempts": self.r_attempts,
             "doc_tokens": np.zeros(self.n, dtype=np.int64),
             "query_tokens": self.trace.query_tokens,
             "output_tokens": self.trace.output_tokens,
-            "cached_tokens": f(self.r_cached, dtype=np.int64),
-            "hit_tokens_gpu": f(self.r_hit_gpu, dtype=np.int64),
-            "hit_tokens_host": f(self.r_hit_host, dtype=np.int64),
-            "recomputed_tokens": f(self.r_recomputed, dtype=np.int64),
-            "swap_in_bytes": f(self.r_swap_in, dtype=np.int64),
-            "speculations": f(self.r_spec_started, dtype=np.int64),
-            "speculation_kept": f(self.r_spec_kept, dtype=bool),
-            "speculation_wasted_s": f(self.r_spec_wasted_s, dtype=float),
+            "cached_tokens": self.r_cached,
+            "hit_tokens_gpu": self.r_hit_gpu,
+            "hit_tokens_host": self.r_hit_host,
+            "recomputed_tokens": self.r_recomputed,
+            "swap_in_bytes": self.r_swap_in,
+            "speculations": self.r_spec_started,
+            "speculation_kept": self.r_spec_kept,
+            "speculation_wasted_s": self.r_spec_wasted_s,
         }
         offsets = self.trace.doc_offsets
         ends = offsets[1:]
