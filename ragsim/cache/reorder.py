@@ -16,7 +16,7 @@ the function that tells a request's cached and computation lengths.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -56,12 +56,6 @@ class RequestPool(Generic[Item]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
-
-    def __iter__(self) -> Iterator[Item]:
-        return (item for _, item in self._entries.values())
 
     def add(self, key: Hashable, item: Item) -> None:
         if key in self._entries:

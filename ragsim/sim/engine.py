@@ -50,7 +50,6 @@ class Job:
         "generated",
         "hit_gpu",
         "hit_host",
-        "in_iteration",
         "iter_at_join",
         "key",
         "output_tokens",
@@ -89,7 +88,6 @@ class Job:
         self.prefill_start_s = self.first_token_s = self.finish_s = -1.0
         # KV the job needs at its peak: its context plus every generated token but the last
         self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens - 1, 0)
-        self.in_iteration = False
 
 
 class EngineHooks:
@@ -219,10 +217,10 @@ class Engine:
 
     # ------------------------------------------------------------------ scheduling
     def _lengths(self, job: Job) -> tuple[int, int]:
-        matched, _, _ = self.tree.match_prefix(job.docs)
-        cached = self.tree.system_prompt_tokens + sum(job.doc_tokens[:matched])
-        docs_cached = cached - self.tree.system_prompt_tokens
-        return cached, sum(job.doc_tokens) + job.query_tokens - docs_cached
+        """(cached, to compute) tokens of the job's context now: reordering's two lengths."""
+        cached = self.tree.cached_prefix_tokens(job.docs, job.doc_tokens)
+        context = self.tree.system_prompt_tokens + sum(job.doc_tokens) + job.query_tokens
+        return cached, context - cached
 
     def _admit(self) -> list[Job]:
         """Take requests from the pool into one prefill batch (None fits: an empty list)."""
@@ -241,7 +239,7 @@ class Engine:
             key, job = pool.peek(lengths)
             need_bytes = job.footprint_tokens * kv
             if need_bytes > tree.gpu_available_bytes:
-                if not batch and not self._decoding and not self._current:
+                if not batch and not self._decoding:
                     # nothing runs that could free memory: it can never fit
                     pool.take(key)
                     job.done = True
@@ -282,7 +280,6 @@ class Engine:
         if not tree.reserve_gpu(job.reserved_bytes):  # admission checked the whole footprint
             raise AssertionError("KV reservation failed after admission")
         job.prefill_start_s = self.env.now
-        job.in_iteration = True
 
     def _prefill_time(self, batch: list[Job]) -> float:
         if len(batch) == 1:
@@ -303,7 +300,6 @@ class Engine:
     def _after_prefill(self, batch: list[Job], duration: float) -> None:
         now = self.env.now
         for job in batch:
-            job.in_iteration = False
             if job.terminated:
                 continue  # handled by _apply_terminations below
             job.first_token_s = now
@@ -382,7 +378,6 @@ class Engine:
         for job in victims:
             if job in self._decoding:
                 self._leave_decoding(job)
-            job.in_iteration = False
             self._release(job)
         self._terminate = []
         self._finish_heap = []

@@ -6,19 +6,19 @@ Per-request results are kept in columns (numpy), so a million requests stay chea
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
+from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
+from ragsim.sim.gc_pause import cyclic_gc_paused
 from ragsim.traces.schema import Trace
 
 Progress = Callable[[int], None]  # called with the number of requests done so far
@@ -72,23 +72,6 @@ def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
     }
 
 
-@contextmanager
-def _cyclic_gc_paused():
-    """Pause the cyclic garbage collector while a replay allocates millions of tree nodes.
-
-    Nodes point to their parents and children, so every collection would walk the whole tree
-    again (profiling showed an eighth of replay time in it); reference counting still frees
-    what dies, and the collector runs as usual afterwards.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
                 progress: Progress | None = None) -> tuple[dict[str, np.ndarray], dict]:
     policy = make_policy(config.policy)
@@ -105,7 +88,7 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
     )
     n = trace.n_requests
     out = np.zeros((5, n), dtype=np.int64)
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         ids = trace.doc_ids.tolist()
         toks = trace.doc_tokens_flat.tolist()
         offsets = trace.doc_offsets.tolist()
@@ -141,7 +124,7 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
     offsets = trace.doc_offsets
     n = trace.n_requests
     hits = bytearray()
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         keys = trace.doc_ids.tolist()
         sizes = tokens_flat * config.kv_bytes_per_token
         tokens = tokens_flat.tolist() if cost_per_token is not None else None
@@ -202,13 +185,7 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         "recomputed_tokens": int(records["recomputed_tokens"].sum()),
         "swap_in_bytes": int(records["swap_in_bytes"].sum()),
         **{k: counters.pop(k) for k in ("swap_out_bytes", "evictions_gpu", "evictions_host")},
-        "token_hit_rate": (hit_gpu + hit_host) / doc_tokens if doc_tokens else 0.0,
-        "token_hit_rate_gpu": hit_gpu / doc_tokens if doc_tokens else 0.0,
-        "token_hit_rate_host": hit_host / doc_tokens if doc_tokens else 0.0,
-        "request_hit_rate": float(hit_any.mean()) if len(hit_any) else 0.0,
-        # vLLM's metric names for the same quantities (tokens queried / tokens hit)
-        "prefix_cache_queries": doc_tokens,
-        "prefix_cache_hits": hit_gpu + hit_host,
+        **hit_rate_fields(doc_tokens, hit_gpu, hit_host, hit_any),
         "elapsed_s": elapsed,
         "requests_per_s": trace.n_requests / elapsed if elapsed > 0 else float("inf"),
         **counters,

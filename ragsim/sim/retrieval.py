@@ -27,7 +27,9 @@ bandwidth. It is an assumption to replace with a measured retrieval profile.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.compute as pc
 
+from ragsim.errors import ConfigError
 from ragsim.traces.schema import Trace
 
 
@@ -39,8 +41,6 @@ class StagedSearch:
         if source == "auto":
             source = "trace" if trace.stages is not None else "synthetic"
         if source == "trace" and trace.stages is None:
-            from ragsim.errors import ConfigError
-
             raise ConfigError("the trace has no 'stages' column", field="stage_source")
         self.source = source
         self.search_s = search_s
@@ -48,8 +48,9 @@ class StagedSearch:
         n = trace.n_requests
         if source == "trace":
             self._trace_stages = trace.stages
-            self.stages_per_request = np.array(
-                [max(1, len(s)) for s in trace.stages.to_pylist()], dtype=np.int64)
+            self._open_lists: dict[int, list] = {}  # requests searching now -> their stages
+            lengths = pc.fill_null(pc.list_value_length(trace.stages), 0).to_numpy()
+            self.stages_per_request = np.maximum(lengths.astype(np.int64), 1)
         else:
             self._trace_stages = None
             self.stages_per_request = np.full(n, stages, dtype=np.int64)
@@ -74,8 +75,12 @@ class StagedSearch:
         if self.source == "none":
             return None
         if self.source == "trace":
-            lists = self._trace_stages[i].as_py()
-            return [int(d) for d in lists[stage - 1]][: len(final)] if lists else None
+            lists = self._open_lists.get(i)
+            if lists is None:  # converted once per request, dropped at its last stage
+                lists = self._open_lists[i] = self._trace_stages[i].as_py()
+            if stage == n - 1:
+                del self._open_lists[i]
+            return list(lists[stage - 1][: len(final)])
         if stage >= self._first_final[i]:
             return final
         if not final:

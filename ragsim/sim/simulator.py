@@ -28,8 +28,9 @@ from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.sim.config import SimConfig
 from ragsim.sim.engine import Engine, EngineHooks, Job
-from ragsim.sim.replay import _cyclic_gc_paused
+from ragsim.sim.gc_pause import cyclic_gc_paused
 from ragsim.sim.retrieval import StagedSearch
+from ragsim.sim.summary import summarize
 from ragsim.traces.retime import arrival_times
 from ragsim.traces.schema import Trace
 
@@ -221,25 +222,20 @@ class Simulation(EngineHooks):
             del self._active_spec[i]
         self.engine.terminate(job)
 
-    def _faults(self):
+    def _failures_at_given_times(self):
         env = self.env
-        config = self.config
-        times = sorted(config.fail_gpu_at_s)
-        if config.gpu_failure_rate_per_h > 0:
-            rng = np.random.default_rng([config.seed, 0xFA17])
-            horizon = float(self.arrival_s[-1]) * 2 + 3600 if self.n else 0.0
-            t, mean = 0.0, 3600.0 / config.gpu_failure_rate_per_h
-            while True:
-                t += float(rng.exponential(mean))
-                if t > horizon:
-                    break
-                times.append(t)
-            times.sort()
-        for t in times:
+        for t in sorted(self.config.fail_gpu_at_s):
             if t > env.now:
                 yield env.timeout(t - env.now)
-            if self.ended < self.n:
-                self.engine.fail_gpu()
+            self.engine.fail_gpu()
+
+    def _failures_at_a_rate(self):
+        """Poisson GPU failures for as long as the run lasts (it stops when all requests end)."""
+        rng = np.random.default_rng([self.config.seed, 0xFA17])
+        mean_s = 3600.0 / self.config.gpu_failure_rate_per_h
+        while True:
+            yield self.env.timeout(float(rng.exponential(mean_s)))
+            self.engine.fail_gpu()
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
@@ -303,13 +299,14 @@ class Simulation(EngineHooks):
         started = time.perf_counter()
         if self.n:
             self.env.process(self._arrivals())
-            self.env.process(self._faults())
-            with _cyclic_gc_paused():
+            if self.config.fail_gpu_at_s:
+                self.env.process(self._failures_at_given_times())
+            if self.config.gpu_failure_rate_per_h > 0:
+                self.env.process(self._failures_at_a_rate())
+            with cyclic_gc_paused():
                 self.env.run(until=self.all_ended)
         elapsed = time.perf_counter() - started
         columns = self._columns()
-        from ragsim.sim.summary import summarize
-
         summary = summarize(self, columns, elapsed)
         return SimResult(config=self.config, columns=columns, summary=summary)
 

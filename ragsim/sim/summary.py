@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ragsim.cache.hit_rates import hit_rate_fields
+
 if TYPE_CHECKING:
     from ragsim.sim.simulator import Simulation
 
@@ -60,12 +62,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) ->
         **_stats(cols["e2e_s"], "e2e"),
         "throughput_rps": n_done / span_s,
         "throughput_tokens_s": output_tokens / span_s,
-        "token_hit_rate": (hit_gpu + hit_host) / doc_tokens if doc_tokens else 0.0,
-        "token_hit_rate_gpu": hit_gpu / doc_tokens if doc_tokens else 0.0,
-        "token_hit_rate_host": hit_host / doc_tokens if doc_tokens else 0.0,
-        "request_hit_rate": float(hit_any.mean()) if len(hit_any) else 0.0,
-        "prefix_cache_queries": doc_tokens,
-        "prefix_cache_hits": hit_gpu + hit_host,
+        **hit_rate_fields(doc_tokens, hit_gpu, hit_host, hit_any),
         "recomputed_tokens": int(cols["recomputed_tokens"][served].sum()),
         "swap_in_bytes": int(tree.swap_in_bytes),
         "swap_out_bytes": int(tree.swap_out_bytes),
