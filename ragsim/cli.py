@@ -115,6 +115,8 @@ def run(
     gpu_failure_rate: Annotated[float | None, _opt("GPU failures per hour (Poisson).")] = None,
     gpu_recovery: Annotated[float | None, _opt("Seconds the GPU is down after a failure.")
                             ] = None,
+    host_replicas: Annotated[int | None, _opt("Upper nodes kept replicated in host memory.")
+                             ] = None,
     retry_timeout: Annotated[float | None, _opt("Seconds before a failed request is retried.")
                              ] = None,
     max_retries: Annotated[int | None, _opt("Retries before a request fails for good.")] = None,
@@ -147,7 +149,8 @@ def run(
         "rate_rps": rate, "arrival": arrival, "cv": cv,
         "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
         "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
-        "retry_timeout_s": retry_timeout, "max_retries": max_retries,
+        "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
+        "max_retries": max_retries,
         "n_requests": requests, "seed": seed,
     }
     config = build_config(flags, base=base,

@@ -45,7 +45,7 @@ def make_trace(rows: list[tuple[float, list[int], int, int]], stages=None):
 def quiet(**overrides):
     """ragcache without the parts a scenario does not test."""
     base = dict(system="ragcache", speculate=False, reorder=False, search_s=SEARCH_S,
-                search_workers=4, stage_source="none", host_cache_bytes=0)
+                search_workers=4, stage_source="none", host_cache_bytes=0, host_replicas=0)
     return build_config({**base, **overrides})
 
 
@@ -272,6 +272,7 @@ knobs = st.fixed_dictionaries({
     "reorder_window": st.integers(1, 5),
     "fail_gpu_at_s": st.lists(st.floats(0, 5), max_size=2).map(tuple),
     "max_retries": st.integers(0, 2),
+    "host_replicas": st.sampled_from([0, 2]),
 })
 
 
@@ -281,7 +282,8 @@ def test_every_arrival_ends_exactly_once_and_capacity_holds(rows, knobs):
     rows = sorted(rows, key=lambda r: r[0])
     trace = make_trace(rows)
     config = build_config({**knobs, "search_s": 0.1, "stage_source": "synthetic",
-                           "retry_timeout_s": 0.2, "gpu_recovery_s": 0.5})
+                           "retry_timeout_s": 0.2, "gpu_recovery_s": 0.5,
+                           "replicate_every_s": 0.5})
     sim = Simulation(trace, config, PROFILE)
     tree = sim.tree
     start = sim.engine._start
@@ -322,3 +324,15 @@ def test_bad_configuration_names_the_field(tmp_path):
     bad.write_text('[run]\nhost_mem = "8GiB"\n')
     with pytest.raises(ConfigError, match="host_mem"):
         build_config({}, base=load_config_file(bad), source=str(bad))
+
+
+def test_host_replicas_turn_a_post_failure_recompute_into_a_host_hit():
+    trace = make_trace([(0.0, [1], 10, 1), (30.0, [1], 10, 1)])
+    base = dict(host_cache_bytes=10 * 2**30, fail_gpu_at_s=(20.0,), gpu_recovery_s=1.0)
+    without, _ = simulate(trace, quiet(**base))
+    assert without.hit_tokens_host[1] == 0 and without.recomputed_tokens[1] == 1000
+    with_replicas, summary = simulate(trace, quiet(**base, host_replicas=4,
+                                                   replicate_every_s=5.0))
+    assert with_replicas.hit_tokens_host[1] == 1000
+    assert summary["replica_bytes"] == 1000 * KV
+    assert with_replicas.ttft_s[1] < without.ttft_s[1]

@@ -254,3 +254,20 @@ def test_gpu_failure_invalidates_host_copies_below_a_lost_gpu_node():
     kt.check_invariants()
     assert kt.tier_of([1]) == Tier.NONE and kt.tier_of([1, 4]) == Tier.NONE
     assert lost == 300 and kt.host_used_bytes == 0
+
+
+def test_replicas_of_the_most_used_upper_nodes_survive_a_gpu_failure():
+    kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=1000, host_capacity_bytes=150,
+                       kv_bytes_per_token=1)
+    kt.access([1], [100])
+    kt.access([1], [100])  # the most retrieved
+    kt.access([2], [100])
+    kt.access([3, 4], [100, 100])  # only first-level nodes are replicated
+    assert kt.replicate_upper_nodes(2) == 100  # room for one: the second may not evict it
+    assert kt.replica_bytes == 100 and kt.tier_of([1]) == Tier.GPU
+    kt.check_invariants()
+    kt.fail_gpu()
+    assert kt.tier_of([1]) == Tier.HOST
+    assert [kt.tier_of(k) for k in ([2], [3], [3, 4])] == [Tier.NONE] * 3
+    assert kt.replicate_upper_nodes(2) == 0  # nothing left in GPU to replicate
+    kt.check_invariants()

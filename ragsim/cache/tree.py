@@ -183,6 +183,7 @@ class KnowledgeTree:
     evictions_host = cython.declare(cython.longlong, visibility="public")
     swap_in_bytes = cython.declare(cython.longlong, visibility="public")
     swap_out_bytes = cython.declare(cython.longlong, visibility="public")
+    replica_bytes = cython.declare(cython.longlong, visibility="public")
     dropped_bytes = cython.declare(cython.longlong, visibility="public")
     admission_failures = cython.declare(cython.longlong, visibility="public")
     pinned_gpu_bytes = cython.declare(cython.longlong, visibility="public")
@@ -257,6 +258,7 @@ class KnowledgeTree:
         self.evictions_host = 0
         self.swap_in_bytes = 0
         self.swap_out_bytes = 0
+        self.replica_bytes = 0
         self.dropped_bytes = 0
         self.admission_failures = 0
         self.node_count = 1
@@ -509,6 +511,42 @@ class KnowledgeTree:
             raise ValueError(f"cannot free {n_bytes} of {self.reserved_gpu_bytes} reserved bytes")
         self.gpu_used_bytes -= n_bytes
         self.reserved_gpu_bytes -= n_bytes
+
+    def replicate_upper_nodes(self, max_nodes: int) -> int:
+        """Give the ``max_nodes`` most retrieved first-level GPU nodes a host copy now.
+
+        RAGCache's fault tolerance: the upper nodes are the most shared, so keeping host
+        replicas of them lets a failed GPU recover them with a copy instead of a prefill. A
+        replica is the same host copy swap-out-only-once makes (a later GPU eviction copies
+        nothing); it takes host memory like any host node and can be evicted like one.
+        Returns the bytes copied (GPU->host), also added to ``replica_bytes``.
+        """
+        if max_nodes <= 0 or self.root.children is None:
+            return 0
+        n: Node
+        candidates = [item for item in self.root.children.values()
+                      if cython.cast(Node, item).in_gpu]
+        candidates.sort(key=lambda item: (-item.frequency, -item.last_access))
+        copied: cython.longlong = 0
+        held: list = []  # pinned while this runs, so one replica never evicts another
+        for item in candidates[:max_nodes]:
+            n = item
+            n.pins += 1
+            if n.pins == 1:
+                self.pinned_gpu_bytes += n.size_bytes
+            held.append(n)
+            if n.host_copy:
+                continue
+            if not self._make_room(False, n.size_bytes):
+                break
+            n.host_copy = True
+            self.host_used_bytes += n.size_bytes
+            n.priority_host = self.clock_host + n.value
+            self._sync(n)
+            copied += n.size_bytes
+        self.release(held)
+        self.replica_bytes += copied
+        return copied
 
     def fail_gpu(self) -> int:
         """The GPU failed: every GPU node loses its KV; returns the bytes that are gone for good.

@@ -74,6 +74,8 @@ class SimConfig:
     # faults
     fail_gpu_at_s: tuple[float, ...] = ()
     gpu_failure_rate_per_h: float = 0.0
+    host_replicas: int = 0  # upper nodes kept replicated in host memory (fault tolerance)
+    replicate_every_s: float = 10.0
     gpu_recovery_s: float = 10.0
     retry_timeout_s: float = 1.0
     max_retries: int = 3
@@ -101,14 +103,14 @@ SYSTEM_PRESETS: dict[str, dict] = {
     "sglang": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=False,
                    speculate=False),
     "ragcache": dict(cache=True, policy="pgdsf", host_cache_bytes=192 * GiB, reorder=True,
-                     speculate=True),
+                     speculate=True, host_replicas=32),
 }
 SYSTEM_DESCRIPTIONS = {
     "vllm": "vLLM v0.3 (the paper's baseline): continuous batching, no cross-request KV reuse",
     "vllm-apc": "vLLM with automatic prefix caching: GPU blocks of 16 tokens, LRU",
     "sglang": "SGLang: GPU radix tree over token prefixes, LRU, no host tier",
     "ragcache": "RAGCache: knowledge tree in GPU + host, PGDSF, cache-aware reordering, "
-                "dynamic speculative pipelining",
+                "dynamic speculative pipelining, host replicas of the upper nodes",
 }
 
 
@@ -203,6 +205,7 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "a re-timed arrival process needs a positive rate", source)
     _check(c.rate_rps is None or c.rate_rps > 0, "rate_rps", "must be > 0", source)
     _check(c.cv > 0, "cv", "must be > 0", source)
+    _check(c.replicate_every_s > 0, "replicate_every_s", "must be > 0", source)
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     _check(c.stage_source in STAGE_SOURCES, "stage_source",
            f"must be one of {', '.join(STAGE_SOURCES)}", source)
@@ -210,7 +213,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
                  "max_batched_tokens", "reorder_window", "reorder_scan", "prefix_block_tokens"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "gpu_failure_rate_per_h",
-                 "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed"):
+                 "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
+                 "host_replicas"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)
     _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
     _check(c.top_k is None or c.top_k >= 1, "top_k", "must be >= 1", source)

@@ -237,6 +237,13 @@ class Simulation(EngineHooks):
             yield self.env.timeout(float(rng.exponential(mean_s)))
             self.engine.fail_gpu()
 
+    def _replicate_upper_nodes(self):
+        """Fault tolerance: keep host replicas of the most retrieved upper nodes, periodically
+        (the GPU->host copies run beside compute; their bytes are reported)."""
+        while True:
+            yield self.env.timeout(self.config.replicate_every_s)
+            self.tree.replicate_upper_nodes(self.config.host_replicas)
+
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
         self._submit(self._new_job(i, self._final_docs(i), speculative=False))
@@ -303,6 +310,8 @@ class Simulation(EngineHooks):
                 self.env.process(self._failures_at_given_times())
             if self.config.gpu_failure_rate_per_h > 0:
                 self.env.process(self._failures_at_a_rate())
+            if self.config.host_replicas and self.tree.host_capacity_bytes:
+                self.env.process(self._replicate_upper_nodes())
             with cyclic_gc_paused():
                 self.env.run(until=self.all_ended)
         elapsed = time.perf_counter() - started

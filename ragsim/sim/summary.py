@@ -66,6 +66,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) ->
         "recomputed_tokens": int(cols["recomputed_tokens"][served].sum()),
         "swap_in_bytes": int(tree.swap_in_bytes),
         "swap_out_bytes": int(tree.swap_out_bytes),
+        "replica_bytes": int(tree.replica_bytes),
         "evictions_gpu": int(tree.evictions_gpu),
         "evictions_host": int(tree.evictions_host),
         "ttft_search_wait_mean_s": _mean(np.where(completed, cols["search_start_s"]
