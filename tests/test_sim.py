@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pyarrow as pa
@@ -305,7 +304,6 @@ def test_every_arrival_ends_exactly_once_and_capacity_holds(rows, knobs):
     sim.tree.check_invariants()
     assert sim.tree.reserved_gpu_bytes == 0
     assert sim.tree.pinned_gpu_bytes == sim.tree.root.size_bytes
-    assert not math.isnan(result.summary["simulated_s"])
 
 
 def test_bad_configuration_names_the_field(tmp_path):
