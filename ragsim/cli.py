@@ -461,33 +461,68 @@ def _report_written(trace, destination: Path) -> None:
 
 @trace_app.command("stats")
 @friendly_errors
-def trace_stats_command(trace: str,
-                        json_output: Annotated[bool, typer.Option("--json")] = False,
-                        seed: Annotated[int, typer.Option()] = 0,
-                        requests: Annotated[int | None, typer.Option()] = None) -> None:
-    """Requests, documents, tokens, top-k and retrieval skew of a trace."""
-    from ragsim.traces import resolve_trace, trace_stats
+def trace_stats_command(
+    traces: Annotated[list[str], typer.Argument(
+        metavar="TRACE", help="Built-in names (mmlu, nq), trace folders or JSONL files.")],
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object; with several "
+                                              "traces, one per trace keyed by name.")] = False,
+    plot: Annotated[Path | None, typer.Option(help="Write the retrieval-skew and document-size "
+                                                   "figure (.png, .svg or .pdf).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of built-in traces (all of them).")] = 0,
+    requests: Annotated[int | None, typer.Option(help="Use the first N requests of every "
+                                                      "trace.")] = None,
+) -> None:
+    """Requests, documents, tokens, top-k and retrieval skew of one or more traces.
 
-    stats = trace_stats(resolve_trace(trace, seed=seed, n_requests=requests))
+    With --plot, also the paper's skew analysis: cumulative share of retrievals against the top
+    fraction of documents (Figure 5) and the sizes of the retrieved documents (Figure 3), one
+    line per trace.
+    """
+    from ragsim.traces import resolve_trace, trace_stats
+    from ragsim.traces.plots import check_plot_path, plot_skew
+    from ragsim.traces.skew import trace_skew
+
+    if plot is not None:
+        check_plot_path(plot)  # before reading traces: a typo should cost nothing
+    if len(set(traces)) != len(traces):
+        repeated = sorted({t for t in traces if traces.count(t) > 1})
+        raise RagsimInputError(f"{', '.join(repeated)} given more than once", field="TRACE")
+    loaded = {name: resolve_trace(name, seed=seed, n_requests=requests) for name in traces}
+    if plot is not None:
+        notes = plot_skew([trace_skew(t, name) for name, t in loaded.items()], plot)
+        for note in notes:
+            err.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        err.print(f"wrote {plot}", highlight=False)
+    stats = {name: trace_stats(t) for name, t in loaded.items()}
     if json_output:
-        _print_json(stats)
+        _print_json(stats if len(stats) > 1 else stats[traces[0]])
         return
-    table = Table(title=f"trace {trace}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(justify="right")
-    for key, value in stats.items():
-        if key == "info":
-            continue
+
+    def cell(value) -> str:
         if isinstance(value, float):
-            value = f"{value:.4g}"
-        elif isinstance(value, int) and not isinstance(value, bool):
-            value = f"{value:,}"
-        table.add_row(key, str(value))
+            return f"{value:.4g}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
+
+    if len(stats) == 1:
+        table = Table(title=f"trace {traces[0]}", show_header=False)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+    else:
+        table = Table("", *traces, title="traces")
+        table.columns[0].style = "bold"
+        for column in table.columns[1:]:
+            column.justify = "right"
+    for key in stats[traces[0]]:
+        if key != "info":
+            table.add_row(key, *[cell(s[key]) for s in stats.values()])
     out.print(table)
-    info = stats["info"]
-    if info:
-        out.print("[bold]how it was made:[/]", json.dumps(info, indent=1, default=str),
-                  highlight=False)
+    for name, s in stats.items():
+        if s["info"]:
+            label = "how it was made" if len(stats) == 1 else f"how {name} was made"
+            out.print(f"[bold]{label}:[/]", json.dumps(s["info"], indent=1, default=str),
+                      highlight=False)
 
 
 # --------------------------------------------------------------------------- profile

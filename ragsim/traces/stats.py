@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ragsim.traces.schema import Trace
+from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -15,31 +14,22 @@ def retrieval_skew(doc_ids: np.ndarray, fractions=SKEW_FRACTIONS) -> dict[str, f
     """Share of retrievals taken by the most-retrieved x% of the documents retrieved at least once.
 
     The denominator of "x% of documents" is the set of documents the trace retrieves, not the
-    whole knowledge base: a trace cannot know documents nobody asked for.
+    whole knowledge base: a trace cannot know documents nobody asked for. The shares are points
+    of ``skew.cumulative_share_curve``, the curve ``trace stats --plot`` draws.
     """
-    if len(doc_ids) == 0:
-        return {f"top_{round(f * 100)}pct_share": 0.0 for f in fractions}
-    _, counts = np.unique(doc_ids, return_counts=True)
-    counts = np.sort(counts)[::-1]
-    cumulative = np.cumsum(counts)
-    total = cumulative[-1]
-    out = {}
-    for f in fractions:
-        top = max(1, math.ceil(f * len(counts)))
-        out[f"top_{round(f * 100)}pct_share"] = float(cumulative[top - 1] / total)
-    return out
+    _, cumulative_share = cumulative_share_curve(doc_ids)
+    return {f"top_{round(f * 100)}pct_share": share_at(cumulative_share, f) for f in fractions}
 
 
 def trace_stats(trace: Trace) -> dict:
     top_k = trace.top_k
-    unique_docs = np.unique(trace.doc_ids)
-    unique_tokens = trace.document_tokens[np.searchsorted(trace.document_ids, unique_docs)]
+    unique_tokens = retrieved_document_tokens(trace)
     doc_tokens_flat = trace.doc_tokens_flat
     duration = float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n_requests else 0.0
     return {
         "requests": int(trace.n_requests),
         "documents_in_table": int(trace.n_documents),
-        "unique_documents_retrieved": len(unique_docs),
+        "unique_documents_retrieved": len(unique_tokens),
         "retrievals": len(trace.doc_ids),
         "duration_s": duration,
         "mean_rate_rps": (trace.n_requests - 1) / duration if duration > 0 else None,
