@@ -107,6 +107,10 @@ def run(
                             ] = None,
     stage_converge_p: Annotated[float | None, _opt("Synthetic stages: chance that a stage "
                                                    "finds the final list.")] = None,
+    search_latency: Annotated[str | None, _opt("fixed (search_s) or trace (the trace's "
+                                               "measured stage times).")] = None,
+    search_time_scale: Annotated[float | None, _opt("Multiply measured stage times (a larger "
+                                                    "index than the one measured).")] = None,
     rate: Annotated[float | None, _opt("Re-time arrivals at R requests/s.")] = None,
     arrival: Annotated[str | None, _opt("trace, poisson or gamma (with --rate).")] = None,
     cv: Annotated[float | None, _opt("Gamma arrivals' coefficient of variation.")] = None,
@@ -145,7 +149,8 @@ def run(
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
-        "stage_converge_p": stage_converge_p,
+        "stage_converge_p": stage_converge_p, "search_latency": search_latency,
+        "search_time_scale": search_time_scale,
         "rate_rps": rate, "arrival": arrival, "cv": cv,
         "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
         "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
@@ -449,6 +454,133 @@ def trace_retime(trace: str, destination: Path,
                   cv=cv, seed=seed)
     write_trace(data, destination)
     _report_written(data, destination)
+
+
+@trace_app.command("build")
+@friendly_errors
+def trace_build(
+    corpus: Annotated[str, typer.Option(help="Passages: a .jsonl/.parquet file (id, text, "
+                                             "optional title) or wiki-offline.")],
+    questions: Annotated[str, typer.Option(help="Questions: a .jsonl/.parquet file (text, "
+                                                "optional answer, arrival_s) or trivia, "
+                                                "gsm8k, gpqa.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the trace and report.")],
+    top_k: Annotated[int, typer.Option(help="Documents retrieved per request.")] = 2,
+    index: Annotated[str, typer.Option(help="ivf or hnsw.")] = "ivf",
+    stages: Annotated[int, typer.Option(help="Search stages recorded per request.")] = 4,
+    nlist: Annotated[int | None, typer.Option(help="IVF lists (default 4*sqrt(documents)).")
+                     ] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF lists probed (default nlist/16).")
+                      ] = None,
+    hnsw_m: Annotated[int, typer.Option(help="HNSW links per node.")] = 32,
+    ef_construction: Annotated[int, typer.Option(help="HNSW build breadth.")] = 64,
+    ef_search: Annotated[int, typer.Option(help="HNSW search breadth of the last stage.")
+                         ] = 64,
+    chunking: Annotated[str, typer.Option(help="passage, window or pack.")] = "passage",
+    window_tokens: Annotated[int, typer.Option(help="Window / pack size in tokens.")] = 256,
+    overlap_tokens: Annotated[int, typer.Option(help="Tokens shared by neighbouring "
+                                                     "windows.")] = 32,
+    tokenizer: Annotated[str, typer.Option(help="mistral, cl100k or a SentencePiece "
+                                                ".model file.")] = "mistral",
+    embedder: Annotated[str, typer.Option(help="minilm or a sentence-transformers model "
+                                               "folder.")] = "minilm",
+    cache_dir: Annotated[Path | None, typer.Option(help="Embedding cache (default: the user "
+                                                        "cache folder).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Embed everything again, keep "
+                                                               "nothing.")] = False,
+    requests: Annotated[int | None, typer.Option(help="Requests (default: every question "
+                                                      "once).")] = None,
+    sampling: Annotated[str, typer.Option(help="once, uniform or zipf (with replacement).")
+                        ] = "once",
+    order: Annotated[str, typer.Option(help="file or shuffle (sampling once).")] = "file",
+    zipf_s: Annotated[float, typer.Option(help="Popularity exponent (sampling zipf).")] = 1.0,
+    arrival: Annotated[str, typer.Option(help="poisson, gamma, or file (the questions' "
+                                              "arrival_s).")] = "poisson",
+    rate: Annotated[float, typer.Option(help="Requests per second.")] = 1.0,
+    cv: Annotated[float, typer.Option(help="Gap coefficient of variation (gamma).")] = 1.0,
+    output_tokens: Annotated[str, typer.Option(help="'answer' (the answer's tokens) or a "
+                                                    "number.")] = "answer",
+    redact_text: Annotated[bool, typer.Option("--redact-text", help="Store no question or "
+                                              "document text; hash answer keys.")] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
+                           ] = False,
+) -> None:
+    """Build a trace from a corpus and questions: real tokenizer, embedder and staged faiss search.
+
+    Writes requests.parquet and documents.parquet (the trace), build_report.json and
+    passages.parquet (each document's corpus passages). Embeddings are cached, so rebuilding
+    with other index or arrival options does not embed again.
+    """
+    from ragsim.traces.corpus import (
+        BuildOptions,
+        Chunking,
+        IndexSpec,
+        build_trace,
+        write_build,
+    )
+    from ragsim.traces.corpus.embedding import default_cache_dir
+
+    options = BuildOptions(
+        corpus=corpus, questions=questions, top_k=top_k,
+        index=IndexSpec(kind=index, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m,
+                        ef_construction=ef_construction, ef_search=ef_search, stages=stages),
+        chunking=Chunking(mode=chunking, window_tokens=window_tokens,
+                          overlap_tokens=overlap_tokens),
+        tokenizer=tokenizer, embedder=embedder,
+        cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+        requests=requests, sampling=sampling, order=order, zipf_s=zipf_s, arrival=arrival,
+        rate_rps=rate, cv=cv, output_tokens=output_tokens, redact_text=redact_text, seed=seed)
+    options.validate()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True)
+    tasks: dict[str, int] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done)
+
+    with progress:
+        result = build_trace(options, progress=report)
+    write_build(result, out_dir)
+    _report_written(result.trace, out_dir)
+    if json_output:
+        _print_json(result.report)
+        return
+    _print_build_report(result.report)
+
+
+def _print_build_report(r: dict) -> None:
+    s = r["staged_search"]
+    rows = [
+        ("corpus", f"{r['corpus']['source']}: {r['corpus']['passages']:,} passages -> "
+                   f"{r['corpus']['documents']:,} documents ({r['corpus']['chunking']['mode']})"),
+        ("document tokens", "p50 {p50:g}, mean {mean:g}, max {max:,}".format(
+            **r["corpus"]["document_tokens"])),
+        ("questions", f"{r['questions']['source']}: {r['questions']['requests']:,} requests, "
+                      f"{r['questions']['distinct_asked']:,} distinct "
+                      f"({r['questions']['sampling']})"),
+        ("tokenizer", r["tokenizer"]),
+        ("embedder", f"{r['embedder']['model']} ({r['embedder']['dimension']}-d; "
+                     f"{r['embedder']['embedded']:,} embedded, {r['embedder']['from_cache']:,} "
+                     "from cache)"),
+        ("index", ", ".join(f"{k}={v}" for k, v in r["index"].items())),
+        ("recall@k vs exact", f"{s['recall_at_k_vs_exact']:.3f} (identical top-k: "
+                              f"{s['final_equals_exact']:.1%})"),
+        ("stage = final top-k", ", ".join(f"{c:.0%}" for c in s["stage_equals_final"])),
+        ("search time", f"mean {s['search_time_mean_s'] * 1e3:.3g} ms, p99 "
+                        f"{s['search_time_p99_s'] * 1e3:.3g} ms ({s['measured_on']})"),
+        ("retrieval skew", ", ".join(f"{k.removeprefix('top_').removesuffix('_share')}: "
+                                     f"{v:.0%}" for k, v in r["retrieval_skew"].items())),
+        ("documents retrieved", f"{r['unique_documents_retrieved']:,}"),
+    ]
+    table = Table(title="trace build", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
 
 
 def _report_written(trace, destination: Path) -> None:

@@ -26,6 +26,7 @@ from ragsim.units import parse_bytes
 GiB = 2**30
 ARRIVALS = ("trace", "poisson", "gamma")
 STAGE_SOURCES = ("auto", "trace", "synthetic", "none")
+SEARCH_LATENCIES = ("fixed", "trace")
 CONFIG_VERSION = 1
 
 
@@ -68,6 +69,8 @@ class SimConfig:
     search_stages: int = 4
     stage_source: str = "auto"  # auto: the trace's stages if present, else synthetic
     stage_converge_p: float = 0.5  # synthetic stages: chance a stage finds the final list
+    search_latency: str = "fixed"  # fixed: search_s in equal stages; trace: measured times
+    search_time_scale: float = 1.0  # multiplies the trace's measured stage times
     speculate: bool = True
     # engine
     overlap_swap: bool = False  # host->GPU KV loads overlapped with the prefill's compute
@@ -209,6 +212,12 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     _check(c.stage_source in STAGE_SOURCES, "stage_source",
            f"must be one of {', '.join(STAGE_SOURCES)}", source)
+    _check(c.search_latency in SEARCH_LATENCIES, "search_latency",
+           f"must be one of {', '.join(SEARCH_LATENCIES)}", source)
+    _check(c.search_latency == "fixed" or c.stage_source in ("auto", "trace"), "search_latency",
+           "measured stage times describe the trace's own stages: use stage_source auto or "
+           "trace", source)
+    _check(c.search_time_scale > 0, "search_time_scale", "must be > 0", source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",
                  "max_batched_tokens", "reorder_window", "reorder_scan", "prefix_block_tokens"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)

@@ -18,6 +18,13 @@ Where the intermediate lists come from (``stage_source``):
 * ``none``: no intermediate lists (speculation has nothing to start from);
 * ``auto``: ``trace`` when the trace has stages, else ``synthetic``.
 
+How long each stage takes (``latency``):
+
+* ``fixed``: ``search_s`` split into equal stages (below);
+* ``trace``: the trace's ``stage_times_s``, measured by ``ragsim trace build`` on a real faiss
+  index, times ``time_scale`` (to stand for a larger index than the one measured: an IVF scan's
+  time grows with the vectors it reads).
+
 Default latency: ``search_s = 0.05`` s for one request's full search on one core: the paper's
 knowledge base (~300k Wikipedia documents, 768-dimensional embeddings, IVF with 1,024 lists)
 scanned in full reads ~0.9 GB of float32 vectors, tens of milliseconds at one core's memory
@@ -37,7 +44,8 @@ class StagedSearch:
     """Per-request stage lists and timing, precomputed compactly (no per-stage Python lists)."""
 
     def __init__(self, trace: Trace, final_of, *, stages: int,
-                 search_s: float, source: str, seed: int, converge_p: float = 0.5) -> None:
+                 search_s: float, source: str, seed: int, converge_p: float = 0.5,
+                 latency: str = "fixed", time_scale: float = 1.0) -> None:
         if source == "auto":
             source = "trace" if trace.stages is not None else "synthetic"
         if source == "trace" and trace.stages is None:
@@ -62,6 +70,35 @@ class StagedSearch:
             self._replacement = documents[rng.integers(0, len(documents), size=n)]
             self._replacement_alt = documents[rng.integers(0, len(documents), size=n)]
         self.stage_s = search_s / self.stages_per_request
+        self.latency = latency
+        if latency == "trace":
+            if source != "trace" or trace.stage_times_s is None:
+                raise ConfigError("the trace has no measured 'stage_times_s' (build it with "
+                                  "ragsim trace build)", field="search_latency")
+            times = trace.stage_times_s
+            lengths = pc.fill_null(pc.list_value_length(times), 0).to_numpy().astype(np.int64)
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = pc.list_flatten(times).to_numpy(zero_copy_only=False) * time_scale
+            running = np.concatenate([[0.0], np.cumsum(flat)])
+            self._time_offsets = offsets.tolist()
+            self._times = flat.tolist()
+            self._total_s = (running[offsets[1:]] - running[offsets[:-1]]).tolist()
+
+    def stage_duration_s(self, i: int, stage: int) -> float:
+        """How long stage ``stage`` (1-based) of request ``i``'s search takes."""
+        if self.latency == "trace":
+            lo = self._time_offsets[i]
+            if lo == self._time_offsets[i + 1]:
+                return 0.0
+            return self._times[lo + stage - 1]
+        return float(self.stage_s[i])
+
+    def total_s(self, i: int) -> float:
+        """Request ``i``'s whole search."""
+        if self.latency == "trace":
+            return self._total_s[i]
+        return float(self.stage_s[i] * self.stages_per_request[i])
 
     def n_stages(self, i: int) -> int:
         return int(self.stages_per_request[i])

@@ -89,7 +89,9 @@ class Simulation(EngineHooks):
         self._output = trace.output_tokens.tolist()
         self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
                                    search_s=config.search_s, source=config.stage_source,
-                                   seed=config.seed, converge_p=config.stage_converge_p)
+                                   seed=config.seed, converge_p=config.stage_converge_p,
+                                   latency=config.search_latency,
+                                   time_scale=config.search_time_scale)
         if config.arrival == "trace":
             self.arrival_s = trace.arrival_s.astype(float)
         else:
@@ -177,13 +179,12 @@ class Simulation(EngineHooks):
             yield worker
             self.r_search_start[i] = env.now
             stages = self.search.n_stages(i)
-            stage_s = float(self.search.stage_s[i])
             if not config.speculate or stages <= 1:
-                yield env.timeout(stage_s * stages)
+                yield env.timeout(self.search.total_s(i))
             else:
                 current: list | None = None
                 for stage in range(1, stages):
-                    yield env.timeout(stage_s)
+                    yield env.timeout(self.search.stage_duration_s(i, stage))
                     found = self.search.stage_list(i, stage)
                     if found is None:
                         continue
@@ -201,7 +202,7 @@ class Simulation(EngineHooks):
                         self.r_spec_started[i] += 1
                         self._submit(job)
                     current = found
-                yield env.timeout(stage_s)
+                yield env.timeout(self.search.stage_duration_s(i, stages))
         self.r_search_end[i] = env.now
         final = self._final_docs(i)
         active = self._active_spec.pop(i, None)

@@ -16,6 +16,8 @@ output_tokens     int64                   tokens to generate (>= 0)
 doc_ids           list<int64>             retrieved documents in rank order (may be empty
                                           only when the request has no retrieval)
 stages            list<list<int64>>       optional: top-k after each vector-search stage
+stage_times_s     list<float64>           optional: measured wall time of each search stage
+                                          (seconds, >= 0; one per entry of ``stages``)
 query_text        string                  optional
 answer_key        string                  optional: identity of the expected answer
 has_history       bool                    optional: multi-turn request (skips answer caches)
@@ -41,7 +43,8 @@ VERSION_KEY = b"ragsim.trace_version"
 INFO_KEY = b"ragsim.trace_info"
 
 REQUIRED_REQUEST_COLUMNS = ("request_id", "arrival_s", "query_tokens", "output_tokens", "doc_ids")
-OPTIONAL_REQUEST_COLUMNS = ("stages", "query_text", "answer_key", "has_history")
+OPTIONAL_REQUEST_COLUMNS = ("stages", "stage_times_s", "query_text", "answer_key",
+                            "has_history")
 REQUIRED_DOCUMENT_COLUMNS = ("doc_id", "tokens")
 OPTIONAL_DOCUMENT_COLUMNS = ("text",)
 
@@ -59,6 +62,7 @@ class Trace:
     document_ids: np.ndarray  # int64, sorted
     document_tokens: np.ndarray  # int64, aligned with document_ids
     stages: pa.Array | None = None  # list<list<int64>> per request
+    stage_times_s: pa.Array | None = None  # list<float64> per request, aligned with stages
     query_text: pa.Array | None = None
     answer_key: pa.Array | None = None
     has_history: np.ndarray | None = None
@@ -103,6 +107,7 @@ class Trace:
             document_ids=self.document_ids,
             document_tokens=self.document_tokens,
             stages=None if self.stages is None else self.stages[:n],
+            stage_times_s=None if self.stage_times_s is None else self.stage_times_s[:n],
             query_text=None if self.query_text is None else self.query_text[:n],
             answer_key=None if self.answer_key is None else self.answer_key[:n],
             has_history=None if self.has_history is None else self.has_history[:n],
@@ -124,6 +129,8 @@ class Trace:
         }
         if self.stages is not None:
             columns["stages"] = self.stages
+        if self.stage_times_s is not None:
+            columns["stage_times_s"] = self.stage_times_s
         if self.query_text is not None:
             columns["query_text"] = self.query_text
         if self.answer_key is not None:

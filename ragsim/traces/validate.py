@@ -161,6 +161,10 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
     stages = None
     if "stages" in requests.column_names:
         stages = _check_stages(requests.column("stages").combine_chunks(), document_ids, src)
+    stage_times_s = None
+    if "stage_times_s" in requests.column_names:
+        stage_times_s = _check_stage_times(requests.column("stage_times_s").combine_chunks(),
+                                           stages, src)
     text_columns = {}
     for name in ("query_text", "answer_key"):
         if name in requests.column_names:
@@ -181,6 +185,7 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
         document_ids=document_ids,
         document_tokens=document_tokens,
         stages=stages,
+        stage_times_s=stage_times_s,
         query_text=text_columns.get("query_text"),
         answer_key=text_columns.get("answer_key"),
         has_history=has_history,
@@ -224,3 +229,30 @@ def _check_stages(column: pa.Array, known: np.ndarray, src: str) -> pa.Array:
             raise TraceError(f"document {flat_ids[bad]} is not in the documents table",
                              file=src, row=int(request_of_id[bad]), field="stages")
     return column.cast(pa.list_(pa.list_(pa.int64())))
+
+
+def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> pa.Array:
+    """Per-stage search times: finite, >= 0, one per recorded stage (they describe the stages,
+    so a trace cannot have times without stages)."""
+    field = "stage_times_s"
+    if stages is None:
+        raise TraceError("stage times need a 'stages' column to describe", file=src, field=field)
+    if not ((pa.types.is_list(column.type) or pa.types.is_large_list(column.type))
+            and (pa.types.is_floating(column.type.value_type)
+                 or pa.types.is_integer(column.type.value_type))):
+        raise TraceError(f"must be a list of numbers of seconds, found {column.type}",
+                         file=src, field=field)
+    column = column.cast(pa.list_(pa.float64()))
+    times_len = pc.fill_null(pc.list_value_length(column), 0).to_numpy()
+    stages_len = pc.fill_null(pc.list_value_length(stages), 0).to_numpy()
+    row = _first_bad(times_len != stages_len)
+    if row is not None:
+        raise TraceError(f"{times_len[row]} time(s) for {stages_len[row]} stage(s)", file=src,
+                         row=row, field=field)
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    bad = _first_bad(~np.isfinite(values) | (values < 0))
+    if bad is not None:
+        row = int(pc.list_parent_indices(column).to_numpy()[bad])
+        raise TraceError(f"must be finite and >= 0, got {values[bad]}", file=src, row=row,
+                         field=field)
+    return column
