@@ -3,11 +3,13 @@
 Document size drives everything a KV cache saves, so it must be chosen to match the study:
 
 * ``passage``: one document per passage (title line + text), as the corpus has them;
-* ``window``: fixed windows of ``window_tokens`` with ``overlap_tokens`` shared between
-  neighbours (the usual RAG chunker; makes documents smaller and equal);
-* ``pack``: consecutive passages joined until the next would pass ``window_tokens`` (makes short
-  passages into long documents, e.g. the paper's long Wikipedia passages from lead summaries;
-  a passage longer than the window stays whole).
+* ``window``: windows of at most ``window_tokens`` with ``overlap_tokens`` shared between
+  neighbours (the usual RAG chunker; makes documents smaller and equal). A window cut inside a
+  word can re-encode to a token more than it was cut as; such a window is shortened until its
+  text fits;
+* ``pack``: consecutive passages joined (separators included) until the next would pass
+  ``window_tokens`` (makes short passages into long documents, e.g. the paper's long Wikipedia
+  passages from lead summaries; a passage longer than the window stays whole).
 
 Token counts come from the tokenizer, counted on the document text as it would enter a prompt.
 """
@@ -24,6 +26,7 @@ from ragsim.traces.corpus.sources import Corpus
 from ragsim.traces.corpus.tokenizers import Tokenizer
 
 CHUNKING_MODES = ("passage", "window", "pack")
+SEAM_TOKENS = 8  # at most this many tokens added where two packed passages join (see pack)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def make_documents(corpus: Corpus, tokenizer: Tokenizer, chunking: Chunking,
     starts: list[int] = []
     pack_text: list[str] = []
     pack_ids: list[str] = []
-    pack_tokens = 0
+    pack_tokens = 0  # the sum of the packed passages' own counts
     separator = "\n\n"
 
     def flush_pack() -> None:
@@ -85,7 +88,6 @@ def make_documents(corpus: Corpus, tokenizer: Tokenizer, chunking: Chunking,
             pack_ids.clear()
             pack_tokens = 0
 
-    step = chunking.window_tokens - chunking.overlap_tokens
     for i, passage_id in enumerate(corpus.ids):
         text = passage_text(corpus, i)
         ids = tokenizer.encode(text)
@@ -97,17 +99,32 @@ def make_documents(corpus: Corpus, tokenizer: Tokenizer, chunking: Chunking,
         elif chunking.mode == "window":
             start = 0
             while True:
-                window = ids[start:start + chunking.window_tokens]
-                texts.append(tokenizer.decode(window))
-                tokens.append(len(window))
+                end = min(start + chunking.window_tokens, len(ids))
+                # a window cut inside a word re-encodes differently (a word piece without its
+                # leading space): count the text as it enters a prompt, and shorten the window
+                # until that count fits
+                window_text = tokenizer.decode(ids[start:end])
+                count = len(tokenizer.encode(window_text))
+                while count > chunking.window_tokens and end - start > 1:
+                    end -= 1
+                    window_text = tokenizer.decode(ids[start:end])
+                    count = len(tokenizer.encode(window_text))
+                texts.append(window_text)
+                tokens.append(count)
                 sources.append([passage_id])
                 starts.append(start)
-                if start + chunking.window_tokens >= len(ids):
+                if end >= len(ids):
                     break
-                start += step
-        else:  # pack; joining adds a few separator tokens, counted when the pack is encoded
-            if pack_text and pack_tokens + len(ids) > chunking.window_tokens:
-                flush_pack()
+                # the next window repeats this one's last overlap_tokens
+                start = max(start + 1, end - chunking.overlap_tokens)
+        else:  # pack: the joined text (separators included) must fit the window
+            if pack_text:
+                # a seam adds a separator and may re-split the next word (mistral: 1-5 tokens
+                # on Wikipedia, cl100k: 0-1); only near the window is the joined text encoded
+                rough = pack_tokens + len(ids) + SEAM_TOKENS * len(pack_text)
+                if rough > chunking.window_tokens and len(tokenizer.encode(
+                        separator.join([*pack_text, text]))) > chunking.window_tokens:
+                    flush_pack()
             pack_text.append(text)
             pack_ids.append(passage_id)
             pack_tokens += len(ids)
