@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -30,17 +31,18 @@ err = Console(stderr=True)
 
 
 def friendly_errors(fn: Callable) -> Callable:
-    """Bad input ends with one clear line (file, row, field) and exit code 2, not a traceback."""
+    """Bad input ends with one clear line (file, row, field) and exit code 2, not a traceback.
+    The message is printed as text (an id like ``[/b]`` is not markup) and never wrapped."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RagsimInputError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except ValueError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
