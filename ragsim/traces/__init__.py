@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from ragsim.errors import TraceError
@@ -10,18 +11,33 @@ from ragsim.traces.schema import TRACE_VERSION, Trace
 from ragsim.traces.stats import retrieval_skew, trace_stats
 from ragsim.traces.synthetic import BUILTIN_SPECS, builtin_trace
 
+# Traces recorded by `ragsim trace build` and shipped with the package (data/NAME/): real
+# retrieval over real text. Their request order and timing are fixed; --seed does not change them.
+PACKAGED_TRACES = ("wiki-trivia",)
+BUILTIN_TRACES = (*BUILTIN_SPECS, *PACKAGED_TRACES)
+
+
+def packaged_trace_dir(name: str) -> Path:
+    return Path(str(resources.files("ragsim.traces") / "data" / name))
+
 
 def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = None) -> Trace:
-    """A built-in name (``mmlu``, ``nq``) or a path to a trace directory / JSONL file."""
-    if name_or_path in BUILTIN_SPECS and not Path(name_or_path).exists():
+    """A built-in name (``mmlu``, ``nq`` synthetic; ``wiki-trivia`` recorded) or a path to a
+    trace directory / JSONL file."""
+    local = Path(name_or_path).exists()
+    if name_or_path in BUILTIN_SPECS and not local:
         return builtin_trace(name_or_path, seed=seed, n_requests=n_requests)
-    if not Path(name_or_path).exists():
-        raise TraceError(f"no such trace; built-in traces are {sorted(BUILTIN_SPECS)}",
+    if name_or_path in PACKAGED_TRACES and not local:
+        trace = read_trace(packaged_trace_dir(name_or_path))
+        trace.info = {**trace.info, "builtin": name_or_path}
+    elif not local:
+        raise TraceError(f"no such trace; built-in traces are {list(BUILTIN_TRACES)}",
                          file=name_or_path)
-    trace = read_trace(name_or_path)
+    else:
+        trace = read_trace(name_or_path)
     return trace.head(n_requests) if n_requests is not None else trace
 
 
-__all__ = ["TRACE_VERSION", "Trace", "builtin_trace", "read_jsonl", "read_mooncake",
-           "read_trace", "resolve_trace", "retrieval_skew", "trace_stats", "write_jsonl",
-           "write_trace"]
+__all__ = ["BUILTIN_TRACES", "PACKAGED_TRACES", "TRACE_VERSION", "Trace", "builtin_trace",
+           "packaged_trace_dir", "read_jsonl", "read_mooncake", "read_trace", "resolve_trace",
+           "retrieval_skew", "trace_stats", "write_jsonl", "write_trace"]

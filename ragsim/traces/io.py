@@ -30,8 +30,15 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
         fd, tmp = tempfile.mkstemp(dir=out, suffix=".parquet.tmp")
         os.close(fd)
         pq.write_table(table, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a trace is for sharing
         os.replace(tmp, out / name)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_trace(path: str | os.PathLike) -> Trace:

@@ -96,8 +96,10 @@ class Embedder:
                     keys, vectors = data["keys"], data["vectors"]
             except (OSError, ValueError, KeyError):
                 continue  # a torn or foreign file: those texts are embedded again
+            if keys.dtype != np.uint8 or keys.ndim != 2:
+                continue  # not a part this version wrote
             for key, vector in zip(keys, vectors, strict=True):
-                found[bytes(key)] = vector
+                found[key.tobytes()] = vector
         return found
 
     def _save_part(self, keys: list[bytes], vectors: np.ndarray) -> None:
@@ -107,7 +109,9 @@ class Embedder:
         digest = hashlib.blake2b(b"".join(keys), digest_size=8).hexdigest()
         final = self.cache_dir / f"part-{digest}.npz"
         tmp = self.cache_dir / f".part-{digest}.{os.getpid()}.tmp.npz"
-        np.savez(tmp, keys=np.frombuffer(b"".join(keys), dtype="S16"), vectors=vectors)
+        # raw bytes, not a fixed-width bytes dtype: that strips trailing zero bytes off digests
+        raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), -1)
+        np.savez(tmp, keys=raw, vectors=vectors)
         os.replace(tmp, final)
 
     def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None

@@ -36,7 +36,8 @@ INDEX_KINDS = ("ivf", "hnsw")
 @dataclass(frozen=True)
 class IndexSpec:
     kind: str = "ivf"
-    nlist: int | None = None  # IVF lists; None: 4 * sqrt(documents), at most documents / 39
+    nlist: int | None = None  # None: 4 * sqrt(documents), at most documents / 39,
+    # at least `stages`
     nprobe: int | None = None  # IVF lists probed; None: nlist / 16, at least `stages`
     hnsw_m: int = 32
     ef_construction: int = 64
@@ -58,6 +59,9 @@ class IndexSpec:
         nlist = self.nlist
         if nlist is None:
             nlist = max(1, min(round(4 * math.sqrt(n_documents)), n_documents // 39))
+            # a small corpus still gets one list per stage (faiss then warns about few
+            # training points per list; staging needs the lists)
+            nlist = max(nlist, min(self.stages, n_documents))
         if not 1 <= nlist <= n_documents:
             raise RagsimInputError(f"must lie in [1, documents={n_documents}]", field="--nlist")
         nprobe = self.nprobe if self.nprobe is not None else min(nlist,
@@ -88,7 +92,10 @@ class StagedResult:
 
 
 class StagedIndex:
-    def __init__(self, vectors: np.ndarray, spec: IndexSpec, *, seed: int) -> None:
+    def __init__(self, vectors: np.ndarray, spec: IndexSpec, *, seed: int,
+                 kmeans_iterations: int | None = None) -> None:
+        """``kmeans_iterations``: IVF training iterations (None: faiss's default); fewer make a
+        timing-only index faster to build, since list quality does not change a scan's time."""
         import faiss
 
         self._faiss = faiss
@@ -101,6 +108,8 @@ class StagedIndex:
             self.index = faiss.IndexIVFFlat(self.quantizer, dim, self.spec.nlist,
                                             faiss.METRIC_INNER_PRODUCT)
             self.index.cp.seed = seed  # k-means initialisation: same seed, same lists
+            if kmeans_iterations is not None:
+                self.index.cp.niter = kmeans_iterations
             self.index.train(vectors)
             self.index.add(vectors)
             self.index.nprobe = self.spec.nprobe
