@@ -65,10 +65,14 @@ class SimConfig:
     max_batched_tokens: int = 16384  # new tokens prefilled in one iteration
     # retrieval (vector search on a CPU pool)
     search_workers: int = 16
-    search_s: float = 0.05  # one request's full search on one worker
+    # one request's search on one worker: measured, benchmarks/retrieval_latency.py (the paper's
+    # 300k x 768-d IVF1024, a quarter of the lists probed), see sim/retrieval.py
+    search_s: float = 0.0155
     search_stages: int = 4
     stage_source: str = "auto"  # auto: the trace's stages if present, else synthetic
-    stage_converge_p: float = 0.5  # synthetic stages: chance a stage finds the final list
+    # synthetic stages: chance a stage finds the final list (fitted on wiki-trivia's real
+    # staged IVF search, a quarter of the lists probed: ragsim trace stats wiki-trivia)
+    stage_converge_p: float = 0.72
     search_latency: str = "fixed"  # fixed: search_s in equal stages; trace: measured times
     search_time_scale: float = 1.0  # multiplies the trace's measured stage times
     speculate: bool = True

@@ -21,6 +21,48 @@ def retrieval_skew(doc_ids: np.ndarray, fractions=SKEW_FRACTIONS) -> dict[str, f
     return {f"top_{round(f * 100)}pct_share": share_at(cumulative_share, f) for f in fractions}
 
 
+def stage_convergence(trace: Trace) -> dict:
+    """How early a trace's staged search held its final top-k, and the synthetic model's fit.
+
+    For each request, the first stage whose list equals the final one (``doc_ids``). The fit is
+    the maximum-likelihood ``p`` of the simulator's synthetic stage model (each stage before the
+    last finds the final list with probability ``p``; a request whose list is only final at the
+    last stage is censored there): successes over trials. ``stage_equals_final`` is the share of
+    requests whose list is final at each stage (requests with fewer stages count as final).
+    """
+    empty = {"stage_converge_p": None, "stage_equals_final": None, "search_time_mean_s": None}
+    if trace.stages is None or trace.n_requests == 0:
+        return empty
+    stages = trace.stages.to_pylist()
+    n_stages = max((len(s) for s in stages), default=0)
+    if n_stages == 0:
+        return empty
+    final_by = np.zeros(n_stages, dtype=np.int64)
+    successes = trials = 0
+    for i, lists in enumerate(stages):
+        final = trace.docs_of(i).tolist()
+        first = next((s for s, lst in enumerate(lists, start=1) if lst == final), len(lists))
+        first = max(first, 1)
+        final_by[first - 1:] += 1
+        last = max(len(lists), 1)
+        if first < last:
+            successes += 1
+            trials += first
+        else:
+            trials += last - 1
+    times = None
+    if trace.stage_times_s is not None:
+        import pyarrow.compute as pc
+
+        flat = pc.list_flatten(trace.stage_times_s).to_numpy(zero_copy_only=False)
+        times = float(flat.sum() / trace.n_requests)
+    return {
+        "stage_converge_p": successes / trials if trials else None,
+        "stage_equals_final": [round(float(c) / trace.n_requests, 6) for c in final_by],
+        "search_time_mean_s": times,
+    }
+
+
 def trace_stats(trace: Trace) -> dict:
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
@@ -45,6 +87,7 @@ def trace_stats(trace: Trace) -> dict:
         "output_tokens_total": int(trace.output_tokens.sum()),
         "output_tokens_mean": float(trace.output_tokens.mean()) if trace.n_requests else 0.0,
         "has_stages": trace.stages is not None,
+        **stage_convergence(trace),
         **retrieval_skew(trace.doc_ids),
         "info": trace.info,
     }
