@@ -13,7 +13,7 @@ from ragsim.traces.synthetic import BUILTIN_SPECS, builtin_trace
 
 # Traces recorded by `ragsim trace build` and shipped with the package (data/NAME/): real
 # retrieval over real text. Their request order and timing are fixed; --seed does not change them.
-PACKAGED_TRACES = ("wiki-trivia",)
+PACKAGED_TRACES = ("wiki-trivia", "wiki-trivia-topics")
 BUILTIN_TRACES = (*BUILTIN_SPECS, *PACKAGED_TRACES)
 
 
@@ -22,8 +22,8 @@ def packaged_trace_dir(name: str) -> Path:
 
 
 def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = None) -> Trace:
-    """A built-in name (``mmlu``, ``nq`` synthetic; ``wiki-trivia`` recorded) or a path to a
-    trace directory / JSONL file."""
+    """A built-in name (``mmlu``, ``nq`` synthetic; ``wiki-trivia``, ``wiki-trivia-topics``
+    recorded) or a path to a trace directory / JSONL file."""
     local = Path(name_or_path).exists()
     if name_or_path in BUILTIN_SPECS and not local:
         return builtin_trace(name_or_path, seed=seed, n_requests=n_requests)
