@@ -48,7 +48,7 @@ def test_stage_convergence_fit_by_hand():
     trace = Trace(
         request_id=np.arange(3), arrival_s=np.zeros(3), query_tokens=np.ones(3, np.int64),
         output_tokens=np.ones(3, np.int64), doc_offsets=np.array([0, 2, 4, 6]),
-        doc_ids=np.array(sum(final, [])), document_ids=np.arange(1, 10),
+        doc_ids=np.array(final).ravel(), document_ids=np.arange(1, 10),
         document_tokens=np.full(9, 10), stages=pa.array(stages, pa.list_(pa.list_(pa.int64()))),
         stage_times_s=pa.array([[0.1, 0.2, 0.3]] * 3, pa.list_(pa.float64())))
     fit = stage_convergence(trace)
