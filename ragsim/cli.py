@@ -425,7 +425,11 @@ def trace_generate(name: str, destination: Path,
                    seed: Annotated[int, typer.Option()] = 0,
                    drift: Annotated[float, typer.Option(
                        help="Fraction of popularity ranks that trade documents after every "
-                            "1,000 requests (0: stationary).")] = 0.0) -> None:
+                            "1,000 requests (0: stationary).")] = 0.0,
+                   co_retrieval: Annotated[float | None, typer.Option(
+                       help="Chance that a list's next document is a neighbour of the previous "
+                            "one (default 0.9, fitted on real retrieval; 0: independent "
+                            "draws).")] = None) -> None:
     """Write a built-in synthetic trace (mmlu, nq) to a directory."""
     from ragsim.traces import BUILTIN_SPECS, builtin_trace, write_trace
 
@@ -434,7 +438,13 @@ def trace_generate(name: str, destination: Path,
                                f"{sorted(BUILTIN_SPECS)}")
     if not 0.0 <= drift <= 1.0:
         raise RagsimInputError("must lie in [0, 1]", field="--drift")
-    trace = builtin_trace(name, seed=seed, n_requests=requests, drift_per_1k_requests=drift)
+    overrides = {}
+    if co_retrieval is not None:
+        if not 0.0 <= co_retrieval <= 1.0:
+            raise RagsimInputError("must lie in [0, 1]", field="--co-retrieval")
+        overrides["co_retrieval_p"] = co_retrieval
+    trace = builtin_trace(name, seed=seed, n_requests=requests, drift_per_1k_requests=drift,
+                          **overrides)
     write_trace(trace, destination)
     _report_written(trace, destination)
 

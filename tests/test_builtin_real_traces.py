@@ -4,6 +4,7 @@ convergence fit the simulator's defaults come from, and what the policies do on 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +14,8 @@ from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.traces import PACKAGED_TRACES, packaged_trace_dir, resolve_trace, trace_stats
 from ragsim.traces.schema import Trace
-from ragsim.traces.stats import stage_convergence
+from ragsim.traces.stats import co_retrieval, retrieval_skew, stage_convergence
+from ragsim.traces.synthetic import BUILTIN_SPECS, generate
 
 GiB = 2**30
 
@@ -87,3 +89,44 @@ def test_lfu_wins_on_stationary_real_retrieval():
     counting every retrieval (LFU) is the best estimate of the future (README, findings)."""
     hit = _token_hit_rates("wiki-trivia", 8)
     assert hit["lfu"] > hit["pgdsf"] > hit["lru"], hit
+
+
+def _pairs_trace(pairs: list[tuple[int, int]]) -> Trace:
+    n = len(pairs)
+    return Trace(
+        request_id=np.arange(n), arrival_s=np.arange(n, dtype=float),
+        query_tokens=np.ones(n, np.int64), output_tokens=np.ones(n, np.int64),
+        doc_offsets=np.arange(0, 2 * n + 1, 2), doc_ids=np.array(pairs).ravel(),
+        document_ids=np.arange(10), document_tokens=np.full(10, 5))
+
+
+def test_co_retrieval_by_hand():
+    # A,B / A,B / A,C / D,E / A,B / A,B: pairs seen before at rows 1, 4, 5 (3 of 6); rows whose
+    # first document was seen: 1, 2, 4, 5, of which 3 repeat a pair; A leads 5 times, B follows
+    # it 4 times (D leads once: below min_first_count)
+    stats = co_retrieval(_pairs_trace([(0, 1), (0, 1), (0, 2), (3, 4), (0, 1), (0, 1)]),
+                         min_first_count=2)
+    assert stats["pair_repeat_share"] == pytest.approx(3 / 6)
+    assert stats["pair_repeat_given_first_share"] == pytest.approx(3 / 4)
+    assert stats["favourite_second_share"] == pytest.approx(4 / 5)
+
+
+def test_synthetic_co_retrieval_matches_real_retrieval_and_can_be_switched_off():
+    """The generator's defaults reproduce the real trace's pair statistics at its skew and size
+    (within a few points), and co_retrieval_p=0 is the independent model, pairs all but new."""
+    real = resolve_trace("wiki-trivia")
+    target = co_retrieval(real)
+    spec = replace(BUILTIN_SPECS["nq"], n_requests=real.n_requests,
+                   n_documents=real.n_documents,
+                   target_top3_share=retrieval_skew(real.doc_ids)["top_3pct_share"])
+    fitted = generate(spec)
+    got = co_retrieval(fitted)
+    for key in ("pair_repeat_share", "pair_repeat_given_first_share",
+                "favourite_second_share"):
+        assert got[key] == pytest.approx(target[key], abs=0.04), (key, got, target)
+    assert retrieval_skew(fitted.doc_ids)["top_3pct_share"] == pytest.approx(
+        spec.target_top3_share, abs=0.01)
+    independent = co_retrieval(generate(replace(spec, co_retrieval_p=0.0)))
+    assert independent["pair_repeat_share"] < 0.05 < target["pair_repeat_share"]
+    rows = fitted.doc_ids.reshape(-1, 2)
+    assert (rows[:, 0] != rows[:, 1]).all()  # still distinct documents per request

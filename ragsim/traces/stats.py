@@ -63,6 +63,56 @@ def stage_convergence(trace: Trace) -> dict:
     }
 
 
+def co_retrieval(trace: Trace, min_first_count: int = 5) -> dict:
+    """How often requests retrieve the same ordered pair of leading documents.
+
+    A prefix tree caches ``[D1, D2]`` as a path: ``D2``'s KV is reusable only after ``D1``, so a
+    trace's value to a knowledge tree depends on whether the pair recurs, not only on how popular
+    each document is. Real retrieval co-retrieves neighbours (similar passages come together);
+    independent draws from a popularity law almost never repeat a pair.
+
+    * ``pair_repeat_share``: requests whose (D1, D2) was retrieved before;
+    * ``pair_repeat_given_first_share``: the same, among requests whose D1 was seen before;
+    * ``favourite_second_share``: for first documents seen at least ``min_first_count`` times,
+      the mean share of their most frequent second document.
+    """
+    empty = {"pair_repeat_share": None, "pair_repeat_given_first_share": None,
+             "favourite_second_share": None}
+    has_pair = trace.top_k >= 2
+    if not has_pair.any():
+        return empty
+    starts = trace.doc_offsets[:-1][has_pair]
+    first = trace.doc_ids[starts]
+    second = trace.doc_ids[starts + 1]
+    pair_code = np.unique(np.stack([first, second], axis=1), axis=0, return_inverse=True)[1]
+    pair_code = pair_code.reshape(-1)
+    first_code = np.unique(first, return_inverse=True)[1].reshape(-1)
+    n = len(first)
+    order = np.arange(n)
+
+    def seen_before(codes: np.ndarray) -> np.ndarray:
+        first_index = np.full(codes.max() + 1, n, dtype=np.int64)
+        np.minimum.at(first_index, codes, order)
+        return first_index[codes] < order
+
+    pair_seen = seen_before(pair_code)
+    first_seen = seen_before(first_code)
+    first_counts = np.bincount(first_code)
+    pair_counts = np.bincount(pair_code)
+    pair_first = np.zeros(len(pair_counts), dtype=np.int64)
+    pair_first[pair_code] = first_code
+    favourite = np.zeros(len(first_counts), dtype=np.int64)
+    np.maximum.at(favourite, pair_first, pair_counts)
+    frequent = first_counts >= min_first_count
+    return {
+        "pair_repeat_share": float(pair_seen.mean()),
+        "pair_repeat_given_first_share": float(pair_seen[first_seen].mean())
+        if first_seen.any() else None,
+        "favourite_second_share": float((favourite[frequent] / first_counts[frequent]).mean())
+        if frequent.any() else None,
+    }
+
+
 def trace_stats(trace: Trace) -> dict:
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
@@ -89,5 +139,6 @@ def trace_stats(trace: Trace) -> dict:
         "has_stages": trace.stages is not None,
         **stage_convergence(trace),
         **retrieval_skew(trace.doc_ids),
+        **co_retrieval(trace),
         "info": trace.info,
     }
