@@ -20,8 +20,8 @@ document, drawn from the popularity law, so popular passages neighbour popular o
 an independent popularity draw. The defaults (0.9, 8 neighbours, all alike) are the least-squares
 fit, at wiki-trivia's skew and size, of three statistics of the real staged retrieval recorded in
 ``wiki-trivia`` (``stats.co_retrieval``): pair repeats 17% (real 20%), pair repeats among
-requests whose first document was seen 39% (37%), favourite second document's share 32% (31%);
-independent draws give 1%, 3% and 14%. ``co_retrieval_p=0`` reproduces the independent model
+requests whose first document was seen 38% (37%), favourite second document's share 31% (31%);
+independent draws give 1%, 2% and 15%. ``co_retrieval_p=0`` reproduces the independent model
 (and earlier traces) exactly. Every parameter is printed by ``ragsim trace stats`` and stored
 in the trace's info.
 """
