@@ -149,6 +149,23 @@ def _answer_key(answer: str | None, redact: bool) -> str | None:
     return hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if redact else key
 
 
+def _stage_columns(stage_ids: np.ndarray, stage_times_s: np.ndarray
+                   ) -> tuple[pa.Array, pa.Array]:
+    """Arrow columns from (requests, stages, k) ids padded with -1 and (requests, stages) times,
+    built from flat arrays and offsets: a million requests cost arrays, not Python lists."""
+    n, n_stages, _ = stage_ids.shape
+    valid = stage_ids >= 0
+    inner_offsets = np.zeros(n * n_stages + 1, dtype=np.int64)
+    np.cumsum(valid.sum(axis=2).ravel(), out=inner_offsets[1:])
+    inner = pa.LargeListArray.from_arrays(pa.array(inner_offsets),
+                                          pa.array(stage_ids[valid].astype(np.int64)))
+    outer_offsets = np.arange(0, n * n_stages + 1, n_stages, dtype=np.int64)
+    stages = pa.LargeListArray.from_arrays(pa.array(outer_offsets), inner)
+    times = pa.LargeListArray.from_arrays(pa.array(outer_offsets),
+                                          pa.array(stage_times_s.ravel().astype(np.float64)))
+    return (stages.cast(pa.list_(pa.list_(pa.int64()))), times.cast(pa.list_(pa.float64())))
+
+
 def build_trace(options: BuildOptions, progress: Progress | None = None) -> BuildResult:
     options.validate()
     started = time.perf_counter()
@@ -201,12 +218,8 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
     doc_offsets = np.zeros(len(final) + 1, dtype=np.int64)
     np.cumsum(lengths, out=doc_offsets[1:])
     doc_ids = final[final >= 0]
-    stage_lists = [[[int(d) for d in stage if d >= 0] for stage in result.stage_ids[u]]
-                   for u in range(len(unique_questions))]
-    stages = pa.array([stage_lists[u] for u in request_to_unique],
-                      pa.list_(pa.list_(pa.int64())))
-    stage_times = pa.array([result.stage_times_s[u].tolist() for u in request_to_unique],
-                           pa.list_(pa.float64()))
+    stages, stage_times = _stage_columns(result.stage_ids[request_to_unique],
+                                         result.stage_times_s[request_to_unique])
 
     question_tokens = np.array([len(tokenizer.encode(t)) for t in question_texts],
                                dtype=np.int64)
