@@ -55,6 +55,21 @@ def _progress(total: int, label: str, enabled: bool):
     return progress, (lambda done: progress.update(task, completed=done))
 
 
+def _phased_progress():
+    """A progress display with one bar per phase, and the ``(phase, done, total)`` callback long
+    jobs (profiling, trace building) report through."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True)
+    tasks: dict[str, int] = {}
+
+    def report(phase: str, done: int, total: int) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done)
+
+    return progress, report
+
+
 def _print_json(data: dict) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -544,14 +559,7 @@ def trace_build(
         requests=requests, sampling=sampling, order=order, zipf_s=zipf_s, arrival=arrival,
         rate_rps=rate, cv=cv, output_tokens=output_tokens, redact_text=redact_text, seed=seed)
     options.validate()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True)
-    tasks: dict[str, int] = {}
-
-    def report(phase: str, done: int, total: int) -> None:
-        if phase not in tasks:
-            tasks[phase] = progress.add_task(phase, total=total)
-        progress.update(tasks[phase], completed=done)
+    progress, report = _phased_progress()
 
     with progress:
         result = build_trace(options, progress=report)
@@ -711,14 +719,7 @@ def profile(
     device_tag = "cpu" if device == "cpu" else device.replace(":", "")
     profile_name = name or f"{device_tag}-{spec.name}"
     plan = ProfilePlan.quick() if quick else ProfilePlan.full()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True)
-    tasks: dict[str, int] = {}
-
-    def report(phase: str, done: int, total: int) -> None:
-        if phase not in tasks:
-            tasks[phase] = progress.add_task(phase, total=total)
-        progress.update(tasks[phase], completed=done)
+    progress, report = _phased_progress()
 
     with progress:
         result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,18 +26,11 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name, table in ((REQUESTS_FILE, trace.requests_table()),
                         (DOCUMENTS_FILE, trace.documents_table())):
-        fd, tmp = tempfile.mkstemp(dir=out, suffix=".parquet.tmp")
-        os.close(fd)
+        # a plain file (default permissions: traces are for sharing) renamed into place
+        tmp = out / f".{name}.{os.getpid()}.parquet.tmp"
         pq.write_table(table, tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a trace is for sharing
         os.replace(tmp, out / name)
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def read_trace(path: str | os.PathLike) -> Trace:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.compute as pc
 
 from ragsim.traces.schema import Trace
 from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
@@ -33,32 +34,43 @@ def stage_convergence(trace: Trace) -> dict:
     empty = {"stage_converge_p": None, "stage_equals_final": None, "search_time_mean_s": None}
     if trace.stages is None or trace.n_requests == 0:
         return empty
-    stages = trace.stages.to_pylist()
-    n_stages = max((len(s) for s in stages), default=0)
+    n = trace.n_requests
+    stage_counts = pc.fill_null(pc.list_value_length(trace.stages), 0).to_numpy().astype(
+        np.int64)
+    n_stages = int(stage_counts.max())
     if n_stages == 0:
         return empty
-    final_by = np.zeros(n_stages, dtype=np.int64)
-    successes = trials = 0
-    for i, lists in enumerate(stages):
-        final = trace.docs_of(i).tolist()
-        first = next((s for s, lst in enumerate(lists, start=1) if lst == final), len(lists))
-        first = max(first, 1)
-        final_by[first - 1:] += 1
-        last = max(len(lists), 1)
-        if first < last:
-            successes += 1
-            trials += first
-        else:
-            trials += last - 1
+    # one entry per (request, stage), one element per id: compared with doc_ids in arrays
+    stage_lists = pc.list_flatten(trace.stages)
+    entry_request = np.repeat(np.arange(n), stage_counts)
+    entry_stage = np.arange(len(entry_request)) - np.repeat(np.cumsum(stage_counts)
+                                                            - stage_counts, stage_counts)
+    entry_len = pc.fill_null(pc.list_value_length(stage_lists), 0).to_numpy().astype(np.int64)
+    ids = pc.list_flatten(stage_lists).to_numpy(zero_copy_only=False)
+    elem_entry = np.repeat(np.arange(len(entry_len)), entry_len)
+    elem_pos = np.arange(len(ids)) - np.repeat(np.cumsum(entry_len) - entry_len, entry_len)
+    elem_request = entry_request[elem_entry]
+    within = elem_pos < trace.top_k[elem_request]
+    final_at = np.where(within, trace.doc_offsets[elem_request] + elem_pos, 0)
+    final_ids = trace.doc_ids[final_at] if len(trace.doc_ids) else np.full(len(ids), -1)
+    mismatches = np.bincount(elem_entry, weights=~within | (ids != final_ids),
+                             minlength=len(entry_len))
+    equal = (entry_len == trace.top_k[entry_request]) & (mismatches == 0)
+    first = stage_counts.copy()  # 1-based stage of the first final list; the last by default
+    np.minimum.at(first, entry_request[equal], entry_stage[equal] + 1)
+    first = np.maximum(first, 1)
+    last = np.maximum(stage_counts, 1)
+    found_early = first < last
+    successes = int(found_early.sum())
+    trials = int(np.where(found_early, first, last - 1).sum())
+    final_by = np.cumsum(np.bincount(first - 1, minlength=n_stages))
     times = None
     if trace.stage_times_s is not None:
-        import pyarrow.compute as pc
-
         flat = pc.list_flatten(trace.stage_times_s).to_numpy(zero_copy_only=False)
         times = float(flat.sum() / trace.n_requests)
     return {
         "stage_converge_p": successes / trials if trials else None,
-        "stage_equals_final": [round(float(c) / trace.n_requests, 6) for c in final_by],
+        "stage_equals_final": [round(float(c) / n, 6) for c in final_by],
         "search_time_mean_s": times,
     }
 

@@ -37,7 +37,7 @@ from ragsim.traces.corpus.sources import Corpus, Questions, load_corpus, load_qu
 from ragsim.traces.corpus.tokenizers import load_tokenizer
 from ragsim.traces.retime import arrival_times
 from ragsim.traces.schema import Trace
-from ragsim.traces.stats import retrieval_skew
+from ragsim.traces.stats import retrieval_skew, stage_convergence
 
 SAMPLING_MODES = ("once", "uniform", "zipf")
 ORDERS = ("file", "shuffle")
@@ -239,13 +239,34 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
     else:
         arrival_s = arrival_times(len(picked), options.rate_rps, process=options.arrival,
                                   cv=options.cv, seed=options.seed)
-    answer_keys = [_answer_key(questions.answers[q], options.redact_text) for q in picked]
+    # text columns built once per distinct question, then repeated as the questions are
+    unique_keys = [_answer_key(questions.answers[q], options.redact_text)
+                   for q in unique_questions]
+    answer_keys = None if all(k is None for k in unique_keys) else pa.array(
+        unique_keys, pa.string()).take(pa.array(request_to_unique))
+    query_text = None if options.redact_text else pa.array(
+        question_texts, pa.string()).take(pa.array(request_to_unique))
     n_req = len(picked)
 
-    convergence = [float((result.stage_ids[:, s] == result.final_ids).all(axis=1).mean())
-                   for s in range(spec.stages)]
     search_s = result.stage_times_s.sum(axis=1)
     skew = retrieval_skew(doc_ids)
+    trace = Trace(
+        request_id=np.arange(n_req, dtype=np.int64),
+        arrival_s=np.asarray(arrival_s, dtype=np.float64),
+        query_tokens=question_tokens[request_to_unique],
+        output_tokens=answer_tokens[request_to_unique],
+        doc_offsets=doc_offsets,
+        doc_ids=doc_ids.astype(np.int64),
+        document_ids=np.arange(len(documents), dtype=np.int64),
+        document_tokens=documents.tokens,
+        stages=stages,
+        stage_times_s=stage_times,
+        query_text=query_text,
+        answer_key=answer_keys,
+        document_text=None if options.redact_text else pa.array(documents.texts, pa.string()),
+        info={},
+    )
+    convergence = stage_convergence(trace)
     report = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
@@ -269,7 +290,8 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
             "recall_at_k_vs_exact": round(recall_at_k(result.final_ids, exact), 6),
             "final_equals_exact": round(float(
                 (np.sort(result.final_ids, 1) == np.sort(exact, 1)).all(axis=1).mean()), 6),
-            "stage_equals_final": [round(c, 6) for c in convergence],
+            "stage_equals_final": convergence["stage_equals_final"],
+            "stage_converge_p": round(convergence["stage_converge_p"] or 0.0, 6),
             "stage_time_mean_s": [float(f"{t:.4g}") for t in result.stage_times_s.mean(0)],
             "search_time_mean_s": float(f"{search_s.mean():.4g}"),
             "search_time_p50_s": float(f"{np.median(search_s):.4g}"),
@@ -292,24 +314,7 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
             "sampling": options.sampling, "seed": options.seed,
             "recall_at_k_vs_exact": report["staged_search"]["recall_at_k_vs_exact"],
             "text_redacted": options.redact_text}
-    trace = Trace(
-        request_id=np.arange(n_req, dtype=np.int64),
-        arrival_s=np.asarray(arrival_s, dtype=np.float64),
-        query_tokens=question_tokens[request_to_unique],
-        output_tokens=answer_tokens[request_to_unique],
-        doc_offsets=doc_offsets,
-        doc_ids=doc_ids.astype(np.int64),
-        document_ids=np.arange(len(documents), dtype=np.int64),
-        document_tokens=documents.tokens,
-        stages=stages,
-        stage_times_s=stage_times,
-        query_text=None if options.redact_text else pa.array(
-            [questions.texts[q] for q in picked], pa.string()),
-        answer_key=None if all(k is None for k in answer_keys) else pa.array(answer_keys,
-                                                                            pa.string()),
-        document_text=None if options.redact_text else pa.array(documents.texts, pa.string()),
-        info=info,
-    )
+    trace.info = info
     mapping = pa.table({
         "doc_id": pa.array(np.arange(len(documents), dtype=np.int64)),
         "passage_ids": pa.array(documents.passage_ids, pa.list_(pa.string())),

@@ -198,12 +198,13 @@ def exact_top_k(vectors: np.ndarray, queries: np.ndarray, top_k: int) -> np.ndar
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
-    """Mean share of the exact top-k that the search found (order ignored)."""
+    """Mean share of the exact top-k that the search found (order ignored; -1 is no result)."""
     if found.size == 0:
         return 1.0
-    hits = [len(set(f[f >= 0]) & set(t[t >= 0])) / max(1, (t >= 0).sum())
-            for f, t in zip(found, truth, strict=True)]
-    return float(np.mean(hits))
+    valid_truth = truth >= 0
+    matched = ((truth[:, None, :] == found[:, :, None]) & (found >= 0)[:, :, None]).any(axis=1)
+    per_query = (matched & valid_truth).sum(axis=1) / np.maximum(valid_truth.sum(axis=1), 1)
+    return float(per_query.mean())
 
 
 @contextmanager
