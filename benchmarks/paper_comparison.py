@@ -3,6 +3,8 @@
 Every number the README quotes about ``ragsim run`` against the paper comes from here:
 
     python benchmarks/paper_comparison.py [--trace mmlu] [--requests 3000] [--seed 0]
+    python benchmarks/paper_comparison.py --co-retrieval 0          # independent draws
+    python benchmarks/paper_comparison.py --trace wiki-trivia-topics --requests 10033
 
 1. Mean TTFT of vllm / sglang / ragcache at several Poisson rates, with ragcache's ablations
    (no speculation, no reordering), and the ratios the paper reports (TTFT 1.2-4x vs vLLM,
@@ -22,7 +24,7 @@ import argparse
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
-from ragsim.traces import resolve_trace
+from ragsim.traces import builtin_trace, resolve_trace
 
 GiB = 2**30
 PROFILE = "a10g-mistral-7b"
@@ -38,9 +40,16 @@ def main() -> None:
     parser.add_argument("--trace", default="mmlu")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--co-retrieval", type=float, default=None,
+                        help="synthetic traces only: co-retrieval probability (0: independent "
+                             "draws, the generator before it was fitted on real retrieval)")
     args = parser.parse_args()
     profile = load_profile(PROFILE)
-    trace = resolve_trace(args.trace, seed=args.seed, n_requests=args.requests)
+    if args.co_retrieval is not None:
+        trace = builtin_trace(args.trace, seed=args.seed, n_requests=args.requests,
+                              co_retrieval_p=args.co_retrieval)
+    else:
+        trace = resolve_trace(args.trace, seed=args.seed, n_requests=args.requests)
 
     def summary(**settings) -> dict:
         config = build_config({"trace": args.trace, "seed": args.seed, **settings})

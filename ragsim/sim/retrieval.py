@@ -29,7 +29,7 @@ How long each stage takes (``latency``):
 
 Default latency, measured (``benchmarks/retrieval_latency.py``): ``search_s = 0.0155`` s, the
 mean single-thread search of an IVF index at the paper's scale (300k documents, 768-d vectors,
-1,024 lists) probing a quarter of its lists, the share that gave recall@2 of 0.96-0.98 against
+1,024 lists) probing a quarter of its lists, the share that gave recall@2 of 0.955 against
 exact search on real embeddings (wiki-trivia); a full scan took 0.062 s, 1/16 of the lists
 0.0038 s (one core of this machine reads ~15 GB/s of vectors). A slower or larger index scales
 it (``--search-s``); a trace built with ``ragsim trace build`` can bring its own measured times

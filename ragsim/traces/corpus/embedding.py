@@ -63,6 +63,7 @@ class Embedder:
             "/", "--")
         self.threads = threads
         self._model = None
+        self._cache: dict[bytes, np.ndarray] | None = None  # read from disk once
         self.embedded = 0  # texts embedded by this object (not found in the cache)
         self.cached = 0  # texts found in the cache
 
@@ -118,7 +119,9 @@ class Embedder:
               ) -> np.ndarray:
         """float32 (len(texts), dim), L2-normalised, in the order given."""
         keys = [_digest(t) for t in texts]
-        cache = self._load_cache()
+        if self._cache is None:
+            self._cache = self._load_cache()
+        cache = self._cache
         missing = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values())
         if missing:
             new_vectors = np.empty((len(missing), self.dimension), dtype=np.float32)
