@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import libcachesim  # noqa: F401 - the peer ([peers] in [dev]): missing is a broken set-up
 import numpy as np
 import pytest
 from peers import libcachesim_miss_ratio, write_oracle_general
 
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
-
-pytest.importorskip("libcachesim")
 
 
 def zipf_sequence(n: int, n_objects: int, alpha: float, seed: int, max_size: int):

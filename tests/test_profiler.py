@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch  # noqa: F401 - [profile] in [dev]: missing is a broken set-up, not a skip
+import transformers  # noqa: F401
 from typer.testing import CliRunner
 
 from ragsim.cli import app
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import load_profile
 from ragsim.profiles.profiler import ProfilePlan, run_profile
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 
 runner = CliRunner()
 
