@@ -5,6 +5,7 @@ Every number the README quotes about ``ragsim run`` against the paper comes from
     python benchmarks/paper_comparison.py [--trace mmlu] [--requests 3000] [--seed 0]
     python benchmarks/paper_comparison.py --co-retrieval 0          # independent draws
     python benchmarks/paper_comparison.py --trace wiki-trivia-topics --requests 10033
+    python benchmarks/paper_comparison.py --drift 0.3 --requests 20000 --policies-only
 
 1. Mean TTFT of vllm / sglang / ragcache at several Poisson rates, with ragcache's ablations
    (no speculation, no reordering), and the ratios the paper reports (TTFT 1.2-4x vs vLLM,
@@ -12,7 +13,9 @@ Every number the README quotes about ``ragsim run`` against the paper comes from
 2. Throughput when the offered load exceeds what the systems can serve (the paper: 1.3-2.1x vs
    vLLM, 1.2-1.8x vs SGLang).
 3. Token hit rate of PGDSF, GDSF, LRU and LFU across host-memory sizes from 8 to 128 GiB (the
-   paper: PGDSF 1.02-1.32x GDSF, 1.06-1.62x LRU, 1.06-1.75x LFU), ragcache without speculation.
+   paper: PGDSF 1.02-1.32x GDSF, 1.06-1.62x LRU, 1.06-1.75x LFU), ragcache without speculation,
+   with PGDSF's ratio to each. ``--drift`` makes a synthetic trace's topics move (the
+   generator's ``drift_per_1k_requests``); the built-in ``mmlu`` is stationary.
 
 Simulated numbers are deterministic for a seed; only the wall time varies between machines.
 """
@@ -33,6 +36,7 @@ OVERLOAD_RATES = (4.0, 6.0)
 HOST_GIB = (8, 32, 128)
 POLICIES = ("pgdsf", "gdsf", "lru", "lfu")
 SYSTEMS = ("vllm", "sglang", "ragcache")
+PAPER_RATIOS = {"gdsf": "1.02-1.32x", "lru": "1.06-1.62x", "lfu": "1.06-1.75x"}  # Figure 17
 
 
 def main() -> None:
@@ -43,19 +47,35 @@ def main() -> None:
     parser.add_argument("--co-retrieval", type=float, default=None,
                         help="synthetic traces only: co-retrieval probability (0: independent "
                              "draws, the generator before it was fitted on real retrieval)")
+    parser.add_argument("--drift", type=float, default=None,
+                        help="synthetic traces only: share of popularity ranks that trade "
+                             "documents after every 1,000 requests (0: stationary)")
+    parser.add_argument("--policies-only", action="store_true",
+                        help="print only the replacement-policy table")
     args = parser.parse_args()
     profile = load_profile(PROFILE)
+    synthetic = {}
     if args.co_retrieval is not None:
-        trace = builtin_trace(args.trace, seed=args.seed, n_requests=args.requests,
-                              co_retrieval_p=args.co_retrieval)
+        synthetic["co_retrieval_p"] = args.co_retrieval
+    if args.drift is not None:
+        synthetic["drift_per_1k_requests"] = args.drift
+    if synthetic:
+        trace = builtin_trace(args.trace, seed=args.seed, n_requests=args.requests, **synthetic)
     else:
         trace = resolve_trace(args.trace, seed=args.seed, n_requests=args.requests)
+    label = args.trace + "".join(f", {k} {v}" for k, v in synthetic.items())
 
     def summary(**settings) -> dict:
         config = build_config({"trace": args.trace, "seed": args.seed, **settings})
         return run_simulation(trace, config, profile).summary
 
-    print(f"## Mean TTFT (s): {args.trace}, {args.requests} requests, {PROFILE}\n")
+    if not args.policies_only:
+        ttft_and_throughput(label, args.requests, summary)
+    policy_table(label, args.requests, summary)
+
+
+def ttft_and_throughput(label: str, n_requests: int, summary) -> None:
+    print(f"## Mean TTFT (s): {label}, {n_requests} requests, {PROFILE}\n")
     print("| rate (req/s) | vllm | sglang | ragcache | vllm / ragcache | sglang / ragcache "
           "| ragcache, no speculation | ragcache, no reordering | token hit rate (ragcache) |")
     print("|---" * 9 + "|")
@@ -69,7 +89,7 @@ def main() -> None:
               f" | {no_spec:.3f} | {no_reorder:.3f} | {s['ragcache']['token_hit_rate']:.1%} |",
               flush=True)
 
-    print(f"\n## Throughput under overload (req/s): {args.trace}, {args.requests} requests\n")
+    print(f"\n## Throughput under overload (req/s): {label}, {n_requests} requests\n")
     print("| offered (req/s) | vllm | sglang | ragcache | ragcache / vllm | ragcache / sglang |")
     print("|---" * 6 + "|")
     for rate in OVERLOAD_RATES:
@@ -79,14 +99,22 @@ def main() -> None:
               f"| {thr['ragcache'] / thr['vllm']:.2f}x | {thr['ragcache'] / thr['sglang']:.2f}x |",
               flush=True)
 
-    print(f"\n## Token hit rate by policy: {args.trace}, ragcache without speculation, "
-          "0.8 req/s\n")
-    print("| host memory | " + " | ".join(POLICIES) + " |")
-    print("|---" * (len(POLICIES) + 1) + "|")
+
+
+def policy_table(label: str, n_requests: int, summary) -> None:
+    print(f"\n## Token hit rate by policy: {label}, {n_requests} requests, ragcache without "
+          "speculation, 0.8 req/s\n")
+    others = [p for p in POLICIES if p != "pgdsf"]
+    print("| host memory | " + " | ".join(POLICIES) + " | "
+          + " | ".join(f"pgdsf / {p} (paper {PAPER_RATIOS[p]})" for p in others) + " |")
+    print("|---" * (len(POLICIES) + len(others) + 1) + "|")
     for host in HOST_GIB:
-        hits = [summary(system="ragcache", rate_rps=0.8, policy=policy, speculate=False,
-                        host_cache_bytes=host * GiB)["token_hit_rate"] for policy in POLICIES]
-        print(f"| {host} GiB | " + " | ".join(f"{h:.1%}" for h in hits) + " |", flush=True)
+        hits = {policy: summary(system="ragcache", rate_rps=0.8, policy=policy, speculate=False,
+                                host_cache_bytes=host * GiB)["token_hit_rate"]
+                for policy in POLICIES}
+        print(f"| {host} GiB | " + " | ".join(f"{h:.1%}" for h in hits.values()) + " | "
+              + " | ".join(f"{hits['pgdsf'] / hits[p]:.2f}x" for p in others) + " |",
+              flush=True)
 
 
 if __name__ == "__main__":

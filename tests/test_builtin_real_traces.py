@@ -72,7 +72,7 @@ def _token_hit_rates(trace_name: str, host_gib: int) -> dict[str, float]:
     return {policy: run_replay(trace, ReplayConfig(trace=trace_name, policy=policy,
                                                    host_capacity_bytes=host_gib * GiB),
                                profile).summary["token_hit_rate"]
-            for policy in ("pgdsf", "lru", "lfu")}
+            for policy in ("pgdsf", "gdsf", "lru", "lfu")}
 
 
 @pytest.mark.parametrize("host_gib", [2, 8])
@@ -84,11 +84,14 @@ def test_pgdsf_beats_lru_and_lfu_when_topics_drift(host_gib):
     assert hit["pgdsf"] > 1.1 * hit["lfu"], hit
 
 
-def test_lfu_wins_on_stationary_real_retrieval():
-    """The other side, kept visible: shuffled questions make popularity stationary, where
-    counting every retrieval (LFU) is the best estimate of the future (README, findings)."""
+def test_pgdsf_matches_lfu_on_stationary_real_retrieval():
+    """The other side, kept visible: shuffled questions make popularity stationary, LFU's best
+    case (counting every retrieval is the best estimate of the future). PGDSF, whose counts
+    survive eviction, keeps as much as LFU there (within 1%), and more than GDSF and LRU;
+    when its counts restarted at each eviction it kept 5% less (README, findings)."""
     hit = _token_hit_rates("wiki-trivia", 8)
-    assert hit["lfu"] > hit["pgdsf"] > hit["lru"], hit
+    assert abs(hit["pgdsf"] - hit["lfu"]) < 0.01 * hit["lfu"], hit
+    assert hit["pgdsf"] > max(hit["gdsf"], hit["lru"]), hit
 
 
 def _pairs_trace(pairs: list[tuple[int, int]]) -> Trace:

@@ -45,3 +45,28 @@ def test_objects_larger_than_the_cache_are_not_admitted(tmp_path, policy):
     trace_path = write_oracle_general(tmp_path / "t.bin", keys, sizes)
     expected = libcachesim_miss_ratio(policy, 120, trace_path)
     assert our_miss_ratio(policy, 120, keys, sizes) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("remember", "last_is_hit"), [(True, 1), (False, 0)])
+def test_flat_pgdsf_keeps_counts_across_evictions(remember, last_is_hit):
+    """No peer has PGDSF, so by hand (two slots, every object worth 1 per retrieval):
+    A A B C D E: B goes (1, older than C), C (1), then A (2, the oldest of three 2s); clock 2.
+    A returns at count 3 (priority 5) if its count was kept, else at 1 (priority 3); D goes.
+    F (3) evicts E (2); G (3) then evicts F (kept: A is 5) or A (reset: A is the oldest 3),
+    and the clock is 3. The last A hits only if its count was kept.
+    """
+    from ragsim.cache.policies.gdsf import FlatGreedyDual
+
+    cache = FlatGreedyDual(200, lambda size, tokens: float(size), remember_frequency=remember)
+    keys = [ord(k) for k in "AABCDEAFGA"]
+    hits = cache.process(keys, [100] * len(keys))
+    assert list(hits) == [0, 1, 0, 0, 0, 0, 0, 0, 0, last_is_hit]
+    assert cache.clock == 3.0
+
+
+def test_flat_pgdsf_remembers_and_flat_gdsf_forgets():
+    def cost_per_token(cached, new):
+        return 1e-4
+
+    assert make_policy("pgdsf").flat_cache(10, cost_per_token)._evicted_counts == {}
+    assert make_policy("gdsf").flat_cache(10)._evicted_counts is None

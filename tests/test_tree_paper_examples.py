@@ -64,8 +64,56 @@ class TestFigure9CostEstimation:
         costs = [self.t(0, 200) / 200, self.t(0, 300) / 300]
         assert node.num_computed == 2
         assert node.avg_cost_per_token_s == pytest.approx(sum(costs) / 2, rel=1e-12)
-        # frequency restarts when a node leaves the cache; cost statistics do not
-        assert node.frequency == 1
+        # PGDSF's Frequency counts from system start: eviction keeps it, and the cost statistics
+        assert node.frequency == 2
+
+
+@pytest.mark.parametrize(("policy", "count_after_return"), [("pgdsf", 3), ("gdsf", 1),
+                                                            ("lfu", 1), ("lru", 1)])
+def test_only_pgdsf_counts_across_an_eviction(policy, count_after_return):
+    """The paper resets PGDSF's Frequency when the system starts or the cache is cleared; the
+    classic policies (libCacheSim, Cherkasova's GDSF) count from admission."""
+    kt = tree(policy, gpu=100)
+    kt.access([1], [100])
+    kt.access([1], [100])
+    kt.access([2], [100])  # evicts document 1 entirely (no host tier)
+    assert kt.tier_of([1]) is Tier.NONE
+    kt.access([1], [100])
+    assert kt.root.children[1].frequency == count_after_return
+
+
+def test_a_remembered_count_keeps_a_returning_document_over_a_newer_one():
+    """Hand-worked, two 100-token slots, cost c per token for every computation.
+
+    A, A (A: 2c), B (c), C: evicts B (clock c; C = c + c = 2c), D: A and C tie at 2c, A is
+    older and goes (clock 2c; D = 3c). A returns: with its count kept it is computed once more
+    at frequency 3, priority 2c + 3c = 5c; counting from admission it would be 2c + c = 3c.
+    Room for A evicts C (2c). E (2c + c = 3c) evicts D (3c, older than A either way). F: the
+    remembered count keeps A (5c) and evicts E; counting from admission A (3c) is older than
+    E (3c) and goes.
+    """
+    from ragsim.cache.policies.pgdsf import PGDSF
+
+    class PGDSFCountingFromAdmission(PGDSF):
+        frequency_survives_eviction = False
+
+    A, B, C, D, E, F = range(1, 7)
+    survivors = {}
+    for label, policy in (("kept", PGDSF()), ("reset", PGDSFCountingFromAdmission())):
+        kt = KnowledgeTree(policy, gpu_capacity_bytes=200, kv_bytes_per_token=1,
+                           prefill_cost_s=bilinear_table(0.0, 0.001, 0.0).at)
+        c = kt.prefill_cost_s(0, 100) / 100
+        for doc in (A, A, B, C, D):
+            kt.access([doc], [100])
+        assert kt.tier_of([A]) is Tier.NONE and kt.clock_gpu == pytest.approx(2 * c)
+        kt.access([A], [100])
+        expected = 5 * c if label == "kept" else 3 * c
+        assert kt.root.children[A].priority_gpu == pytest.approx(expected)
+        kt.access([E], [100])
+        kt.access([F], [100])
+        survivors[label] = {n.key for n in kt.iter_nodes() if n.in_gpu and n.parent is not None}
+        kt.check_invariants()
+    assert survivors == {"kept": {A, F}, "reset": {E, F}}
 
 
 def test_algorithm1_evict_in_gpu_leaf_order_and_clock():
@@ -232,6 +280,19 @@ def test_gpu_failure_keeps_host_copies_and_drops_what_hangs_below_a_lost_node():
     again = kt.access([1, 4], [100, 100])
     assert again.hit_tokens_host == 100 and again.recomputed_tokens == 100
     assert kt.gpu_failures == 1
+
+
+@pytest.mark.parametrize(("policy", "count"), [("pgdsf", 3), ("lfu", 1)])
+def test_gpu_failure_loses_kv_not_the_controllers_counts(policy, count):
+    """PGDSF's counts live in the controller, so a GPU failure does not reset them."""
+    kt = tree(policy, gpu=300)
+    kt.access([1], [100])
+    kt.access([1], [100])
+    kt.fail_gpu()
+    assert kt.tier_of([1]) is Tier.NONE
+    kt.access([1], [100])
+    assert kt.root.children[1].frequency == count
+    kt.check_invariants()
 
 
 def test_gpu_failure_refuses_while_requests_hold_the_gpu():

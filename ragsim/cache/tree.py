@@ -60,7 +60,8 @@ class Node:
     """Tree node: structure, residency, and the policy's metadata.
 
     A node that left the cache stays in the tree as a *ghost* (tier NONE) so that PGDSF keeps
-    its cost statistics over the m requests that computed it.
+    its cost statistics over the m requests that computed it, and its retrieval count (the
+    paper's Frequency is reset only when the system starts, not when a node is evicted).
     """
 
     key = cython.declare(cython.longlong, visibility="public")
@@ -196,6 +197,7 @@ class KnowledgeTree:
     _seq = cython.declare(cython.longlong)
     _use_cost = cython.declare(cython.bint)
     _uses_clock = cython.declare(cython.bint)
+    _forget_on_drop = cython.declare(cython.bint)
     _on_access = cython.declare(object)
     _on_enter_cache = cython.declare(object)
     # results of the last request served (``access`` packs them into an AccessResult)
@@ -251,6 +253,8 @@ class KnowledgeTree:
         self._seq = 0
         self._use_cost = prefill_cost_s is not None
         self._uses_clock = bool(policy.uses_clock)
+        # classic policies count from admission; PGDSF counts over its window (the whole run)
+        self._forget_on_drop = not policy.frequency_survives_eviction
         self._on_access = policy.on_access
         # most policies ignore entry into the cache: skip a million no-op calls for them
         self._on_enter_cache = policy.on_enter_cache if policy.tracks_cache_entry else None
@@ -580,7 +584,8 @@ class KnowledgeTree:
             parent.gpu_children -= 1
             if not n.host_copy:
                 parent.cached_children -= 1
-                n.frequency = 0
+                if self._forget_on_drop:
+                    n.frequency = 0
                 lost += n.size_bytes
         for item in gpu_nodes:  # phase 2: host copies below a lost node are invalid
             n = item
@@ -599,7 +604,8 @@ class KnowledgeTree:
                     self.host_used_bytes -= child.size_bytes
                     self.dropped_bytes += child.size_bytes
                     parent.cached_children -= 1
-                    child.frequency = 0
+                    if self._forget_on_drop:
+                        child.frequency = 0
                     lost += child.size_bytes
                     stack.append(child)
         self._heap_gpu = []
@@ -807,7 +813,8 @@ class KnowledgeTree:
                     if child.host_copy:
                         stack.append(child)
             m.cached_children = 0
-            m.frequency = 0
+            if self._forget_on_drop:
+                m.frequency = 0
             self._sync(m)
         parent: Node = n.parent
         parent.cached_children -= 1

@@ -56,6 +56,11 @@ class TreePolicy:
     needs_future = False  # offline bounds need next-use information
     tracks_cache_entry = False  # True if on_enter_cache does something (FIFO)
     needs_cost = False  # True if on_access uses the request's prefill cost (PGDSF)
+    # False: the count restarts when a node leaves the cache entirely (libCacheSim's LFU and
+    # GDSF, Cherkasova's GDSF). True: it counts every retrieval since the system started, as
+    # RAGCache defines PGDSF's Frequency; a GPU failure does not reset it either (the counts
+    # live in the controller, not in GPU memory).
+    frequency_survives_eviction = False
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:

@@ -35,17 +35,21 @@ class FlatGreedyDual:
     """Object greedy-dual cache with libCacheSim's GDSF semantics.
 
     Priority = L + freq x unit_cost / size; L becomes the priority of each evicted object; the
-    frequency restarts at 1 when an object is re-admitted; equal priorities evict the least
-    recently accessed first; a missed object is inserted before the evictions that make room
-    for it, so it competes with the residents (libCacheSim does the same).
+    frequency restarts at 1 when an object is re-admitted (unless ``remember_frequency``);
+    equal priorities evict the least recently accessed first; a missed object is inserted
+    before the evictions that make room for it, so it competes with the residents (libCacheSim
+    does the same).
     ``unit_cost(size_bytes, tokens)`` is the cost term over which size is divided: by default
     the GDSF constant 1e6; for PGDSF, the prefill time per token of computing the object alone
-    times its size.
+    times its size. ``remember_frequency`` (PGDSF) keeps an evicted object's count, so that it
+    comes back with count + 1 instead of 1.
     """
 
     def __init__(self, capacity_bytes: int,
-                 unit_cost: Callable[[int, int], float] | None = None) -> None:
+                 unit_cost: Callable[[int, int], float] | None = None,
+                 remember_frequency: bool = False) -> None:
         self.capacity_bytes = capacity_bytes
+        self._evicted_counts: dict[int, int] | None = {} if remember_frequency else None
         self.used_bytes = 0
         self.evictions = 0
         self.clock = 0.0
@@ -62,6 +66,8 @@ class FlatGreedyDual:
         heap: list = self._heap
         capacity: cython.longlong = self.capacity_bytes
         unit_cost = self._unit_cost
+        evicted_counts = self._evicted_counts
+        count: cython.longlong
         token_counts = tokens if tokens is not None else sizes_bytes
         seq: cython.longlong = self._seq
         size: cython.longlong
@@ -89,8 +95,9 @@ class FlatGreedyDual:
             # libCacheSim inserts first and then evicts, so a newcomer whose priority is the
             # lowest is evicted at once (and its priority sets the clock).
             unit = GDSF_CONSTANT_COST if unit_cost is None else unit_cost(size, token_counts[i])
-            priority = self.clock + 1 * unit / size
-            entries[key] = [priority, seq, 1, size, unit]
+            count = 1 if evicted_counts is None else evicted_counts.pop(key, 0) + 1
+            priority = self.clock + count * unit / size
+            entries[key] = [priority, seq, count, size, unit]
             self.used_bytes += size
             heappush(heap, (priority, seq, key))
             while self.used_bytes > capacity:
@@ -103,6 +110,8 @@ class FlatGreedyDual:
                 if current[1] != popped[1]:
                     continue  # stale entry left by a later access
                 del entries[victim]
+                if evicted_counts is not None:
+                    evicted_counts[victim] = current[2]
                 self.clock = popped[0]
                 self.used_bytes -= current[3]
                 self.evictions += 1
