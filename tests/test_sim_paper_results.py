@@ -32,11 +32,11 @@ def test_ragcache_beats_sglang_beats_vllm_on_ttft_at_moderate_load(mmlu, rate_rp
 
 def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lru_and_nearly_lfu_across_host_sizes(mmlu):
     """Figure 17 on the stationary synthetic trace: PGDSF >= GDSF and LRU at 8-128 GiB; LFU,
-    whose best case stationary popularity is, stays within 5% (README, "Policies")."""
+    whose best case stationary popularity is, stays within 2% (README, "Policies")."""
     for host_gib in (8, 32, 128):
         hit = {policy: run_simulation(
             mmlu, build_config({"system": "ragcache", "rate_rps": 0.8, "policy": policy,
                                 "host_cache_bytes": host_gib * GiB, "speculate": False}),
             PROFILE).summary["token_hit_rate"] for policy in ("pgdsf", "gdsf", "lru", "lfu")}
         assert hit["pgdsf"] >= max(hit["gdsf"], hit["lru"]), (host_gib, hit)
-        assert hit["pgdsf"] >= 0.95 * hit["lfu"], (host_gib, hit)
+        assert hit["pgdsf"] >= 0.98 * hit["lfu"], (host_gib, hit)

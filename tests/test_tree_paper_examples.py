@@ -147,6 +147,28 @@ def test_algorithm1_evict_in_gpu_leaf_order_and_clock():
     kt.check_invariants()
 
 
+def test_a_swapped_out_node_keeps_the_host_priority_of_its_last_retrieval():
+    """The clock part of a priority records when a node was retrieved (the paper: "when a
+    document is retrieved, its node's clock is set"); a swap-out is not a retrieval.
+
+    GPU 200, host 200, 100-token documents, cost c per token. X three times (3c in both tiers,
+    host clock 0). A, B, C: A and then B leave the GPU for host; making room for X evicts A
+    from host, raising the host clock to c. X arrives in host with 3c (0 + 3c at its last
+    retrieval), not c + 3c: its frequency is worth what it was, not more.
+    """
+    kt = tree("pgdsf", gpu=200, host=200)
+    c = kt.prefill_cost_s(0, 100) / 100
+    X, A, B, C, D = range(1, 6)
+    for doc in (X, X, X, A, B, C):
+        kt.access([doc], [100])
+    assert kt.tier_of([X]) is Tier.GPU and kt.clock_host == 0.0
+    kt.access([D], [100])  # GPU: X (3c, oldest) and C (3c) tie; X goes, A leaves the host
+    assert kt.tier_of([X]) is Tier.HOST and kt.tier_of([A]) is Tier.NONE
+    assert kt.clock_host == pytest.approx(c)
+    assert kt.root.children[X].priority_host == pytest.approx(3 * c)
+    kt.check_invariants()
+
+
 def test_swap_out_only_once():
     kt = tree("lru", gpu=100, host=1_000)
     kt.access([1], [100])

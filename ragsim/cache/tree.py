@@ -26,7 +26,9 @@ The root is the shared system prompt; it stays resident in GPU for the life of t
 
 The tree owns structure and residency; a ``TreePolicy`` turns accesses into ``node.value`` and
 the tree evicts the lowest ``clock[tier] + value`` among a tier's leaves (ties: least recently
-accessed). The candidates of each tier live in an indexed binary min-heap (each node knows its
+accessed). A node's priority in each tier is set when it is retrieved (the tier's clock then,
+plus its value) and only then: moving between tiers or being replicated does not refresh it.
+The candidates of each tier live in an indexed binary min-heap (each node knows its
 position), so a priority change is one sift and the heaps hold exactly the candidates.
 
 This module is plain Python with Cython annotations ("pure Python mode"): it runs as is, and
@@ -545,8 +547,7 @@ class KnowledgeTree:
                 break
             n.host_copy = True
             self.host_used_bytes += n.size_bytes
-            n.priority_host = self.clock_host + n.value
-            self._sync(n)
+            self._sync(n)  # host priority as of its last retrieval, as for a swap-out
             copied += n.size_bytes
         self.release(held)
         self.replica_bytes += copied
@@ -772,11 +773,13 @@ class KnowledgeTree:
         self._sync(n)  # out of the GPU candidates before the host makes room
         if not n.host_copy:
             # first departure from the GPU: copy to host if host memory can take it
+            # its host priority stays what its last retrieval made it: a swap-out is not an
+            # access, and stamping it with today's clock would make a node the GPU just gave
+            # up on look as fresh as one retrieved now
             if self._make_room(False, n.size_bytes):
                 n.host_copy = True
                 self.host_used_bytes += n.size_bytes
                 self.swap_out_bytes += n.size_bytes
-                n.priority_host = self.clock_host + n.value
                 self._sync(n)
             else:
                 self._drop(n)
