@@ -133,3 +133,20 @@ def test_synthetic_co_retrieval_matches_real_retrieval_and_can_be_switched_off()
     assert independent["pair_repeat_share"] < 0.05 < target["pair_repeat_share"]
     rows = fitted.doc_ids.reshape(-1, 2)
     assert (rows[:, 0] != rows[:, 1]).all()  # still distinct documents per request
+
+
+def test_size_popularity_by_hand_and_on_real_retrieval():
+    from ragsim.traces.stats import size_popularity
+
+    # documents of 10, 20, 30, 40 tokens retrieved 4, 3, 2 and 1 times: perfectly inverse
+    lists = [(0, 1), (0, 1), (0, 2), (0, 1), (2, 3)]
+    n = len(lists)
+    trace = Trace(
+        request_id=np.arange(n), arrival_s=np.arange(n, dtype=float),
+        query_tokens=np.ones(n, np.int64), output_tokens=np.ones(n, np.int64),
+        doc_offsets=np.arange(0, 2 * n + 1, 2), doc_ids=np.array(lists).ravel(),
+        document_ids=np.arange(4), document_tokens=np.array([10, 20, 30, 40]))
+    assert size_popularity(trace)["size_popularity_spearman"] == pytest.approx(-1.0)
+    assert size_popularity(_pairs_trace([(0, 1)] * 3))["size_popularity_spearman"] is None
+    # real retrieval returns short passages slightly more often (README, "Policies")
+    assert trace_stats(resolve_trace("wiki-trivia"))["size_popularity_spearman"] < -0.02

@@ -125,6 +125,24 @@ def co_retrieval(trace: Trace, min_first_count: int = 5) -> dict:
     }
 
 
+def size_popularity(trace: Trace) -> dict:
+    """Whether retrieval favours short or long documents: Spearman's rank correlation between a
+    retrieved document's tokens and how often it is retrieved (negative: short ones more often).
+
+    It decides how much a size-aware policy gains: GDSF's 1/size keeps short documents, which
+    pays in token hits only where short documents are also the popular ones.
+    """
+    unique_docs, counts = np.unique(trace.doc_ids, return_counts=True)
+    if len(unique_docs) < 3:
+        return {"size_popularity_spearman": None}
+    from scipy.stats import spearmanr
+
+    tokens = trace.document_tokens[np.searchsorted(trace.document_ids, unique_docs)]
+    if np.all(tokens == tokens[0]) or np.all(counts == counts[0]):
+        return {"size_popularity_spearman": None}  # undefined for a constant column
+    return {"size_popularity_spearman": float(spearmanr(tokens, counts).statistic)}
+
+
 def trace_stats(trace: Trace) -> dict:
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
@@ -152,5 +170,6 @@ def trace_stats(trace: Trace) -> dict:
         **stage_convergence(trace),
         **retrieval_skew(trace.doc_ids),
         **co_retrieval(trace),
+        **size_popularity(trace),
         "info": trace.info,
     }

@@ -1,0 +1,68 @@
+"""How PGDSF's hit-rate ratios to GDSF, LRU and LFU vary with the trace's seed.
+
+One seed can make two policies look ordered when they tie; this runs the policy table of
+``paper_comparison.py`` (ragcache without speculation, 0.8 req/s) on several traces and prints
+each ratio per trace and its range:
+
+    python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6 --host-gib 8 32
+    python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --host-gib 8 32
+    # real retrieval, reshuffled (needs the corpus extra; embeddings are cached after one build):
+    for s in 0 1 2 3 4 5; do ragsim trace build --corpus wiki-offline --questions trivia \\
+        --top-k 2 --index ivf --stages 4 --nprobe 64 --requests 5000 --order shuffle --rate 1 \\
+        --seed $s --redact-text --out wt-$s; done
+    python benchmarks/policy_seeds.py wt-0 wt-1 wt-2 wt-3 wt-4 wt-5 --host-gib 8 32 128
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ragsim.profiles.profile import load_profile
+from ragsim.sim.config import build_config
+from ragsim.sim.simulator import run_simulation
+from ragsim.traces import resolve_trace
+
+GiB = 2**30
+BASELINES = ("gdsf", "lru", "lfu")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="*", help="trace directories (or built-in names)")
+    parser.add_argument("--synthetic", help="a built-in synthetic trace to generate per seed")
+    parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
+    args = parser.parse_args()
+    if not args.traces and not args.synthetic:
+        parser.error("give trace directories or --synthetic NAME")
+    profile = load_profile("a10g-mistral-7b")
+    runs = [(path, 0, None) for path in args.traces]
+    if args.synthetic:
+        runs += [(args.synthetic, seed, args.requests) for seed in range(args.seeds)]
+    ratios: dict[tuple[int, str], list[float]] = {}
+    print("| trace | seed | host | " + " | ".join(f"pgdsf / {b}" for b in BASELINES) + " |")
+    print("|---" * (3 + len(BASELINES)) + "|")
+    for name, seed, n_requests in runs:
+        trace = resolve_trace(name, seed=seed, n_requests=n_requests)
+        for host in args.host_gib:
+            hit = {}
+            for policy in ("pgdsf", *BASELINES):
+                config = build_config({"trace": name, "seed": seed, "system": "ragcache",
+                                       "rate_rps": 0.8, "policy": policy, "speculate": False,
+                                       "host_cache_bytes": host * GiB})
+                hit[policy] = run_simulation(trace, config, profile).summary["token_hit_rate"]
+            row = {b: hit["pgdsf"] / hit[b] for b in BASELINES}
+            for b, r in row.items():
+                ratios.setdefault((host, b), []).append(r)
+            print(f"| {name} | {seed} | {host} GiB | "
+                  + " | ".join(f"{r:.3f}" for r in row.values()) + " |", flush=True)
+    print("\n| host | " + " | ".join(f"pgdsf / {b} (min-max)" for b in BASELINES) + " |")
+    print("|---" * (1 + len(BASELINES)) + "|")
+    for host in args.host_gib:
+        print(f"| {host} GiB | " + " | ".join(
+            f"{min(ratios[host, b]):.2f}-{max(ratios[host, b]):.2f}x" for b in BASELINES) + " |")
+
+
+if __name__ == "__main__":
+    main()
