@@ -196,8 +196,14 @@ def run(
         (out_dir / "config.toml").write_text(config.to_toml())
     if json_output:
         _print_json(summary)
-        return
-    _print_run_summary(summary)
+    else:
+        _print_run_summary(summary)
+    if summary["interrupted"]:
+        ended = summary["requests_completed"] + summary["requests_failed"]
+        kept = f"; their records are in {out_dir}" if out_dir is not None else ""
+        err.print(f"interrupted at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
+                  f"{summary['requests']:,} requests ended{kept}", highlight=False)
+        raise typer.Exit(130)
 
 
 def _ms(value: float | None) -> str:
@@ -213,7 +219,9 @@ def _print_run_summary(s: dict) -> None:
     failed = ", ".join(f"{k}: {v}" for k, v in s["failed_by_reason"].items())
     rows = [
         ("requests completed / failed", f"{s['requests_completed']:,} / {s['requests_failed']:,}"
-                                        + (f" ({failed})" if failed else "")),
+                                        + (f" ({failed})" if failed else "")
+                                        + (f", {s['requests_pending']:,} not ended (interrupted)"
+                                           if s["requests_pending"] else "")),
         ("TTFT mean / p50 / p90 / p99", " / ".join(_ms(s[f"ttft_{k}_s"])
                                                    for k in ("mean", "p50", "p90", "p99"))),
         ("  search wait / search / queue / prefill",

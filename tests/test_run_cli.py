@@ -67,3 +67,25 @@ def test_bad_flags_and_files_give_one_clear_line(tmp_path):
     assert result.exit_code == 2 and "c.toml" in result.output and "max_batch_size" in result.output
     result = runner.invoke(app, ["run", "--arrival", "gamma"])
     assert result.exit_code == 2 and "rate" in result.output
+
+
+def test_ctrl_c_writes_what_finished_and_exits_130(tmp_path, monkeypatch):
+    from rich.progress import Progress
+
+    update = Progress.update
+
+    def interrupting_update(self, task, *args, completed=None, **kwargs):
+        if completed is not None and completed >= 500:
+            raise KeyboardInterrupt
+        return update(self, task, *args, completed=completed, **kwargs)
+
+    monkeypatch.setattr(Progress, "update", interrupting_update)
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["run", "--requests", "2000", "--json", "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "interrupted at" in result.stderr and str(out) in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    records = pd.read_parquet(out / "requests.parquet")
+    assert summary["interrupted"] and summary["requests_pending"] > 0
+    assert (records.status == "pending").sum() == summary["requests_pending"]
+    assert len(records) == 2000

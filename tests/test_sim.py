@@ -52,6 +52,7 @@ def simulate(trace, config):
     result = run_simulation(trace, config, PROFILE)
     assert result.summary["requests_completed"] + result.summary["requests_failed"] == \
         trace.n_requests
+    assert result.summary["requests_pending"] == 0 and not result.summary["interrupted"]
     return result.records, result.summary
 
 
@@ -334,3 +335,23 @@ def test_host_replicas_turn_a_post_failure_recompute_into_a_host_hit():
     assert with_replicas.hit_tokens_host[1] == 1000
     assert summary["replica_bytes"] == 1000 * KV
     assert with_replicas.ttft_s[1] < without.ttft_s[1]
+
+
+def test_an_interrupted_run_keeps_what_finished():
+    """Ctrl-C (KeyboardInterrupt) mid-run: the requests that ended keep their records, the
+    others are "pending", and the summary says the run was cut short."""
+    trace = resolve_trace("mmlu", n_requests=3000)
+
+    def stop_at_1000(ended: int, now_s: float) -> None:
+        if ended >= 1000:
+            raise KeyboardInterrupt
+
+    result = run_simulation(trace, build_config({"rate_rps": 2.0}), PROFILE, stop_at_1000)
+    s, records = result.summary, result.records
+    assert s["interrupted"]
+    ended = s["requests_completed"] + s["requests_failed"]
+    assert ended == 1000 and s["requests_pending"] == 2000
+    assert (records.status == "pending").sum() == 2000
+    done = records[records.status == "completed"]
+    assert done.ttft_s.notna().all() and (done.finish_s <= s["simulated_s"]).all()
+    assert s["ttft_mean_s"] == pytest.approx(done.ttft_s.mean())

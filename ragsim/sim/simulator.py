@@ -305,6 +305,7 @@ class Simulation(EngineHooks):
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
         started = time.perf_counter()
+        interrupted = False
         if self.n:
             self.env.process(self._arrivals())
             if self.config.fail_gpu_at_s:
@@ -314,10 +315,16 @@ class Simulation(EngineHooks):
             if self.config.host_replicas and self.tree.host_capacity_bytes:
                 self.env.process(self._replicate_upper_nodes())
             with cyclic_gc_paused():
-                self.env.run(until=self.all_ended)
+                try:
+                    self.env.run(until=self.all_ended)
+                except KeyboardInterrupt:
+                    # Ctrl-C keeps what finished: every request that ended has its final
+                    # record; the rest stay "pending" and the summary says it was cut short
+                    interrupted = True
         elapsed = time.perf_counter() - started
         columns = self._columns()
         summary = summarize(self, columns, elapsed)
+        summary["interrupted"] = interrupted
         return SimResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:

@@ -56,6 +56,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) ->
         "requests": int(sim.n),
         "requests_completed": n_done,
         "requests_failed": n_failed,
+        "requests_pending": int(sim.n) - n_done - n_failed,  # > 0 only if interrupted
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),
