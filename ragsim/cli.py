@@ -354,8 +354,13 @@ def replay(
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if json_output:
         _print_json(summary)
-        return
-    _print_replay_summary(summary)
+    else:
+        _print_replay_summary(summary)
+    if summary["interrupted"]:
+        kept = f"; their records are in {out_dir}" if out_dir is not None else ""
+        err.print(f"interrupted: the summary covers the first {summary['requests']:,} of "
+                  f"{data.n_requests:,} requests{kept}", highlight=False)
+        raise typer.Exit(130)
 
 
 def _print_replay_summary(s: dict) -> None:

@@ -160,3 +160,38 @@ def test_profiles_commands(tmp_path):
     assert "prefill seconds" in result.stdout
     bad = runner.invoke(app, ["profiles", "show", "no-such-profile"])
     assert bad.exit_code == 2 and "no-such-profile" in bad.output
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_an_interrupted_replay_keeps_the_chunks_that_finished(flat):
+    """Ctrl-C after the first chunk of 10,000 requests: the summary is exactly that of replaying
+    those 10,000 alone (replay is deterministic and in trace order), marked interrupted."""
+    profile = load_profile("a10g-mistral-7b")
+    trace = builtin_trace("mmlu", n_requests=25_000)
+    config = ReplayConfig(trace="mmlu", flat=flat, host_capacity_bytes=0 if flat else 8 * 2**30)
+
+    def stop_after_first_chunk(done: int) -> None:
+        raise KeyboardInterrupt
+
+    cut = run_replay(trace, config, profile, stop_after_first_chunk)
+    alone = run_replay(trace.head(10_000), config, profile)
+    assert cut.summary["interrupted"] and not alone.summary["interrupted"]
+    assert cut.summary["requests"] == alone.summary["requests"] == 10_000
+    assert len(cut.records) == 10_000
+    for key in ("doc_tokens", "hit_tokens_gpu", "hit_tokens_host", "token_hit_rate"):
+        assert cut.summary[key] == alone.summary[key], key
+
+
+def test_ctrl_c_in_replay_exits_130_with_what_finished(tmp_path, monkeypatch):
+    from rich.progress import Progress
+
+    def interrupting_update(self, task, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "update", interrupting_update)
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["replay", "--requests", "25000", "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    assert "first 10,000 of 25,000 requests" in result.stderr
+    assert json.loads((out / "summary.json").read_text())["requests"] == 10_000
+    assert len(pd.read_parquet(out / "requests.parquet")) == 10_000

@@ -88,18 +88,24 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
     )
     n = trace.n_requests
     out = np.zeros((5, n), dtype=np.int64)
+    done = 0
     with cyclic_gc_paused():
         ids = trace.doc_ids.tolist()
         toks = trace.doc_tokens_flat.tolist()
         offsets = trace.doc_offsets.tolist()
         query = trace.query_tokens.tolist()
-        for start in range(0, n, PROGRESS_EVERY):
-            stop = min(n, start + PROGRESS_EVERY)
-            tree.access_many(ids, toks, offsets, query, start, stop, out)
-            if progress is not None:
-                progress(stop)
+        try:
+            for start in range(0, n, PROGRESS_EVERY):
+                stop = min(n, start + PROGRESS_EVERY)
+                tree.access_many(ids, toks, offsets, query, start, stop, out)
+                done = stop
+                if progress is not None:
+                    progress(stop)
+        except KeyboardInterrupt:
+            pass  # keep the requests of the chunks that finished (see run_replay)
     records = _record_columns(trace, *out)
     counters = {
+        "requests_replayed": done,
         "swap_out_bytes": tree.swap_out_bytes,
         "evictions_gpu": tree.evictions_gpu,
         "evictions_host": tree.evictions_host,
@@ -129,14 +135,22 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
         sizes = tokens_flat * config.kv_bytes_per_token
         tokens = tokens_flat.tolist() if cost_per_token is not None else None
         nexts = next_use_by_position(trace.doc_ids).tolist() if policy.needs_future else None
-        for start in range(0, n, PROGRESS_EVERY):
-            stop = min(n, start + PROGRESS_EVERY)
-            lo, hi = int(offsets[start]), int(offsets[stop])
-            hits += cache.process(keys[lo:hi], sizes[lo:hi],
-                                  None if tokens is None else tokens[lo:hi],
-                                  None if nexts is None else nexts[lo:hi])
-            if progress is not None:
-                progress(stop)
+        done = 0
+        try:
+            for start in range(0, n, PROGRESS_EVERY):
+                stop = min(n, start + PROGRESS_EVERY)
+                lo, hi = int(offsets[start]), int(offsets[stop])
+                hits += cache.process(keys[lo:hi], sizes[lo:hi],
+                                      None if tokens is None else tokens[lo:hi],
+                                      None if nexts is None else nexts[lo:hi])
+                done = stop
+                if progress is not None:
+                    progress(stop)
+        except KeyboardInterrupt:
+            pass  # keep the requests of the chunks that finished (see run_replay)
+    if done < n:  # interrupted: cut the requests never replayed, or they would count as misses
+        trace = trace.head(done)
+        tokens_flat, offsets, n = trace.doc_tokens_flat, trace.doc_offsets, done
     hit_mask = np.frombuffer(hits, dtype=np.uint8).view(bool)
     hit_gpu = _sum_per_request(np.where(hit_mask, tokens_flat, 0), offsets)
     recomputed = _sum_per_request(tokens_flat, offsets) - hit_gpu
@@ -144,6 +158,7 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
     records = _record_columns(trace, hit_gpu + config.system_prompt_tokens, hit_gpu, zeros,
                             recomputed, zeros)
     counters = {
+        "requests_replayed": done,
         "swap_out_bytes": 0,
         "evictions_gpu": cache.evictions,
         "evictions_host": 0,
@@ -173,12 +188,19 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     driver = replay_flat if config.flat else replay_tree
     records, counters = driver(trace, config, profile, progress)
     elapsed = time.perf_counter() - started
+    # Ctrl-C keeps what finished: whole chunks of requests, in trace order. The tree's counters
+    # (evictions, swap-outs, bytes in use) may include part of the chunk that was cut short.
+    replayed = counters.pop("requests_replayed")
+    interrupted = replayed < trace.n_requests
+    if interrupted:
+        records = {name: column[:replayed] for name, column in records.items()}
     doc_tokens = int(records["doc_tokens"].sum())
     hit_gpu = int(records["hit_tokens_gpu"].sum())
     hit_host = int(records["hit_tokens_host"].sum())
     hit_any = (records["hit_tokens_gpu"] + records["hit_tokens_host"]) > 0
     summary = {
-        "requests": int(trace.n_requests),
+        "requests": replayed,
+        "interrupted": interrupted,
         "doc_tokens": doc_tokens,
         "hit_tokens_gpu": hit_gpu,
         "hit_tokens_host": hit_host,
@@ -187,7 +209,7 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         **{k: counters.pop(k) for k in ("swap_out_bytes", "evictions_gpu", "evictions_host")},
         **hit_rate_fields(doc_tokens, hit_gpu, hit_host, hit_any),
         "elapsed_s": elapsed,
-        "requests_per_s": trace.n_requests / elapsed if elapsed > 0 else float("inf"),
+        "requests_per_s": replayed / elapsed if elapsed > 0 else float("inf"),
         **counters,
         "cost_extrapolations": profile.extrapolated_queries if profile is not None else 0,
         "config": asdict(config),
