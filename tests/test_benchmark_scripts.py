@@ -1,0 +1,34 @@
+"""The benchmark scripts the README quotes still run (tiny sizes; their numbers are not checked
+here: the ordering tests in test_sim_paper_results.py and friends do that)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_script(name: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / name), *args],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_paper_comparison_policy_table_with_drift():
+    out = run_script("paper_comparison.py", "--policies-only", "--requests", "400",
+                     "--drift", "0.3")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "GiB" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["8 GiB", "32 GiB", "128 GiB"]
+    assert "drift_per_1k_requests 0.3" in out and "pgdsf / lfu (paper 1.06-1.75x)" in out
+
+
+def test_policy_seeds_prints_a_row_per_seed_and_the_ranges():
+    out = run_script("policy_seeds.py", "--synthetic", "nq", "--seeds", "2", "--requests",
+                     "300", "--host-gib", "8")
+    per_seed = [line for line in out.splitlines() if line.startswith("| nq |")]
+    assert len(per_seed) == 2
+    ranges = [line for line in out.splitlines() if line.startswith("| 8 GiB |")]
+    assert len(ranges) == 1 and ranges[0].count("x") == 3
