@@ -190,9 +190,7 @@ def run(
                                               simulated=f"{now:,.0f} simulated s"))
     summary = result.summary
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result.records.to_parquet(out_dir / "requests.parquet", index=False)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        _write_results(out_dir, result.records, summary)
         (out_dir / "config.toml").write_text(config.to_toml())
     if json_output:
         _print_json(summary)
@@ -200,10 +198,22 @@ def run(
         _print_run_summary(summary)
     if summary["interrupted"]:
         ended = summary["requests_completed"] + summary["requests_failed"]
-        kept = f"; their records are in {out_dir}" if out_dir is not None else ""
-        err.print(f"interrupted at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
-                  f"{summary['requests']:,} requests ended{kept}", highlight=False)
-        raise typer.Exit(130)
+        _exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
+                          f"{summary['requests']:,} requests ended", out_dir)
+
+
+def _write_results(out_dir: Path, records, summary: dict) -> None:
+    """Per-request records (Parquet) and the summary (JSON) of a run or replay."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records.to_parquet(out_dir / "requests.parquet", index=False)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def _exit_interrupted(what_ended: str, out_dir: Path | None) -> None:
+    """After Ctrl-C: say what the kept results cover, then exit 130 (the shell's SIGINT code)."""
+    kept = f"; their records are in {out_dir}" if out_dir is not None else ""
+    err.print(f"interrupted {what_ended}{kept}", highlight=False)
+    raise typer.Exit(130)
 
 
 def _ms(value: float | None) -> str:
@@ -349,18 +359,14 @@ def replay(
         result = run_replay(data, config, costs, callback)
     summary = result.summary
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result.records.to_parquet(out_dir / "requests.parquet", index=False)
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        _write_results(out_dir, result.records, summary)
     if json_output:
         _print_json(summary)
     else:
         _print_replay_summary(summary)
     if summary["interrupted"]:
-        kept = f"; their records are in {out_dir}" if out_dir is not None else ""
-        err.print(f"interrupted: the summary covers the first {summary['requests']:,} of "
-                  f"{data.n_requests:,} requests{kept}", highlight=False)
-        raise typer.Exit(130)
+        _exit_interrupted(f"after the first {summary['requests']:,} of {data.n_requests:,} "
+                          "requests", out_dir)
 
 
 def _print_replay_summary(s: dict) -> None:

@@ -192,6 +192,6 @@ def test_ctrl_c_in_replay_exits_130_with_what_finished(tmp_path, monkeypatch):
     out = tmp_path / "o"
     result = runner.invoke(app, ["replay", "--requests", "25000", "--out", str(out)])
     assert result.exit_code == 130, result.output
-    assert "first 10,000 of 25,000 requests" in result.stderr
+    assert "after the first 10,000 of 25,000 requests" in result.stderr
     assert json.loads((out / "summary.json").read_text())["requests"] == 10_000
     assert len(pd.read_parquet(out / "requests.parquet")) == 10_000

@@ -323,8 +323,7 @@ class Simulation(EngineHooks):
                     interrupted = True
         elapsed = time.perf_counter() - started
         columns = self._columns()
-        summary = summarize(self, columns, elapsed)
-        summary["interrupted"] = interrupted
+        summary = summarize(self, columns, elapsed, interrupted)
         return SimResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:

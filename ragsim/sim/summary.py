@@ -27,7 +27,8 @@ def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
-def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) -> dict:
+def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
+              interrupted: bool = False) -> dict:
     completed = cols["status"] == "completed"
     n_done = int(completed.sum())
     n_failed = int((cols["status"] == "failed").sum())
@@ -57,6 +58,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float) ->
         "requests_completed": n_done,
         "requests_failed": n_failed,
         "requests_pending": int(sim.n) - n_done - n_failed,  # > 0 only if interrupted
+        "interrupted": interrupted,
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),
