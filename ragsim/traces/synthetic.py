@@ -77,9 +77,14 @@ def _lognormal_ints(rng: np.random.Generator, n: int, median: float, sigma: floa
 @dataclass(frozen=True)
 class Neighbours:
     """Co-retrieval: after document at rank r, the next one is, with probability ``follow_p``,
-    one of r's ``ranks`` (row r, picked with cumulative weights ``pick_cdf``)."""
+    one of r's neighbours (row r, picked with cumulative weights ``pick_cdf``).
 
-    ranks: np.ndarray  # int64 (n_documents, M)
+    A neighbour is stored as its popularity draw (a uniform) and mapped to a rank through the
+    popularity CDF only when a list follows it: the exponent search regenerates lists ~35
+    times, and mapping all n_documents x M neighbours each time cost 3-4x the whole trace.
+    """
+
+    draws: np.ndarray  # float64 (n_documents, M): each neighbour's popularity uniform
     pick_cdf: np.ndarray  # float64 (M,)
     follow_p: float
     follow_u: np.ndarray  # (n_requests, top_k) uniforms: follow a neighbour?
@@ -102,8 +107,9 @@ def _sample_lists(uniforms: np.ndarray, cdf: np.ndarray, top_k: int,
         if neighbours is not None and j > 0:
             follow = neighbours.follow_u[:, j] < neighbours.follow_p
             which = np.minimum(np.searchsorted(neighbours.pick_cdf, neighbours.pick_u[:, j],
-                                               side="right"), neighbours.ranks.shape[1] - 1)
-            choice = neighbours.ranks[np.maximum(out[:, j - 1], 0), which]
+                                               side="right"), neighbours.draws.shape[1] - 1)
+            draw = neighbours.draws[np.maximum(out[:, j - 1], 0), which]
+            choice = np.minimum(np.searchsorted(cdf, draw, side="right"), len(cdf) - 1)
             ok = follow & ~(out[:, :j] == choice[:, None]).any(axis=1)
             out[ok, j] = choice[ok]
             missing &= ~ok
@@ -176,8 +182,7 @@ def generate(spec: SyntheticSpec) -> Trace:
         neighbours = None
         if spec.co_retrieval_p > 0:
             # neighbours follow the popularity law: popular passages sit near popular ones
-            ranks = np.minimum(np.searchsorted(cdf, nb_u, side="right"), len(cdf) - 1)
-            neighbours = Neighbours(ranks=ranks, pick_cdf=pick_cdf,
+            neighbours = Neighbours(draws=nb_u, pick_cdf=pick_cdf,
                                     follow_p=spec.co_retrieval_p, follow_u=follow_u[:rows],
                                     pick_u=pick_u[:rows])
         lists = _sample_lists(uniforms[:rows], cdf, spec.top_k,
