@@ -150,3 +150,15 @@ def test_size_popularity_by_hand_and_on_real_retrieval():
     assert size_popularity(_pairs_trace([(0, 1)] * 3))["size_popularity_spearman"] is None
     # real retrieval returns short passages slightly more often (README, "Policies")
     assert trace_stats(resolve_trace("wiki-trivia"))["size_popularity_spearman"] < -0.02
+
+
+def test_size_popularity_matches_scipys_spearman():
+    from scipy.stats import spearmanr
+
+    from ragsim.traces.stats import size_popularity
+
+    trace = resolve_trace("wiki-trivia")
+    docs, counts = np.unique(trace.doc_ids, return_counts=True)
+    tokens = trace.document_tokens[np.searchsorted(trace.document_ids, docs)]
+    expected = spearmanr(tokens, counts).statistic  # ties everywhere: counts of 1, 2, ...
+    assert size_popularity(trace)["size_popularity_spearman"] == pytest.approx(expected, 1e-12)
