@@ -35,6 +35,10 @@ def test_packaged_trace_is_what_its_report_says(name):
         assert stats[key] == pytest.approx(value)
     assert stats["stage_equals_final"] == pytest.approx(
         report["staged_search"]["stage_equals_final"], abs=1e-6)
+    assert stats["stage_converge_p"] == pytest.approx(
+        report["staged_search"]["stage_converge_p"], abs=1e-6)
+    assert stats["search_time_mean_s"] == pytest.approx(
+        report["staged_search"]["search_time_mean_s"], rel=1e-3)
     assert 0.9 < report["staged_search"]["recall_at_k_vs_exact"] < 1.0
     assert (np.diff(trace.arrival_s) >= 0).all()
     # the head keeps every column aligned

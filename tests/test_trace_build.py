@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from ragsim.cli import app
 from ragsim.errors import RagsimInputError, TraceError
-from ragsim.traces import read_trace
+from ragsim.traces import read_trace, trace_stats
 from ragsim.traces.corpus import (
     PASSAGES_FILE,
     REPORT_FILE,
@@ -366,6 +366,11 @@ def test_sampling_once_shuffle_zipf_uniform_and_file_arrivals(data, ivf):
     assert z[0] >= 80 and u[0] <= 30 and z[0] >= 3 * u[0], (z[:5], u[:5])
     assert zipf.report["questions"]["distinct_asked"] < uniform.report["questions"][
         "distinct_asked"]
+    # the report weighs its search statistics per request, as trace stats does: a question
+    # asked 80 times counts 80 times
+    stats, search = trace_stats(zipf.trace), zipf.report["staged_search"]
+    assert search["search_time_mean_s"] == pytest.approx(stats["search_time_mean_s"], rel=1e-3)
+    assert search["stage_equals_final"] == pytest.approx(stats["stage_equals_final"])
 
     timed = Built(data, "timed", options(data, questions=str(data["timed"]), arrival="file"))
     expected = [json.loads(line)["arrival_s"] for line in data["timed"].read_text().splitlines()]
