@@ -124,6 +124,19 @@ def vectors(data, ivf):
     return docs, queries
 
 
+def test_embedding_cache_counts_repeated_new_texts_once(tmp_path):
+    """A text asked twice and not cached is embedded once and is not a cache hit; the vectors
+    of repeats are the same array values, and a later call finds it cached."""
+    from ragsim.traces.corpus.embedding import Embedder
+
+    embedder = Embedder(cache_dir=tmp_path)
+    first = embedder.embed(["a cat", "a cat", "a dog"])
+    assert (embedder.embedded, embedder.cached) == (2, 0)
+    np.testing.assert_array_equal(first[0], first[1])
+    embedder.embed(["a cat", "a bird"])
+    assert (embedder.embedded, embedder.cached) == (3, 1)
+
+
 @pytest.fixture(scope="module")
 def hnsw(data, ivf) -> Built:  # after ivf: from the cache
     return Built(data, "hnsw", options(data, index=IndexSpec(kind="hnsw", hnsw_m=8,

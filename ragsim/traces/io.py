@@ -128,7 +128,10 @@ class TraceBuilder:
         return trace
 
 
-def _iter_json_lines(path: Path) -> Iterable[tuple[int, dict]]:
+def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file, streamed; every problem
+    (unreadable file, bytes that are not UTF-8, bad JSON, a line that is not an object) names
+    the file and line. The one JSONL reader: traces and ``trace build``'s corpora use it."""
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -138,8 +141,14 @@ def _iter_json_lines(path: Path) -> Iterable[tuple[int, dict]]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad = raw[exc.start:exc.start + 1]
+                raise TraceError(f"not UTF-8 text (byte {exc.start}: {bad!r})", file=str(path),
+                                 row=line_no) from exc
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
                 raise TraceError(f"not valid JSON: {exc}", file=str(path), row=line_no) from exc
             if not isinstance(obj, dict):
                 raise TraceError("each line must be a JSON object", file=str(path), row=line_no)
@@ -189,7 +198,7 @@ def read_jsonl(path: str | os.PathLike) -> Trace:
     src = str(p)
     builder = TraceBuilder(src)
     last_time = 0.0
-    for row, obj in _iter_json_lines(p):
+    for row, obj in iter_json_objects(p):
         unknown = set(obj) - JSONL_FIELDS
         if unknown:
             raise TraceError(f"unknown field(s) {sorted(unknown)}; allowed: "
@@ -260,7 +269,7 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
     src = str(p)
     builder = TraceBuilder(src)
     last_ms = 0
-    for row, obj in _iter_json_lines(p):
+    for row, obj in iter_json_objects(p):
         ts = obj.get("timestamp")
         if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
                 or ts < 0:

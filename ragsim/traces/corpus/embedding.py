@@ -56,16 +56,14 @@ def _digest(text: str) -> bytes:
 class Embedder:
     """Loads the model lazily: a build whose texts are all cached never loads it."""
 
-    def __init__(self, name: str = DEFAULT_EMBEDDER, *, cache_dir: Path | None = None,
-                 threads: int = 1) -> None:
+    def __init__(self, name: str = DEFAULT_EMBEDDER, *, cache_dir: Path | None = None) -> None:
         self.model_dir, self.model_name = _model_dir(name)
         self.cache_dir = None if cache_dir is None else Path(cache_dir) / self.model_name.replace(
             "/", "--")
-        self.threads = threads
         self._model = None
         self._cache: dict[bytes, np.ndarray] | None = None  # read from disk once
         self.embedded = 0  # texts embedded by this object (not found in the cache)
-        self.cached = 0  # texts found in the cache
+        self.cached = 0  # texts whose vector was in the cache before the call that asked
 
     @property
     def model(self):
@@ -76,7 +74,7 @@ class Embedder:
             from sentence_transformers import SentenceTransformer
 
             # one thread is ~10x faster than the default on a 2-core machine (DESIGN.md)
-            torch.set_num_threads(self.threads)
+            torch.set_num_threads(1)
             self._model = SentenceTransformer(str(self.model_dir), device="cpu")
         return self._model
 
@@ -122,7 +120,8 @@ class Embedder:
         if self._cache is None:
             self._cache = self._load_cache()
         cache = self._cache
-        missing = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values())
+        was_cached = [k in cache for k in keys]
+        missing = sorted({k: i for i, k in enumerate(keys) if not was_cached[i]}.values())
         if missing:
             new_vectors = np.empty((len(missing), self.dimension), dtype=np.float32)
             for start in range(0, len(missing), CALL_SIZE):
@@ -136,10 +135,10 @@ class Embedder:
             self._save_part(new_keys, new_vectors)
             cache.update(zip(new_keys, new_vectors, strict=True))
             self.embedded += len(missing)
-        hits = len(texts) - len(missing)
-        self.cached += hits
-        if progress is not None and hits:
-            progress(hits)
+        self.cached += sum(was_cached)  # a repeated new text is embedded once, not "cached"
+        served = len(texts) - len(missing)  # the bar counts every text once
+        if progress is not None and served:
+            progress(served)
         if not texts:
             return np.empty((0, 0), dtype=np.float32)
         return np.stack([cache[k] for k in keys]).astype(np.float32, copy=False)

@@ -18,6 +18,7 @@ import csv
 import importlib.util
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,9 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragsim.errors import TraceError
-
-BUILTIN_CORPORA = ("wiki-offline",)
-BUILTIN_QUESTIONS = ("trivia", "gsm8k", "gpqa")
+from ragsim.traces.io import iter_json_objects
 
 
 @dataclass(frozen=True)
@@ -57,32 +56,6 @@ def _missing_extra(package: str, exc: ImportError) -> TraceError:
 
 
 # --------------------------------------------------------------------------- records from files
-def _jsonl_records(path: Path) -> list[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; bytes that are not UTF-8 name their line."""
-    try:
-        raw_lines = path.read_bytes().splitlines()
-    except OSError as exc:
-        raise TraceError(f"cannot read: {exc}", file=str(path)) from exc
-    records = []
-    for line_no, raw in enumerate(raw_lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            bad = raw[exc.start:exc.start + 1]
-            raise TraceError(f"not UTF-8 text (byte {exc.start}: {bad!r})", file=str(path),
-                             row=line_no) from exc
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"not valid JSON: {exc}", file=str(path), row=line_no) from exc
-        if not isinstance(obj, dict):
-            raise TraceError("each line must be a JSON object", file=str(path), row=line_no)
-        records.append((line_no, obj))
-    return records
-
-
 def _parquet_records(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
     try:
         table = pq.read_table(path)
@@ -103,7 +76,7 @@ def _records(path: str | Path, columns: tuple[str, ...]) -> list[tuple[int, dict
     if not p.exists():
         raise TraceError("no such file", file=str(p))
     if p.suffix == ".jsonl":
-        return _jsonl_records(p)
+        return list(iter_json_objects(p))
     if p.suffix == ".parquet":
         return _parquet_records(p, columns)
     raise TraceError("expected a .jsonl or .parquet file", file=str(p))
@@ -169,10 +142,13 @@ def wiki_offline_corpus() -> Corpus:
     return Corpus(name="wiki-offline", ids=ids, texts=texts, titles=titles)
 
 
+BUILTIN_CORPORA: dict[str, Callable[[], Corpus]] = {"wiki-offline": wiki_offline_corpus}
+
+
 def load_corpus(source: str) -> Corpus:
-    """A built-in corpus name or a file."""
-    if source == "wiki-offline" and not Path(source).exists():
-        return wiki_offline_corpus()
+    """A built-in corpus name (``BUILTIN_CORPORA``) or a file."""
+    if source in BUILTIN_CORPORA and not Path(source).exists():
+        return BUILTIN_CORPORA[source]()
     return read_corpus_file(source)
 
 
@@ -241,11 +217,9 @@ def _dataset_dir(name: str):
 def gsm8k_questions() -> Questions:
     """GSM8K test: the answer is the number after ``####`` (the reasoning before it is dropped)."""
     texts, answers = [], []
-    for line in (_dataset_dir("gsm8k") / "test.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            obj = json.loads(line)
-            texts.append(obj["question"])
-            answers.append(obj["answer"].rsplit("####", 1)[-1].strip())
+    for _, obj in iter_json_objects(_dataset_dir("gsm8k") / "test.jsonl"):
+        texts.append(obj["question"])
+        answers.append(obj["answer"].rsplit("####", 1)[-1].strip())
     return Questions(name="gsm8k", texts=texts, answers=answers)
 
 
@@ -256,9 +230,12 @@ def gpqa_questions() -> Questions:
                      answers=[r["Correct Answer"].strip() for r in rows])
 
 
+BUILTIN_QUESTIONS: dict[str, Callable[[], Questions]] = {
+    "trivia": trivia_questions, "gsm8k": gsm8k_questions, "gpqa": gpqa_questions}
+
+
 def load_questions(source: str) -> Questions:
-    """A built-in question set name or a file."""
-    loaders = {"trivia": trivia_questions, "gsm8k": gsm8k_questions, "gpqa": gpqa_questions}
-    if source in loaders and not Path(source).exists():
-        return loaders[source]()
+    """A built-in question set name (``BUILTIN_QUESTIONS``) or a file."""
+    if source in BUILTIN_QUESTIONS and not Path(source).exists():
+        return BUILTIN_QUESTIONS[source]()
     return read_questions_file(source)
