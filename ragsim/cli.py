@@ -28,6 +28,9 @@ app.add_typer(profiles_app, name="profiles")
 
 out = Console()
 err = Console(stderr=True)
+# built-in traces, for help texts (ragsim.traces.BUILTIN_TRACES; not imported here, to keep
+# start-up light: a test checks the two agree)
+TRACE_NAMES = "mmlu, nq, wiki-trivia, wiki-trivia-topics"
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -82,7 +85,8 @@ def _opt(help_text: str, *names: str):
 @app.command()
 @friendly_errors
 def run(
-    trace: Annotated[str | None, _opt("Built-in name (mmlu, nq) or trace path. [default: mmlu]")
+    trace: Annotated[str | None, _opt(f"Built-in name ({TRACE_NAMES}) or trace path. "
+                                      "[default: mmlu]")
                      ] = None,
     system: Annotated[str | None, _opt("Preset: vllm, vllm-apc, sglang, ragcache (see `ragsim "
                                        "systems`). [default: ragcache]")] = None,
@@ -288,7 +292,8 @@ def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> Non
 @app.command()
 @friendly_errors
 def replay(
-    trace: Annotated[str, typer.Option(help="Built-in name (mmlu, nq) or trace path.")] = "mmlu",
+    trace: Annotated[str, typer.Option(
+        help=f"Built-in name ({TRACE_NAMES}) or trace path.")] = "mmlu",
     policy: Annotated[str, typer.Option(help="pgdsf, gdsf, lru, lfu, fifo or belady "
                                              "(offline bound).")] = "pgdsf",
     model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
@@ -634,7 +639,8 @@ def _report_written(trace, destination: Path) -> None:
 @friendly_errors
 def trace_stats_command(
     traces: Annotated[list[str], typer.Argument(
-        metavar="TRACE", help="Built-in names (mmlu, nq), trace folders or JSONL files.")],
+        metavar="TRACE",
+        help=f"Built-in names ({TRACE_NAMES}), trace folders or JSONL files.")],
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object; with several "
                                               "traces, one per trace keyed by name.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Write the retrieval-skew and document-size "

@@ -89,3 +89,10 @@ def test_ctrl_c_writes_what_finished_and_exits_130(tmp_path, monkeypatch):
     assert summary["interrupted"] and summary["requests_pending"] > 0
     assert (records.status == "pending").sum() == summary["requests_pending"]
     assert len(records) == 2000
+
+
+def test_help_names_every_built_in_trace():
+    from ragsim.cli import TRACE_NAMES
+    from ragsim.traces import BUILTIN_TRACES
+
+    assert TRACE_NAMES.split(", ") == list(BUILTIN_TRACES)

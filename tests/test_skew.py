@@ -87,17 +87,14 @@ def test_size_cdf_leaves_out_documents_nobody_retrieved(tiny):
     np.testing.assert_allclose(share, [2 / 4, 3 / 4, 1.0])
 
 
-def test_curve_agrees_with_retrieval_skew_on_mmlu():
+def test_mmlu_curve_is_monotone_and_reaches_its_calibrated_skew():
+    """(retrieval_skew reads its numbers off this curve, so they cannot disagree; what can go
+    wrong is the curve itself and the generator's calibration.)"""
     trace = builtin_trace("mmlu", n_requests=2000)
     rank_fraction, share = cumulative_share_curve(trace.doc_ids)
-    table = retrieval_skew(trace.doc_ids)
-    n = len(share)
-    assert n == len(np.unique(trace.doc_ids))
-    # the curve's point at the 3% mark is the table's number, exactly
-    assert share[int(np.ceil(0.03 * n)) - 1] == table["top_3pct_share"]
-    assert trace_skew(trace, "mmlu").top_3pct_share == table["top_3pct_share"]
-    assert table["top_3pct_share"] == pytest.approx(0.60, abs=0.03)
+    assert len(share) == len(np.unique(trace.doc_ids))
     assert np.all(np.diff(share) >= 0) and share[-1] == 1.0 and rank_fraction[-1] == 1.0
+    assert retrieval_skew(trace.doc_ids)["top_3pct_share"] == pytest.approx(0.60, abs=0.03)
 
 
 def empty_retrieval_trace() -> Trace:
