@@ -55,7 +55,7 @@ def main() -> None:
             row = {b: hit["pgdsf"] / hit[b] for b in BASELINES}
             for b, r in row.items():
                 ratios.setdefault((host, b), []).append(r)
-            print(f"| {name} | {seed} | {host} GiB | "
+            print(f"| {name} | {seed if n_requests is not None else '-'} | {host} GiB | "
                   + " | ".join(f"{r:.3f}" for r in row.values()) + " |", flush=True)
     print("\n| host | " + " | ".join(f"pgdsf / {b} (min-max)" for b in BASELINES) + " |")
     print("|---" * (1 + len(BASELINES)) + "|")

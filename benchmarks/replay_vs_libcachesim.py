@@ -91,6 +91,8 @@ def main() -> None:
         "ragsim_tree_pgdsf_requests_per_s": trace.n_requests / tree_pgdsf,
         "ragsim_flat_lru_accesses_per_s": len(trace.doc_ids) / flat_lru,
         "tree_token_hit_rate": tree["token_hit_rate"],
+        "tree_evictions_gpu_per_request": tree["evictions_gpu"] / trace.n_requests,
+        "tree_evictions_host_per_request": tree["evictions_host"] / trace.n_requests,
         "flat_object_miss_ratio": flat["object_miss_ratio"],
     })
     if args.json:
@@ -102,6 +104,9 @@ def main() -> None:
           f"ratio {results['ratio_flat_lru_vs_libcachesim_lru']:.2f}x (target >= 0.5x)")
     print(f"tree PGDSF    ragsim {tree_pgdsf:6.2f} s   libCacheSim GDSF {lcs_gdsf:6.2f} s   "
           f"ratio {results['ratio_tree_pgdsf_vs_libcachesim_gdsf']:.2f}x (target >= 0.2x)")
+    print(f"tree evictions per request: GPU "
+          f"{results['tree_evictions_gpu_per_request']:.2f}, host "
+          f"{results['tree_evictions_host_per_request']:.2f}")
 
 
 if __name__ == "__main__":

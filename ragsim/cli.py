@@ -519,7 +519,8 @@ def trace_build(
     top_k: Annotated[int, typer.Option(help="Documents retrieved per request.")] = 2,
     index: Annotated[str, typer.Option(help="ivf or hnsw.")] = "ivf",
     stages: Annotated[int, typer.Option(help="Search stages recorded per request.")] = 4,
-    nlist: Annotated[int | None, typer.Option(help="IVF lists (default 4*sqrt(documents)).")
+    nlist: Annotated[int | None, typer.Option(
+        help="IVF lists (default 4*sqrt(documents), at most documents/39).")
                      ] = None,
     nprobe: Annotated[int | None, typer.Option(help="IVF lists probed (default nlist/16).")
                       ] = None,
