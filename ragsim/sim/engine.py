@@ -331,15 +331,17 @@ class Engine:
             if job.done or job not in self._decoding:
                 continue
             self._leave_decoding(job)
-            job.generated += job.output_tokens - 1
             self._release(job)
             self._finish(job)
         self._apply_terminations()
 
     def _leave_decoding(self, job: Job) -> None:
+        """Settle a job's decode bookkeeping when it stops decoding (finished, terminated or
+        lost): the tokens it generated and the GPU time attributed to it."""
         self._decoding.discard(job)
-        steps = self._decode_iter - job.iter_at_join
+        steps = self._decode_iter - job.iter_at_join  # one token per completed iteration
         self._context_sum -= job.context_tokens + steps
+        job.generated += steps  # a retry after a GPU failure generates only the rest
         job.attributed_s += self._slot_s - job.slot_at_join
 
     def _release(self, job: Job) -> None:
@@ -373,7 +375,9 @@ class Engine:
     # ------------------------------------------------------------------ faults
     def _on_gpu_failure(self) -> None:
         """Every running job loses its KV; the tree loses its GPU tier; the GPU is down a while."""
-        victims = list(self._current) + list(self._decoding)
+        # in submission order: a set of jobs iterates in memory-address order, which would make
+        # the retries' order (and so the run) differ between two runs with the same seed
+        victims = list(self._current) + sorted(self._decoding, key=lambda job: job.key)
         self._current = []
         for job in victims:
             if job in self._decoding:

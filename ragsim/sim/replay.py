@@ -185,6 +185,8 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     if make_policy(config.policy).needs_cost and profile is None:
         raise ValueError(f"{config.policy} needs a profile (prefill costs)")
     started = time.perf_counter()
+    # the profile counts extrapolated lookups over its lifetime: report this replay's own
+    extrapolated_before = profile.extrapolated_queries if profile is not None else 0
     driver = replay_flat if config.flat else replay_tree
     records, counters = driver(trace, config, profile, progress)
     elapsed = time.perf_counter() - started
@@ -211,7 +213,8 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         "elapsed_s": elapsed,
         "requests_per_s": replayed / elapsed if elapsed > 0 else float("inf"),
         **counters,
-        "cost_extrapolations": profile.extrapolated_queries if profile is not None else 0,
+        "cost_extrapolations": (profile.extrapolated_queries - extrapolated_before
+                                if profile is not None else 0),
         "config": asdict(config),
         "trace_info": trace.info,
     }

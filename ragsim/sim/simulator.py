@@ -57,6 +57,8 @@ class Simulation(EngineHooks):
         self.config = config
         self.trace = trace
         self.profile = profile
+        # the profile's grids count extrapolations over their lifetime; this run reports its own
+        self.extrapolated_before = profile.extrapolated_queries
         self.progress = progress
         self.env = simpy.Environment()
         n = self.n = trace.n_requests
