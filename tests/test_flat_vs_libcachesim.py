@@ -64,9 +64,12 @@ def test_flat_pgdsf_keeps_counts_across_evictions(remember, last_is_hit):
     assert cache.clock == 3.0
 
 
-def test_flat_pgdsf_remembers_and_flat_gdsf_forgets():
-    def cost_per_token(cached, new):
-        return 1e-4
-
-    assert make_policy("pgdsf").flat_cache(10, cost_per_token)._evicted_counts == {}
-    assert make_policy("gdsf").flat_cache(10)._evicted_counts is None
+def test_flat_pgdsf_remembers_counts_and_flat_gdsf_does_not():
+    """The same hand-worked sequence through make_policy: PGDSF's flat cache keeps A's count
+    (its last access hits), GDSF's, with libCacheSim's semantics, restarts it (a miss)."""
+    keys = [ord(k) for k in "AABCDEAFGA"]
+    sizes = [100] * len(keys)
+    pgdsf = make_policy("pgdsf").flat_cache(200, lambda cached, new: 1e-4)
+    gdsf = make_policy("gdsf").flat_cache(200)
+    assert pgdsf.process(keys, sizes, [100] * len(keys))[-1] == 1
+    assert gdsf.process(keys, sizes)[-1] == 0

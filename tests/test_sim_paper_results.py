@@ -39,4 +39,6 @@ def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lru_and_nearly_lfu_across_host
                                 "host_cache_bytes": host_gib * GiB, "speculate": False}),
             PROFILE).summary["token_hit_rate"] for policy in ("pgdsf", "gdsf", "lru", "lfu")}
         assert hit["pgdsf"] >= max(hit["gdsf"], hit["lru"]), (host_gib, hit)
+        # a tie over seeds (benchmarks/policy_seeds.py: 0.98-1.03x on mmlu); this seed sits at
+        # 0.986x at 8 GiB, so a change to PGDSF may move it across: check the seed range then
         assert hit["pgdsf"] >= 0.98 * hit["lfu"], (host_gib, hit)

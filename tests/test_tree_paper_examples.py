@@ -339,6 +339,22 @@ def test_gpu_failure_invalidates_host_copies_below_a_lost_gpu_node():
     assert lost == 300 and kt.host_used_bytes == 0
 
 
+def test_a_replica_keeps_the_host_priority_of_its_last_retrieval():
+    """As for a swap-out: X (retrieved three times while the host clock was 0, so 3c) is
+    replicated after host evictions raised the host clock to c; it enters with 3c, not 4c."""
+    kt = tree("pgdsf", gpu=300, host=100)
+    c = kt.prefill_cost_s(0, 100) / 100
+    X, A, B, C, D = range(1, 6)
+    for doc in (X, X, X, A, B, C, D):  # C sends A to host; D sends B there, evicting A
+        kt.access([doc], [100])
+    assert kt.tier_of([X]) is Tier.GPU and kt.tier_of([B]) is Tier.HOST
+    assert kt.clock_host == pytest.approx(c)
+    assert kt.replicate_upper_nodes(1) == 100  # X, the most retrieved, replaces B
+    assert kt.tier_of([B]) is Tier.NONE
+    assert kt.root.children[X].priority_host == pytest.approx(3 * c)
+    kt.check_invariants()
+
+
 def test_replicas_of_the_most_used_upper_nodes_survive_a_gpu_failure():
     kt = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=1000, host_capacity_bytes=150,
                        kv_bytes_per_token=1)
