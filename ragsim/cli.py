@@ -200,10 +200,18 @@ def run(
         _print_json(summary)
     else:
         _print_run_summary(summary)
+    ended = summary["requests_completed"] + summary["requests_failed"]
     if summary["interrupted"]:
-        ended = summary["requests_completed"] + summary["requests_failed"]
         _exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
                           f"{summary['requests']:,} requests ended", out_dir)
+    if summary["stalled"]:
+        kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
+        err.print(f"[red]error:[/] the simulation stalled at {summary['simulated_s']:,.1f} "
+                  f"simulated s with {summary['requests_pending']:,} of {summary['requests']:,} "
+                  f"requests never ended (first ids: {summary['pending_request_ids'][:5]}): "
+                  "nothing left could end them. This is a bug in ragsim; please report it with "
+                  f"the run's config.toml{kept}", highlight=False)
+        raise typer.Exit(1)
 
 
 def _write_results(out_dir: Path, records, summary: dict) -> None:
@@ -234,7 +242,8 @@ def _print_run_summary(s: dict) -> None:
     rows = [
         ("requests completed / failed", f"{s['requests_completed']:,} / {s['requests_failed']:,}"
                                         + (f" ({failed})" if failed else "")
-                                        + (f", {s['requests_pending']:,} not ended (interrupted)"
+                                        + (f", {s['requests_pending']:,} not ended ("
+                                           + ("stalled" if s["stalled"] else "interrupted") + ")"
                                            if s["requests_pending"] else "")),
         ("TTFT mean / p50 / p90 / p99", " / ".join(_ms(s[f"ttft_{k}_s"])
                                                    for k in ("mean", "p50", "p90", "p99"))),

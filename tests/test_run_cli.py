@@ -96,3 +96,19 @@ def test_help_names_every_built_in_trace():
     from ragsim.traces import BUILTIN_TRACES
 
     assert TRACE_NAMES.split(", ") == list(BUILTIN_TRACES)
+
+
+def test_a_stalled_run_says_it_is_a_bug_keeps_what_ended_and_exits_1(tmp_path, monkeypatch):
+    from ragsim.sim.simulator import Simulation
+
+    finished = Simulation.finished
+    monkeypatch.setattr(Simulation, "finished",
+                        lambda self, job: None if job.request == 7 else finished(self, job))
+    out = tmp_path / "stalled"
+    result = runner.invoke(app, ["run", "--requests", "50", "--rate", "1", "--out", str(out)])
+    assert result.exit_code == 1
+    assert "stalled" in result.stderr and "bug" in result.stderr and str(out) in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stalled"] and summary["pending_request_ids"] == [7]
+    records = pd.read_parquet(out / "requests.parquet")
+    assert (records.status == "completed").sum() == 49

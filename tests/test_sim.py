@@ -53,6 +53,7 @@ def simulate(trace, config):
     assert result.summary["requests_completed"] + result.summary["requests_failed"] == \
         trace.n_requests
     assert result.summary["requests_pending"] == 0 and not result.summary["interrupted"]
+    assert not result.summary["stalled"]
     return result.records, result.summary
 
 
@@ -420,3 +421,34 @@ def test_an_interrupted_run_keeps_what_finished():
     done = records[records.status == "completed"]
     assert done.ttft_s.notna().all() and (done.finish_s <= s["simulated_s"]).all()
     assert s["ttft_mean_s"] == pytest.approx(done.ttft_s.mean())
+
+
+def _lose_the_end_of(request: int, monkeypatch) -> None:
+    """Plant a bug: the engine's report that ``request`` finished goes missing."""
+    finished = Simulation.finished
+
+    def forgetful(self, job):
+        if job.request != request:
+            finished(self, job)
+
+    monkeypatch.setattr(Simulation, "finished", forgetful)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("background", ["none", "failures and replicas"])
+def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypatch,
+                                                                        background):
+    """A request waiting on nothing used to make ``run`` spin forever when a periodic process
+    (failures at a rate, host replicas) kept the event queue alive, and crash with SimPy's
+    message without one. Either way the run now stops, keeps what ended and names the rest."""
+    _lose_the_end_of(1, monkeypatch)
+    trace = make_trace([(0.0, [1], 10, 5), (1.0, [2], 10, 5), (2.0, [3], 10, 5)])
+    extra = {} if background == "none" else dict(
+        gpu_failure_rate_per_h=0.001, host_cache_bytes=2**30, host_replicas=2,
+        replicate_every_s=1.0)
+    s = run_simulation(trace, quiet(**extra), PROFILE).summary
+    assert s["stalled"] and not s["interrupted"]
+    assert s["requests_completed"] == 2 and s["requests_pending"] == 1
+    assert s["pending_request_ids"] == [1]
+    # the periodic process stopped within one period of the last real event
+    assert s["simulated_s"] < 10.0

@@ -232,20 +232,33 @@ class Simulation(EngineHooks):
                 yield env.timeout(t - env.now)
             self.engine.fail_gpu()
 
-    def _failures_at_a_rate(self):
-        """Poisson GPU failures for as long as the run lasts (it stops when all requests end)."""
-        rng = np.random.default_rng([self.config.seed, 0xFA17])
-        mean_s = 3600.0 / self.config.gpu_failure_rate_per_h
-        while True:
-            yield self.env.timeout(float(rng.exponential(mean_s)))
-            self.engine.fail_gpu()
+    def _background(self):
+        """Periodic work for as long as the run lasts: Poisson GPU failures (``--gpu-failure-rate``)
+        and host replicas of the most retrieved upper nodes (the GPU->host copies run beside
+        compute; their bytes are reported).
 
-    def _replicate_upper_nodes(self):
-        """Fault tolerance: keep host replicas of the most retrieved upper nodes, periodically
-        (the GPU->host copies run beside compute; their bytes are reported)."""
+        One process, so that it can tell when it is all that is left: when nothing else is
+        scheduled, no request can ever end (the pool, the engine and the searches are all waiting
+        on nothing), and it stops instead of ticking forever; ``run`` then reports a stall."""
+        env = self.env
+        config = self.config
+        rng = np.random.default_rng([config.seed, 0xFA17])
+        failures = config.gpu_failure_rate_per_h > 0
+        mean_failure_gap_s = 3600.0 / config.gpu_failure_rate_per_h if failures else math.inf
+        replicas = bool(config.host_replicas and self.tree.host_capacity_bytes)
+        next_failure = env.now + float(rng.exponential(mean_failure_gap_s)) if failures \
+            else math.inf
+        next_replica = env.now + config.replicate_every_s if replicas else math.inf
         while True:
-            yield self.env.timeout(self.config.replicate_every_s)
-            self.tree.replicate_upper_nodes(self.config.host_replicas)
+            yield env.timeout(min(next_failure, next_replica) - env.now)
+            if env.now >= next_failure:
+                self.engine.fail_gpu()
+                next_failure = env.now + float(rng.exponential(mean_failure_gap_s))
+            if env.now >= next_replica:
+                self.tree.replicate_upper_nodes(config.host_replicas)
+                next_replica = env.now + config.replicate_every_s
+            if env.peek() == math.inf:
+                return
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
@@ -307,15 +320,14 @@ class Simulation(EngineHooks):
     # ------------------------------------------------------------------ run
     def run(self) -> SimResult:
         started = time.perf_counter()
-        interrupted = False
+        interrupted = stalled = False
         if self.n:
             self.env.process(self._arrivals())
             if self.config.fail_gpu_at_s:
                 self.env.process(self._failures_at_given_times())
-            if self.config.gpu_failure_rate_per_h > 0:
-                self.env.process(self._failures_at_a_rate())
-            if self.config.host_replicas and self.tree.host_capacity_bytes:
-                self.env.process(self._replicate_upper_nodes())
+            if self.config.gpu_failure_rate_per_h > 0 or (
+                    self.config.host_replicas and self.tree.host_capacity_bytes):
+                self.env.process(self._background())
             with cyclic_gc_paused():
                 try:
                     self.env.run(until=self.all_ended)
@@ -323,9 +335,16 @@ class Simulation(EngineHooks):
                     # Ctrl-C keeps what finished: every request that ended has its final
                     # record; the rest stay "pending" and the summary says it was cut short
                     interrupted = True
+                except RuntimeError:
+                    # SimPy ran out of events before every request ended: a request is
+                    # waiting on something that will never happen (a bug). Keep what ended
+                    # and say so, rather than lose the run or spin forever.
+                    if self.all_ended.triggered:
+                        raise
+                    stalled = True
         elapsed = time.perf_counter() - started
         columns = self._columns()
-        summary = summarize(self, columns, elapsed, interrupted)
+        summary = summarize(self, columns, elapsed, interrupted, stalled)
         return SimResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:

@@ -28,7 +28,9 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
-              interrupted: bool = False) -> dict:
+              interrupted: bool = False, stalled: bool = False) -> dict:
+    """``interrupted``: cut short by Ctrl-C; ``stalled``: the simulation ran out of events with
+    requests still pending (a bug: those requests could never end). Both keep what ended."""
     completed = cols["status"] == "completed"
     n_done = int(completed.sum())
     n_failed = int((cols["status"] == "failed").sum())
@@ -57,8 +59,11 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
         "requests": int(sim.n),
         "requests_completed": n_done,
         "requests_failed": n_failed,
-        "requests_pending": int(sim.n) - n_done - n_failed,  # > 0 only if interrupted
+        "requests_pending": int(sim.n) - n_done - n_failed,  # > 0 only if cut short
         "interrupted": interrupted,
+        "stalled": stalled,
+        "pending_request_ids": np.flatnonzero(cols["status"] == "pending")[:20].tolist()
+        if stalled else [],
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),
