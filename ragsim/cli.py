@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ragsim.atomic import write_atomically, write_text_atomically
 from ragsim.errors import RagsimInputError
 from ragsim.units import format_bytes, parse_bytes
 
@@ -195,7 +196,7 @@ def run(
     summary = result.summary
     if out_dir is not None:
         _write_results(out_dir, result.records, summary)
-        (out_dir / "config.toml").write_text(config.to_toml())
+        write_text_atomically(out_dir / "config.toml", config.to_toml())
     if json_output:
         _print_json(summary)
     else:
@@ -217,8 +218,10 @@ def run(
 def _write_results(out_dir: Path, records, summary: dict) -> None:
     """Per-request records (Parquet) and the summary (JSON) of a run or replay."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    records.to_parquet(out_dir / "requests.parquet", index=False)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_atomically(out_dir / "requests.parquet",
+                     lambda tmp: records.to_parquet(tmp, index=False))
+    write_text_atomically(out_dir / "summary.json",
+                          json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def _exit_interrupted(what_ended: str, out_dir: Path | None) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.models import ModelSpec
@@ -172,11 +173,7 @@ class Profile:
         }
 
     def save(self, path: str | Path) -> Path:
-        out = Path(path)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(out)
-        return out
+        return write_text_atomically(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def from_dict(cls, data: object, *, source: str = "<profile>") -> Profile:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import ModelSpec
@@ -301,9 +302,7 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             state = ProfilerState(**saved)
 
     def save() -> None:
-        tmp = partial.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state)))
-        tmp.replace(partial)
+        write_text_atomically(partial, json.dumps(asdict(state)))
 
     engine = TorchEngine(spec, device, dtype, threads, seed)
     report = progress or (lambda phase, done, total: None)

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragsim.atomic import write_atomically
 from ragsim.errors import TraceError
 from ragsim.traces.schema import Trace
 from ragsim.traces.validate import check_version, trace_from_tables
@@ -26,10 +27,7 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name, table in ((REQUESTS_FILE, trace.requests_table()),
                         (DOCUMENTS_FILE, trace.documents_table())):
-        # a plain file (default permissions: traces are for sharing) renamed into place
-        tmp = out / f".{name}.{os.getpid()}.parquet.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, out / name)
+        write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragsim.atomic import write_atomically
 from ragsim.errors import RagsimInputError
 
 DEFAULT_EMBEDDER = "minilm"
@@ -107,11 +108,9 @@ class Embedder:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         digest = hashlib.blake2b(b"".join(keys), digest_size=8).hexdigest()
         final = self.cache_dir / f"part-{digest}.npz"
-        tmp = self.cache_dir / f".part-{digest}.{os.getpid()}.tmp.npz"
         # raw bytes, not a fixed-width bytes dtype: that strips trailing zero bytes off digests
         raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), -1)
-        np.savez(tmp, keys=raw, vectors=vectors)
-        os.replace(tmp, final)
+        write_atomically(final, lambda tmp: np.savez(tmp, keys=raw, vectors=vectors))
 
     def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None
               ) -> np.ndarray:
