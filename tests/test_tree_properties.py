@@ -119,7 +119,7 @@ running_ops = st.lists(
     st.tuples(
         st.lists(st.integers(0, 9), min_size=1, max_size=4, unique=True),
         st.integers(0, 8),  # private bytes the running request reserves
-        st.sampled_from(["run", "run", "run", "finish", "fail"]),
+        st.sampled_from(["run", "run", "run", "finish", "fail", "replicate"]),
     ),
     min_size=1,
     max_size=60,
@@ -129,7 +129,8 @@ running_ops = st.lists(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs, running_ops)
 def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
-    """Running requests' private KV competes with the cache; a GPU failure loses GPU nodes."""
+    """Running requests' private KV competes with the cache; a GPU failure loses GPU nodes;
+    replicas of the upper nodes (taken while requests run) go to host memory."""
     kt = KnowledgeTree(make_policy(config["policy"]),
                        gpu_capacity_bytes=config["gpu"] + config["system"],
                        host_capacity_bytes=config["host"], kv_bytes_per_token=1,
@@ -151,6 +152,14 @@ def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
             assert kt.gpu_used_bytes == config["system"]
             # survivors were in host memory before; nothing appears from nowhere
             assert {id(n) for n in kt.iter_nodes() if n.host_copy} <= host_before
+        elif op == "replicate":
+            upper = [n for n in (kt.root.children or {}).values() if n.in_gpu]
+            host_before = kt.host_used_bytes
+            copied = kt.replicate_upper_nodes(2)
+            assert kt.host_used_bytes <= host_before + copied
+            most_retrieved = sorted(upper, key=lambda n: (-n.frequency, -n.last_access))[:2]
+            if copied:  # a replica went to the most retrieved first-level GPU nodes only
+                assert any(n.host_copy for n in most_retrieved)
         else:
             available = kt.gpu_available_bytes
             r = kt.access(docs, [DOC_TOKENS[d] for d in docs], 0, keep_pinned=True)

@@ -196,6 +196,7 @@ class KnowledgeTree:
     _heap_gpu = cython.declare(list)
     _heap_host = cython.declare(list)
     _set_aside = cython.declare(list)
+    _gpu_upper = cython.declare(dict)  # key -> first-level GPU node: replication's candidates
     _seq = cython.declare(cython.longlong)
     _use_cost = cython.declare(cython.bint)
     _uses_clock = cython.declare(cython.bint)
@@ -242,6 +243,7 @@ class KnowledgeTree:
         self.root = Node(ROOT_KEY, None, system_prompt_tokens, root_bytes)
         self.root.in_gpu = True
         self.root.pins = 1  # the shared system prompt stays resident
+        self._gpu_upper = {}
         self.gpu_used_bytes = root_bytes
         self.pinned_gpu_bytes = root_bytes
         self.reserved_gpu_bytes = 0
@@ -463,6 +465,8 @@ class KnowledgeTree:
                 n.priority_host = self.clock_host + n.value
                 parent.cached_children += 1
             n.in_gpu = True
+            if n.depth == 1:
+                self._gpu_upper[n.key] = n
             self.gpu_used_bytes += n.size_bytes
             self.pinned_gpu_bytes += n.size_bytes  # on the request's path, so pinned
             parent.gpu_children += 1
@@ -527,11 +531,12 @@ class KnowledgeTree:
         nothing); it takes host memory like any host node and can be evicted like one.
         Returns the bytes copied (GPU->host), also added to ``replica_bytes``.
         """
-        if max_nodes <= 0 or self.root.children is None:
+        if max_nodes <= 0 or not self._gpu_upper:
             return 0
         n: Node
-        candidates = [item for item in self.root.children.values()
-                      if cython.cast(Node, item).in_gpu]
+        # the GPU's first-level nodes are kept aside: the root's children are every document
+        # ever seen (ghosts too), and scanning them every period dominated long runs
+        candidates = list(self._gpu_upper.values())
         candidates.sort(key=lambda item: (-item.frequency, -item.last_access))
         copied: cython.longlong = 0
         held: list = []  # pinned while this runs, so one replica never evicts another
@@ -588,6 +593,7 @@ class KnowledgeTree:
                 if self._forget_on_drop:
                     n.frequency = 0
                 lost += n.size_bytes
+        self._gpu_upper.clear()
         for item in gpu_nodes:  # phase 2: host copies below a lost node are invalid
             n = item
             if n.host_copy or n.children is None:
@@ -768,6 +774,8 @@ class KnowledgeTree:
         self.evictions_gpu += 1
         parent: Node = n.parent
         n.in_gpu = False
+        if n.depth == 1:
+            del self._gpu_upper[n.key]
         self.gpu_used_bytes -= n.size_bytes
         parent.gpu_children -= 1
         self._sync(n)  # out of the GPU candidates before the host makes room
@@ -858,6 +866,9 @@ class KnowledgeTree:
             if n.parent is not None:
                 assert n.parent.tier >= n.tier, f"{n} is faster than its parent {n.parent}"
         assert self.root.in_gpu
+        children = self.root.children.values() if self.root.children else ()
+        assert set(self._gpu_upper.values()) == {c for c in children if c.in_gpu}, \
+            "the first-level GPU nodes kept for replication are out of step"
         assert pinned_bytes == self.pinned_gpu_bytes, (pinned_bytes, self.pinned_gpu_bytes)
         assert self.reserved_gpu_bytes >= 0
         assert gpu_bytes + self.reserved_gpu_bytes == self.gpu_used_bytes, (
