@@ -2,7 +2,10 @@
 
 One seed can make two policies look ordered when they tie; this runs the policy table of
 ``paper_comparison.py`` (ragcache without speculation, 0.8 req/s) on several traces and prints
-each ratio per trace and its range:
+each ratio per trace and its range, and how close PGDSF and LFU come to a frequency oracle
+(``ragsim.cache.bounds``: the best static contents of GPU KV + host memory, every node's count
+known in advance; a ceiling for frequency-based policies on stationary traffic, not on traffic
+whose topics move):
 
     python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6 --host-gib 8 32
     python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --host-gib 8 32
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 
+from ragsim.cache.bounds import static_frequency_oracle
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
@@ -41,10 +45,15 @@ def main() -> None:
     if args.synthetic:
         runs += [(args.synthetic, seed, args.requests) for seed in range(args.seeds)]
     ratios: dict[tuple[int, str], list[float]] = {}
-    print("| trace | seed | host | " + " | ".join(f"pgdsf / {b}" for b in BASELINES) + " |")
-    print("|---" * (3 + len(BASELINES)) + "|")
+    print("| trace | seed | host | " + " | ".join(f"pgdsf / {b}" for b in BASELINES)
+          + " | oracle | pgdsf / oracle | lfu / oracle |")
+    print("|---" * (6 + len(BASELINES)) + "|")
     for name, seed, n_requests in runs:
         trace = resolve_trace(name, seed=seed, n_requests=n_requests)
+        ids, tokens, offsets = (trace.doc_ids.tolist(), trace.doc_tokens_flat.tolist(),
+                                trace.doc_offsets.tolist())
+        requests = [(ids[offsets[i]:offsets[i + 1]], tokens[offsets[i]:offsets[i + 1]])
+                    for i in range(trace.n_requests)]
         for host in args.host_gib:
             hit = {}
             for policy in ("pgdsf", *BASELINES):
@@ -52,16 +61,25 @@ def main() -> None:
                                        "rate_rps": 0.8, "policy": policy, "speculate": False,
                                        "host_cache_bytes": host * GiB})
                 hit[policy] = run_simulation(trace, config, profile).summary["token_hit_rate"]
+            # the oracle gets all of the GPU's KV space (no system prompt, no running requests)
+            capacity_tokens = (profile.kv_capacity_bytes + host * GiB) \
+                / profile.model.kv_bytes_per_token
+            oracle = static_frequency_oracle(requests, capacity_tokens)
             row = {b: hit["pgdsf"] / hit[b] for b in BASELINES}
+            row["pgdsf / oracle"] = hit["pgdsf"] / oracle
+            row["lfu / oracle"] = hit["lfu"] / oracle
             for b, r in row.items():
                 ratios.setdefault((host, b), []).append(r)
             print(f"| {name} | {seed if n_requests is not None else '-'} | {host} GiB | "
-                  + " | ".join(f"{r:.3f}" for r in row.values()) + " |", flush=True)
-    print("\n| host | " + " | ".join(f"pgdsf / {b} (min-max)" for b in BASELINES) + " |")
-    print("|---" * (1 + len(BASELINES)) + "|")
+                  + " | ".join(f"{row[b]:.3f}" for b in BASELINES) + f" | {oracle:.1%} | "
+                  + f"{row['pgdsf / oracle']:.3f} | {row['lfu / oracle']:.3f} |", flush=True)
+    columns = [f"pgdsf / {b}" for b in BASELINES] + ["pgdsf / oracle", "lfu / oracle"]
+    keys = [*BASELINES, "pgdsf / oracle", "lfu / oracle"]
+    print("\n| host | " + " | ".join(f"{c} (min-max)" for c in columns) + " |")
+    print("|---" * (1 + len(columns)) + "|")
     for host in args.host_gib:
         print(f"| {host} GiB | " + " | ".join(
-            f"{min(ratios[host, b]):.2f}-{max(ratios[host, b]):.2f}x" for b in BASELINES) + " |")
+            f"{min(ratios[host, k]):.2f}-{max(ratios[host, k]):.2f}x" for k in keys) + " |")
 
 
 if __name__ == "__main__":
