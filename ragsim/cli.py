@@ -207,7 +207,7 @@ def run(
                           f"{summary['requests']:,} requests ended", out_dir)
     if summary["stalled"]:
         kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
-        err.print(f"[red]error:[/] the simulation stalled at {summary['simulated_s']:,.1f} "
+        err.print(f"[red]error:[/] the simulation stalled at {summary['stalled_at_s']:,.1f} "
                   f"simulated s with {summary['requests_pending']:,} of {summary['requests']:,} "
                   f"requests never ended (first ids: {summary['pending_request_ids'][:5]}): "
                   "nothing left could end them. This is a bug in ragsim; please report it with "

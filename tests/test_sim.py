@@ -435,20 +435,32 @@ def _lose_the_end_of(request: int, monkeypatch) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("background", ["none", "failures and replicas"])
+@pytest.mark.parametrize("background", ["none", "failures", "replicas"])
 def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypatch,
                                                                         background):
     """A request waiting on nothing used to make ``run`` spin forever when a periodic process
     (failures at a rate, host replicas) kept the event queue alive, and crash with SimPy's
-    message without one. Either way the run now stops, keeps what ended and names the rest."""
+    message without one. Either way the run now stops, keeps what ended and names the rest;
+    the periodic process acts no more once it is alone (no failure after the stall)."""
     _lose_the_end_of(1, monkeypatch)
     trace = make_trace([(0.0, [1], 10, 5), (1.0, [2], 10, 5), (2.0, [3], 10, 5)])
-    extra = {} if background == "none" else dict(
-        gpu_failure_rate_per_h=0.001, host_cache_bytes=2**30, host_replicas=2,
-        replicate_every_s=1.0)
+    extra = {"none": {},
+             "failures": dict(gpu_failure_rate_per_h=36.0),  # one every ~100 s, none by 3 s
+             "replicas": dict(host_cache_bytes=2**30, host_replicas=2,
+                              replicate_every_s=1000.0)}[background]
     s = run_simulation(trace, quiet(**extra), PROFILE).summary
     assert s["stalled"] and not s["interrupted"]
     assert s["requests_completed"] == 2 and s["requests_pending"] == 1
     assert s["pending_request_ids"] == [1]
-    # the periodic process stopped within one period of the last real event
-    assert s["simulated_s"] < 10.0
+    assert s["gpu_failures"] == 0 and s["replica_bytes"] == 0
+    assert 2.0 < s["stalled_at_s"] < 3.0  # the last request finished then, not at a later tick
+
+
+def test_a_runtime_error_inside_the_simulation_is_not_taken_for_a_stall(monkeypatch):
+    def broken(self, job):
+        raise RuntimeError("a bug of another kind")
+
+    monkeypatch.setattr(Simulation, "finished", broken)
+    trace = make_trace([(0.0, [1], 10, 5)])
+    with pytest.raises(RuntimeError, match="another kind"):
+        run_simulation(trace, quiet(), PROFILE)

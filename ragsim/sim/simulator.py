@@ -251,14 +251,17 @@ class Simulation(EngineHooks):
         next_replica = env.now + config.replicate_every_s if replicas else math.inf
         while True:
             yield env.timeout(min(next_failure, next_replica) - env.now)
+            if env.peek() == math.inf:
+                # checked before acting: a failure always wakes the engine (an event), so a
+                # check after it would never see the queue empty, and a stall would get a
+                # failure, or a replica, that did not happen
+                return
             if env.now >= next_failure:
                 self.engine.fail_gpu()
                 next_failure = env.now + float(rng.exponential(mean_failure_gap_s))
             if env.now >= next_replica:
                 self.tree.replicate_upper_nodes(config.host_replicas)
                 next_replica = env.now + config.replicate_every_s
-            if env.peek() == math.inf:
-                return
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
@@ -335,11 +338,12 @@ class Simulation(EngineHooks):
                     # Ctrl-C keeps what finished: every request that ended has its final
                     # record; the rest stay "pending" and the summary says it was cut short
                     interrupted = True
-                except RuntimeError:
+                except RuntimeError as exc:
                     # SimPy ran out of events before every request ended: a request is
                     # waiting on something that will never happen (a bug). Keep what ended
-                    # and say so, rather than lose the run or spin forever.
-                    if self.all_ended.triggered:
+                    # and say so, rather than lose the run or spin forever. Any other
+                    # RuntimeError is a bug of another kind and keeps its traceback.
+                    if not isinstance(exc.__context__, simpy.core.EmptySchedule):
                         raise
                     stalled = True
         elapsed = time.perf_counter() - started

@@ -27,6 +27,13 @@ def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
+def _last_request_event_s(cols: dict[str, np.ndarray]) -> float:
+    times = np.concatenate([cols[c] for c in ("arrival_s", "search_start_s", "search_end_s",
+                                              "prefill_start_s", "first_token_s", "finish_s")])
+    times = times[np.isfinite(times)]
+    return float(times.max()) if len(times) else 0.0
+
+
 def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
               interrupted: bool = False, stalled: bool = False) -> dict:
     """``interrupted``: cut short by Ctrl-C; ``stalled``: the simulation ran out of events with
@@ -62,8 +69,11 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
         "requests_pending": int(sim.n) - n_done - n_failed,  # > 0 only if cut short
         "interrupted": interrupted,
         "stalled": stalled,
-        "pending_request_ids": np.flatnonzero(cols["status"] == "pending")[:20].tolist()
+        "pending_request_ids": cols["request_id"][cols["status"] == "pending"][:20].tolist()
         if stalled else [],
+        # the clock may have run on to a periodic tick that found nothing left: when a request
+        # last moved is when the run stalled
+        "stalled_at_s": _last_request_event_s(cols) if stalled else None,
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),
