@@ -7,6 +7,8 @@ an interrupted write must leave the previous file, never half of a new one.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,16 +17,21 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
 
     The temporary name keeps ``path``'s suffix (numpy's ``savez`` would otherwise add one) and
-    the process id (two writers do not share a temporary file). The file gets the default
-    permissions, as any file the user writes: these are for sharing."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    is unique to this call (processes in different containers share pids; threads share one).
+    A new file gets the default permissions, as any file the user writes: these are for
+    sharing; a file replaced keeps its mode, and a symbolic link keeps pointing where it did
+    (its target is replaced). Survives a killed process, not a power cut (no fsync)."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
     try:
         write(tmp)
+        if path.exists():
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
+    return given
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:

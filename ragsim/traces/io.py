@@ -239,16 +239,20 @@ def write_jsonl(trace: Trace, path: str | os.PathLike) -> Path:
     arrival = trace.arrival_s.tolist()
     query = trace.query_tokens.tolist()
     output = trace.output_tokens.tolist()
-    with out.open("w") as handle:
-        for i in range(trace.n_requests):
-            lo, hi = offsets[i], offsets[i + 1]
-            handle.write(json.dumps({
-                "arrival_s": arrival[i],
-                "query_tokens": query[i],
-                "output_tokens": output[i],
-                "doc_ids": ids_flat[lo:hi],
-                "doc_tokens": tokens_flat[lo:hi],
-            }) + "\n")
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w") as handle:
+            for i in range(trace.n_requests):
+                lo, hi = offsets[i], offsets[i + 1]
+                handle.write(json.dumps({
+                    "arrival_s": arrival[i],
+                    "query_tokens": query[i],
+                    "output_tokens": output[i],
+                    "doc_ids": ids_flat[lo:hi],
+                    "doc_tokens": tokens_flat[lo:hi],
+                }) + "\n")
+
+    write_atomically(out, write)
     return out
 
 
