@@ -2,10 +2,10 @@
 
 One seed can make two policies look ordered when they tie; this runs the policy table of
 ``paper_comparison.py`` (ragcache without speculation, 0.8 req/s) on several traces and prints
-each ratio per trace and its range, and how close PGDSF and LFU come to a frequency oracle
-(``ragsim.cache.bounds``: the best static contents of GPU KV + host memory, every node's count
-known in advance; a ceiling for frequency-based policies on stationary traffic, not on traffic
-whose topics move):
+each ratio per trace and its range, and how much of the static frequency bound PGDSF and LFU
+keep (``ragsim.cache.bounds``: no fixed contents of GPU KV + host memory keep more, even knowing
+every node's count in advance; on stationary traffic, what frequency policies leave on the
+table; not a ceiling for traffic whose topics move):
 
     python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6 --host-gib 8 32
     python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --host-gib 8 32
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from ragsim.cache.bounds import static_frequency_oracle
+from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
@@ -46,7 +46,7 @@ def main() -> None:
         runs += [(args.synthetic, seed, args.requests) for seed in range(args.seeds)]
     ratios: dict[tuple[int, str], list[float]] = {}
     print("| trace | seed | host | " + " | ".join(f"pgdsf / {b}" for b in BASELINES)
-          + " | oracle | pgdsf / oracle | lfu / oracle |")
+          + " | static bound | pgdsf / bound | lfu / bound |")
     print("|---" * (6 + len(BASELINES)) + "|")
     for name, seed, n_requests in runs:
         trace = resolve_trace(name, seed=seed, n_requests=n_requests)
@@ -61,20 +61,20 @@ def main() -> None:
                                        "rate_rps": 0.8, "policy": policy, "speculate": False,
                                        "host_cache_bytes": host * GiB})
                 hit[policy] = run_simulation(trace, config, profile).summary["token_hit_rate"]
-            # the oracle gets all of the GPU's KV space (no system prompt, no running requests)
+            # the bound gets all of the GPU's KV space (no system prompt, no running requests)
             capacity_tokens = (profile.kv_capacity_bytes + host * GiB) \
                 / profile.model.kv_bytes_per_token
-            oracle = static_frequency_oracle(requests, capacity_tokens)
+            bound = static_frequency_bound(requests, capacity_tokens)
             row = {b: hit["pgdsf"] / hit[b] for b in BASELINES}
-            row["pgdsf / oracle"] = hit["pgdsf"] / oracle
-            row["lfu / oracle"] = hit["lfu"] / oracle
+            row["pgdsf / bound"] = hit["pgdsf"] / bound
+            row["lfu / bound"] = hit["lfu"] / bound
             for b, r in row.items():
                 ratios.setdefault((host, b), []).append(r)
             print(f"| {name} | {seed if n_requests is not None else '-'} | {host} GiB | "
-                  + " | ".join(f"{row[b]:.3f}" for b in BASELINES) + f" | {oracle:.1%} | "
-                  + f"{row['pgdsf / oracle']:.3f} | {row['lfu / oracle']:.3f} |", flush=True)
-    columns = [f"pgdsf / {b}" for b in BASELINES] + ["pgdsf / oracle", "lfu / oracle"]
-    keys = [*BASELINES, "pgdsf / oracle", "lfu / oracle"]
+                  + " | ".join(f"{row[b]:.3f}" for b in BASELINES) + f" | {bound:.1%} | "
+                  + f"{row['pgdsf / bound']:.3f} | {row['lfu / bound']:.3f} |", flush=True)
+    columns = [f"pgdsf / {b}" for b in BASELINES] + ["pgdsf / bound", "lfu / bound"]
+    keys = [*BASELINES, "pgdsf / bound", "lfu / bound"]
     print("\n| host | " + " | ".join(f"{c} (min-max)" for c in columns) + " |")
     print("|---" * (1 + len(columns)) + "|")
     for host in args.host_gib:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from ragsim.cache import KnowledgeTree, Tier, make_policy
+from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.grid import BilinearGrid
 
 
@@ -372,38 +375,56 @@ def test_replicas_of_the_most_used_upper_nodes_survive_a_gpu_failure():
     kt.check_invariants()
 
 
-def test_static_frequency_oracle_by_hand():
+def test_static_frequency_bound_by_hand():
     """[A,B], [A,B], [A,C], [D] with A=2, B=3, C=1, D=5 tokens (18 in all). Counts: A 3,
-    AB 2, AC 1, D 1. Five tokens hold A and AB: A hits twice (4), AB once (3): 7/18. Four
-    tokens: A only (AB does not fit; AC and D are never retrieved twice): 4/18."""
-    from ragsim.cache.bounds import static_frequency_oracle
-
+    AB 2, AC 1, D 1 (only A and AB are worth keeping). Five tokens hold A and AB: A hits
+    twice (4), AB once (3): 7/18. Four tokens: A, and 2 of AB's 3 tokens in the LP bound
+    (4 + 2 = 6/18) or A alone with whole nodes (4/18)."""
     sizes = {"A": 2, "B": 3, "C": 1, "D": 5}
     reqs = [(docs, [sizes[d] for d in docs]) for docs in (["A", "B"], ["A", "B"], ["A", "C"],
                                                           ["D"])]
-    assert static_frequency_oracle(reqs, 5) == pytest.approx(7 / 18)
-    assert static_frequency_oracle(reqs, 4) == pytest.approx(4 / 18)
-    assert static_frequency_oracle(reqs, 1) == 0.0  # A does not fit; AB may not go without it
-    assert static_frequency_oracle(reqs, 100, max_depth=1) == pytest.approx(4 / 18)
+    assert static_frequency_bound(reqs, 5) == pytest.approx(7 / 18)
+    assert static_frequency_bound(reqs, 4) == pytest.approx(6 / 18)
+    assert static_frequency_bound(reqs, 4, whole_nodes=True) == pytest.approx(4 / 18)
+    assert static_frequency_bound(reqs, 100) == pytest.approx(7 / 18)
+    assert static_frequency_bound(reqs, 100, max_depth=1) == pytest.approx(4 / 18)
 
 
-def test_lru_lfu_and_pgdsf_stay_under_the_frequency_oracle_on_stationary_traffic():
-    """The oracle is a ceiling for online policies on independent (stationary) draws."""
-    from ragsim.cache.bounds import static_frequency_oracle
-    from ragsim.profiles.profile import load_profile
-    from ragsim.sim.replay import ReplayConfig, run_replay
-    from ragsim.traces import resolve_trace
+def _static_hit_rate(reqs, kept: set) -> float:
+    """Replay ``reqs`` against fixed contents ``kept`` (prefix-closed): the tree's lookup."""
+    seen, hits, total = set(), 0, 0
+    for docs, tokens in reqs:
+        total += sum(tokens)
+        for d in range(1, len(docs) + 1):
+            key = tuple(docs[:d])
+            if key not in kept:
+                break
+            if key in seen:
+                hits += tokens[d - 1]
+            seen.add(key)
+    return hits / total
 
-    trace = resolve_trace("nq", n_requests=2000)
-    ids, toks, off = (trace.doc_ids.tolist(), trace.doc_tokens_flat.tolist(),
-                      trace.doc_offsets.tolist())
-    reqs = [(ids[off[i]:off[i + 1]], toks[off[i]:off[i + 1]]) for i in range(trace.n_requests)]
-    kv = 131072
-    for gib in (1, 4):
-        oracle = static_frequency_oracle(reqs, gib * 2**30 / kv)
-        for policy in ("lru", "lfu", "pgdsf"):
-            s = run_replay(trace, ReplayConfig(trace="nq", policy=policy, kv_bytes_per_token=kv,
-                                               gpu_capacity_bytes=gib * 2**30,
-                                               host_capacity_bytes=0),
-                           load_profile("a10g-mistral-7b")).summary
-            assert 0 < s["token_hit_rate"] <= oracle, (policy, gib)
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True),
+                min_size=1, max_size=25),
+       st.integers(0, 20))
+def test_static_frequency_bound_is_above_every_fixed_contents_and_greedy_is_feasible(docs_lists,
+                                                                                  capacity):
+    """Brute force over every prefix-closed set of nodes that fits: none keeps more than the
+    bound, and the whole-node greedy contents are one of them."""
+    sizes = {d: 1 + (d * 5) % 7 for d in range(5)}
+    reqs = [(docs, [sizes[d] for d in docs]) for docs in docs_lists]
+    nodes = sorted({tuple(docs[:d]) for docs in docs_lists for d in range(1, len(docs) + 1)})
+    assume(len(nodes) <= 12)
+    bound = static_frequency_bound(reqs, capacity)
+    best = 0.0
+    for mask in range(1 << len(nodes)):
+        kept = {n for i, n in enumerate(nodes) if mask >> i & 1}
+        if sum(sizes[n[-1]] for n in kept) > capacity:
+            continue
+        if any(len(n) > 1 and n[:-1] not in kept for n in kept):
+            continue
+        best = max(best, _static_hit_rate(reqs, kept))
+    assert best <= bound + 1e-12
+    assert static_frequency_bound(reqs, capacity, whole_nodes=True) <= best + 1e-12
