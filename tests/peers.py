@@ -42,3 +42,41 @@ def libcachesim_miss_ratio(policy: str, capacity_bytes: int, trace_path: Path) -
     cache = cache_cls(capacity_bytes)
     object_miss_ratio, _ = cache.process_trace(reader)
     return object_miss_ratio
+
+
+def vllm_prefix_cache_hits(prompts: list[list[int]], num_blocks: int,
+                           block_size: int = 16) -> list[int]:
+    """vLLM's own KV-cache manager (v1, automatic prefix caching, LRU over free blocks) serving
+    ``prompts`` one at a time, each finished and freed before the next: the tokens each found
+    cached. -1 where vLLM could not allocate the prompt at all.
+
+    The manager is plain Python over block ids; no GPU, no model. Each prompt generates one
+    token (computed by its prefill), so decoding adds no blocks."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
+                             dtype=torch.float16)
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
+    manager = KVCacheManager(config, max_model_len=1 << 24, scheduler_block_size=block_size,
+                             hash_block_size=block_size, enable_caching=True)
+    hasher = get_request_block_hasher(block_size, sha256)
+    hits = []
+    for i, tokens in enumerate(prompts):
+        request = Request(str(i), tokens, SamplingParams(max_tokens=1), None,
+                          block_hasher=hasher)
+        blocks, cached, _ = manager.get_computed_blocks(request)
+        if manager.allocate_slots(request, len(tokens) - cached, cached, blocks) is None:
+            hits.append(-1)
+            continue
+        request.num_computed_tokens = len(tokens)
+        manager.free(request)
+        hits.append(cached)
+    return hits
