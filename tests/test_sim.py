@@ -464,3 +464,33 @@ def test_a_runtime_error_inside_the_simulation_is_not_taken_for_a_stall(monkeypa
     trace = make_trace([(0.0, [1], 10, 5)])
     with pytest.raises(RuntimeError, match="another kind"):
         run_simulation(trace, quiet(), PROFILE)
+
+
+def test_a_context_cached_to_the_end_recomputes_its_last_token():
+    """No question tokens and document 1 (1,000 tokens) cached: an engine still computes the
+    last token for its logits. A token-level cache reuses 999 tokens; vLLM's 16-token blocks
+    reuse 992 (62 blocks) and recompute 8. ``replay`` counts the same."""
+    trace = make_trace([(0.0, [1], 0, 1), (10.0, [1], 0, 1)])
+    records, _ = simulate(trace, quiet(system="sglang"))
+    assert records.hit_tokens_gpu.tolist() == [0, 999]
+    assert records.recomputed_tokens.tolist() == [1000, 1]
+    assert records.ttft_s[1] == pytest.approx(SEARCH_S + PROFILE.prefill_s(999, 1), rel=1e-12)
+    blocks, _ = simulate(trace, quiet(system="vllm-apc"))
+    assert blocks.hit_tokens_gpu.tolist() == [0, 992]
+    assert blocks.ttft_s[1] == pytest.approx(SEARCH_S + PROFILE.prefill_s(992, 8), rel=1e-12)
+    replayed = run_replay(trace, ReplayConfig(trace="test", policy="lru", kv_bytes_per_token=KV),
+                          PROFILE).columns
+    assert replayed["hit_tokens_gpu"].tolist() == [0, 999]
+    assert replayed["cached_tokens"].tolist() == [0, 999]
+
+
+def test_tokens_given_back_come_off_the_end_of_the_cached_prefix():
+    """System prompt 5, GPU hits 20, host hits 10 (35 cached), nothing new: one token is
+    recomputed from the host hits; with 16-token blocks 32 are reused and the 3 given back
+    are host tokens; with 40-token blocks nothing is reused: 10 host, 20 GPU, 5 system."""
+    from ragsim.cache.reuse import engine_reuse
+
+    assert engine_reuse(35, 0, 20, 10, 0) == (34, 1, 20, 9, 1)
+    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=16) == (32, 3, 20, 7, 3)
+    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=40) == (0, 35, 0, 0, 30)
+    assert engine_reuse(35, 7, 20, 10, 4) == (35, 7, 20, 10, 4)  # a question: all reused

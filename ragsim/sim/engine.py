@@ -29,6 +29,7 @@ from time import perf_counter
 import simpy
 
 from ragsim.cache.reorder import RequestPool
+from ragsim.cache.reuse import engine_reuse
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 
@@ -261,19 +262,14 @@ class Engine:
         tree = self.tree
         r = tree.access(job.docs, job.doc_tokens, job.query_tokens, request_index=job.request,
                         keep_pinned=True)
-        alpha, beta, hit_gpu = r.cached_tokens, r.new_tokens, r.hit_tokens_gpu
-        if self.block > 1:  # only whole blocks are reused: the partial block is recomputed
-            usable = (alpha // self.block) * self.block
-            lost = alpha - usable
-            beta += lost
-            alpha = usable
-            hit_gpu = max(0, hit_gpu - lost)
+        u = engine_reuse(r.cached_tokens, r.new_tokens, r.hit_tokens_gpu, r.hit_tokens_host,
+                         r.recomputed_tokens, self.block)
         job.path = r.path
-        job.alpha, job.beta = alpha, beta
-        job.hit_gpu, job.hit_host = hit_gpu, r.hit_tokens_host
-        job.recomputed = r.recomputed_tokens + (r.hit_tokens_gpu - hit_gpu)
+        job.alpha, job.beta = u.cached_tokens, u.new_tokens
+        job.hit_gpu, job.hit_host = u.hit_tokens_gpu, u.hit_tokens_host
+        job.recomputed = u.recomputed_tokens
         job.swap_in_bytes = r.swap_in_bytes
-        job.context_tokens = alpha + beta
+        job.context_tokens = job.alpha + job.beta
         in_gpu = sum(n.tokens for n in r.path if n.in_gpu)
         private = job.footprint_tokens - in_gpu
         job.reserved_bytes = private * self.kv

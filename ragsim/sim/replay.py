@@ -16,6 +16,7 @@ import pandas as pd
 from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
+from ragsim.cache.reuse import engine_reuse
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.sim.gc_pause import cyclic_gc_paused
@@ -58,6 +59,14 @@ class ReplayResult:
 def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
                     hit_host: np.ndarray, recomputed: np.ndarray, swap_in: np.ndarray
                     ) -> dict[str, np.ndarray]:
+    # what an engine reuses of what the cache found (as ``run`` counts it): only requests
+    # cached to the end of their context (no question tokens) give a token back
+    query = trace.query_tokens
+    for i in np.flatnonzero((recomputed + query[:len(recomputed)]) == 0).tolist():
+        u = engine_reuse(int(cached[i]), 0, int(hit_gpu[i]), int(hit_host[i]),
+                         int(recomputed[i]))
+        cached[i], hit_gpu[i], hit_host[i], recomputed[i] = (
+            u.cached_tokens, u.hit_tokens_gpu, u.hit_tokens_host, u.recomputed_tokens)
     return {
         "request_id": trace.request_id,
         "arrival_s": trace.arrival_s,
