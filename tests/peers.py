@@ -44,14 +44,17 @@ def libcachesim_miss_ratio(policy: str, capacity_bytes: int, trace_path: Path) -
     return object_miss_ratio
 
 
-def vllm_prefix_cache_hits(prompts: list[list[int]], num_blocks: int,
+def vllm_prefix_cache_hits(prompts: list[list[int]], usable_blocks: int,
                            block_size: int = 16) -> list[int]:
     """vLLM's own KV-cache manager (v1, automatic prefix caching, LRU over free blocks) serving
     ``prompts`` one at a time, each finished and freed before the next: the tokens each found
     cached. -1 where vLLM could not allocate the prompt at all.
 
-    The manager is plain Python over block ids; no GPU, no model. Each prompt generates one
-    token (computed by its prefill), so decoding adds no blocks."""
+    The manager is plain Python over block ids; no GPU, no model. It is driven as vLLM's
+    scheduler drives it for a prompt prefilled in one step: ``allocate_slots`` caches the full
+    blocks, ``free`` hands them back tail first. Each prompt generates one token (computed by
+    its prefill), so decoding adds no blocks. vLLM keeps one block aside (its null block), so
+    it gets ``usable_blocks + 1``."""
     import torch
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -63,7 +66,7 @@ def vllm_prefix_cache_hits(prompts: list[list[int]], num_blocks: int,
     init_none_hash(sha256)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
                              dtype=torch.float16)
-    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+    config = KVCacheConfig(num_blocks=usable_blocks + 1, kv_cache_tensors=[],
                            kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
     manager = KVCacheManager(config, max_model_len=1 << 24, scheduler_block_size=block_size,
                              hash_block_size=block_size, enable_caching=True)

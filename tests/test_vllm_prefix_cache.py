@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("vllm.v1.core.kv_cache_manager",
@@ -68,6 +68,7 @@ def ragsim_hits(trace, num_blocks: int, system_tokens: int) -> np.ndarray:
     # first request cannot find the system prompt in vLLM (nobody computed it yet), while
     # ragsim keeps it resident from the start
     cached = columns["cached_tokens"].copy()
+    assert cached[0] == system_tokens // BLOCK * BLOCK
     cached[0] = 0
     return cached
 
@@ -80,20 +81,23 @@ def vllm_hits(trace, num_blocks: int, system_tokens: int) -> np.ndarray:
 
 requests = st.lists(
     st.tuples(st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True),
-              st.integers(1, 40)),  # documents, question tokens (>= 1: a question)
+              st.integers(0, 40)),  # documents, question tokens (0: cached to the end)
     min_size=1, max_size=30)
 
 
 @settings(max_examples=60, deadline=None)
 @given(requests, st.integers(0, 40), st.lists(st.integers(1, 90), min_size=8, max_size=8))
+# contexts cached to the end on a block boundary: vLLM recomputes the whole last block
+@example([([0], 0), ([0], 0), ([0], 0)], 0, [32] + [1] * 7)
+@example([([0], 0), ([0], 0)], 16, [48] + [1] * 7)
 def test_with_room_for_everything_hits_match_vllm_request_by_request(rows, system_tokens,
                                                                     sizes):
     b = TraceBuilder("vllm-diff")
     for i, (docs, question) in enumerate(rows):
         b.add(i, float(i), question, 1, docs, [sizes[d] for d in docs])
     trace = b.build({"name": "vllm-diff"})
-    total = system_tokens + int(trace.doc_tokens_flat.sum() + trace.query_tokens.sum())
-    num_blocks = total // BLOCK + 8
+    # room for every block vLLM will ever fill, partial ones included
+    num_blocks = sum(-(-len(p) // BLOCK) for p in prompts_of(trace, system_tokens))
     assert ragsim_hits(trace, num_blocks, system_tokens).tolist() == \
         vllm_hits(trace, num_blocks, system_tokens).tolist()
 
@@ -101,7 +105,8 @@ def test_with_room_for_everything_hits_match_vllm_request_by_request(rows, syste
 @pytest.mark.parametrize("num_blocks", [3000, 800])
 def test_under_eviction_hit_tokens_stay_within_three_percent_of_vllm(num_blocks):
     """1,000 ``mmlu`` requests (two ~700-token documents each) through 48,000 and 12,800
-    tokens of KV: measured 1.015x and 1.000x vLLM's hit tokens, 98% of requests identical."""
+    tokens of KV: ragsim's hit tokens measured 1.014x and 0.998x vLLM's, 98% of
+    requests identical. Swapping the policy (PGDSF or LFU for LRU) takes the ratio to 1.2-1.6."""
     trace = resolve_trace("mmlu", n_requests=1000)
     ours = ragsim_hits(trace, num_blocks, system_tokens=37)
     theirs = vllm_hits(trace, num_blocks, system_tokens=37)
