@@ -494,3 +494,20 @@ def test_tokens_given_back_come_off_the_end_of_the_cached_prefix():
     assert engine_reuse(35, 0, 20, 10, 0, block_tokens=16) == (32, 3, 20, 7, 3)
     assert engine_reuse(35, 0, 20, 10, 0, block_tokens=40) == (0, 35, 0, 0, 30)
     assert engine_reuse(35, 7, 20, 10, 4) == (35, 7, 20, 10, 4)  # a question: all reused
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 50), st.integers(0, 100),
+                          st.integers(0, 100), st.integers(0, 100)), min_size=1, max_size=20),
+       st.sampled_from([1, 16]))
+def test_the_reuse_rule_per_column_is_the_rule_per_request(rows, block):
+    """``replay`` applies the rule to columns, ``run`` to one request: the same numbers."""
+    from ragsim.cache.reuse import engine_reuse, engine_reuse_columns
+
+    rows = [(gpu + host + system, new, gpu, host, rec)
+            for system, new, gpu, host, rec in rows]
+    columns = engine_reuse_columns(*(np.array(c, dtype=np.int64) for c in zip(*rows,
+                                                                                strict=True)),
+                                   block_tokens=block)
+    per_row = [engine_reuse(*row, block_tokens=block) for row in rows]
+    assert [list(map(int, c)) for c in columns] == [list(c) for c in zip(*per_row, strict=True)]

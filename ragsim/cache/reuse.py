@@ -9,12 +9,16 @@ then in host memory). An engine cannot always use all of it:
 * a block-level prefix cache (vLLM's, ``block_tokens`` > 1) reuses only whole blocks of that
   prefix and recomputes the partial one.
 
-Both drivers apply this one rule, so ``replay`` and ``run`` count the same hits.
+Both drivers apply this one rule, ``run`` per request (Python ints) and ``replay`` per column
+(numpy arrays), so they count the same hits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
+
+import numpy as np
 
 
 class Reuse(NamedTuple):
@@ -25,21 +29,33 @@ class Reuse(NamedTuple):
     recomputed_tokens: int  # documents' tokens computed (misses and given-back hits)
 
 
-def engine_reuse(cached_tokens: int, new_tokens: int, hit_tokens_gpu: int,
-                 hit_tokens_host: int, recomputed_tokens: int, block_tokens: int = 1) -> Reuse:
-    """The reusable part of a cached prefix of ``cached_tokens`` before ``new_tokens``.
-
-    Tokens given back come off the end of the prefix: host hits first (host nodes lie below
-    GPU ones in the tree), then GPU hits, then the system prompt."""
-    usable = min(cached_tokens, cached_tokens + new_tokens - 1)
+def _reuse(cached, new, gpu, host, recomputed, block_tokens: int,
+           minimum: Callable) -> Reuse:
+    """The rule, once, for ints (``minimum=min``) and for arrays (``np.minimum``). Tokens given
+    back come off the end of the prefix: host hits first (host nodes lie below GPU ones in the
+    tree), then GPU hits, then the system prompt."""
+    usable = minimum(cached, cached + new - 1)
     if block_tokens > 1:
         usable = usable // block_tokens * block_tokens
-    usable = max(usable, 0)
-    lost = cached_tokens - usable
-    if not lost:
-        return Reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
-                     recomputed_tokens)
-    lost_host = min(lost, hit_tokens_host)
-    lost_gpu = min(lost - lost_host, hit_tokens_gpu)
-    return Reuse(usable, new_tokens + lost, hit_tokens_gpu - lost_gpu,
-                 hit_tokens_host - lost_host, recomputed_tokens + lost_host + lost_gpu)
+    usable = usable - minimum(usable, 0)  # never below zero
+    lost = cached - usable
+    lost_host = minimum(lost, host)
+    lost_gpu = minimum(lost - lost_host, gpu)
+    return Reuse(usable, new + lost, gpu - lost_gpu, host - lost_host,
+                 recomputed + lost_host + lost_gpu)
+
+
+def engine_reuse(cached_tokens: int, new_tokens: int, hit_tokens_gpu: int,
+                 hit_tokens_host: int, recomputed_tokens: int, block_tokens: int = 1) -> Reuse:
+    """The reusable part of one request's cached prefix of ``cached_tokens`` before
+    ``new_tokens``."""
+    return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
+                  recomputed_tokens, block_tokens, min)
+
+
+def engine_reuse_columns(cached_tokens: np.ndarray, new_tokens: np.ndarray,
+                         hit_tokens_gpu: np.ndarray, hit_tokens_host: np.ndarray,
+                         recomputed_tokens: np.ndarray, block_tokens: int = 1) -> Reuse:
+    """``engine_reuse`` for every request at once (int64 columns in, new columns out)."""
+    return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
+                  recomputed_tokens, block_tokens, np.minimum)

@@ -16,7 +16,7 @@ import pandas as pd
 from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
-from ragsim.cache.reuse import engine_reuse
+from ragsim.cache.reuse import engine_reuse_columns
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.sim.gc_pause import cyclic_gc_paused
@@ -59,26 +59,38 @@ class ReplayResult:
 def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
                     hit_host: np.ndarray, recomputed: np.ndarray, swap_in: np.ndarray
                     ) -> dict[str, np.ndarray]:
-    # what an engine reuses of what the cache found (as ``run`` counts it): only requests
-    # cached to the end of their context (no question tokens) give a token back
-    query = trace.query_tokens
-    for i in np.flatnonzero((recomputed + query[:len(recomputed)]) == 0).tolist():
-        u = engine_reuse(int(cached[i]), 0, int(hit_gpu[i]), int(hit_host[i]),
-                         int(recomputed[i]))
-        cached[i], hit_gpu[i], hit_host[i], recomputed[i] = (
-            u.cached_tokens, u.hit_tokens_gpu, u.hit_tokens_host, u.recomputed_tokens)
+    # what an engine reuses of what the cache found, as ``run`` counts it (a context cached
+    # to the end recomputes its last token)
+    u = engine_reuse_columns(cached, recomputed + trace.query_tokens, hit_gpu, hit_host,
+                             recomputed)
     return {
         "request_id": trace.request_id,
         "arrival_s": trace.arrival_s,
         "top_k": trace.top_k,
-        "doc_tokens": hit_gpu + hit_host + recomputed,
+        "doc_tokens": u.hit_tokens_gpu + u.hit_tokens_host + u.recomputed_tokens,
         "query_tokens": trace.query_tokens,
-        "cached_tokens": cached,
-        "hit_tokens_gpu": hit_gpu,
-        "hit_tokens_host": hit_host,
-        "recomputed_tokens": recomputed,
+        "cached_tokens": u.cached_tokens,
+        "hit_tokens_gpu": u.hit_tokens_gpu,
+        "hit_tokens_host": u.hit_tokens_host,
+        "recomputed_tokens": u.recomputed_tokens,
         "swap_in_bytes": swap_in,
     }
+
+
+def _in_chunks(n: int, step: Callable[[int, int], None], progress: Progress | None) -> int:
+    """Call ``step(start, stop)`` over the requests in chunks; returns how many were done.
+    Ctrl-C keeps the chunks that finished (see run_replay)."""
+    done = 0
+    try:
+        for start in range(0, n, PROGRESS_EVERY):
+            stop = min(n, start + PROGRESS_EVERY)
+            step(start, stop)
+            done = stop
+            if progress is not None:
+                progress(stop)
+    except KeyboardInterrupt:
+        pass
+    return done
 
 
 def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
@@ -97,22 +109,14 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
     )
     n = trace.n_requests
     out = np.zeros((5, n), dtype=np.int64)
-    done = 0
     with cyclic_gc_paused():
         ids = trace.doc_ids.tolist()
         toks = trace.doc_tokens_flat.tolist()
         offsets = trace.doc_offsets.tolist()
         query = trace.query_tokens.tolist()
-        try:
-            for start in range(0, n, PROGRESS_EVERY):
-                stop = min(n, start + PROGRESS_EVERY)
-                tree.access_many(ids, toks, offsets, query, start, stop, out)
-                done = stop
-                if progress is not None:
-                    progress(stop)
-        except KeyboardInterrupt:
-            pass  # keep the requests of the chunks that finished (see run_replay)
-    records = _record_columns(trace, *out)
+        done = _in_chunks(n, lambda start, stop: tree.access_many(
+            ids, toks, offsets, query, start, stop, out), progress)
+    records = _record_columns(trace.head(done), *out[:, :done])
     counters = {
         "requests_replayed": done,
         "swap_out_bytes": tree.swap_out_bytes,
@@ -144,28 +148,24 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
         sizes = tokens_flat * config.kv_bytes_per_token
         tokens = tokens_flat.tolist() if cost_per_token is not None else None
         nexts = next_use_by_position(trace.doc_ids).tolist() if policy.needs_future else None
-        done = 0
-        try:
-            for start in range(0, n, PROGRESS_EVERY):
-                stop = min(n, start + PROGRESS_EVERY)
-                lo, hi = int(offsets[start]), int(offsets[stop])
-                hits += cache.process(keys[lo:hi], sizes[lo:hi],
-                                      None if tokens is None else tokens[lo:hi],
-                                      None if nexts is None else nexts[lo:hi])
-                done = stop
-                if progress is not None:
-                    progress(stop)
-        except KeyboardInterrupt:
-            pass  # keep the requests of the chunks that finished (see run_replay)
-    if done < n:  # interrupted: cut the requests never replayed, or they would count as misses
-        trace = trace.head(done)
-        tokens_flat, offsets, n = trace.doc_tokens_flat, trace.doc_offsets, done
+
+        def step(start: int, stop: int) -> None:
+            nonlocal hits
+            lo, hi = int(offsets[start]), int(offsets[stop])
+            hits += cache.process(keys[lo:hi], sizes[lo:hi],
+                                  None if tokens is None else tokens[lo:hi],
+                                  None if nexts is None else nexts[lo:hi])
+
+        done = _in_chunks(n, step, progress)
+    # cut the requests never replayed (Ctrl-C), or they would count as misses
+    trace = trace.head(done)
+    tokens_flat, offsets, n = trace.doc_tokens_flat, trace.doc_offsets, done
     hit_mask = np.frombuffer(hits, dtype=np.uint8).view(bool)
     hit_gpu = _sum_per_request(np.where(hit_mask, tokens_flat, 0), offsets)
     recomputed = _sum_per_request(tokens_flat, offsets) - hit_gpu
-    zeros = np.zeros(n, dtype=np.int64)
-    records = _record_columns(trace, hit_gpu + config.system_prompt_tokens, hit_gpu, zeros,
-                            recomputed, zeros)
+    records = _record_columns(trace, hit_gpu + config.system_prompt_tokens, hit_gpu,
+                              np.zeros(n, dtype=np.int64), recomputed,
+                              np.zeros(n, dtype=np.int64))
     counters = {
         "requests_replayed": done,
         "swap_out_bytes": 0,
@@ -203,8 +203,6 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     # (evictions, swap-outs, bytes in use) may include part of the chunk that was cut short.
     replayed = counters.pop("requests_replayed")
     interrupted = replayed < trace.n_requests
-    if interrupted:
-        records = {name: column[:replayed] for name, column in records.items()}
     doc_tokens = int(records["doc_tokens"].sum())
     hit_gpu = int(records["hit_tokens_gpu"].sum())
     hit_host = int(records["hit_tokens_host"].sum())
