@@ -101,6 +101,15 @@ def ttft_and_throughput(label: str, n_requests: int, summary) -> None:
 
 
 
+def policy_hit_rates(summary, host_gib: int) -> dict[str, float]:
+    """Token hit rate per policy: ragcache without speculation at 0.8 req/s (a moderate load,
+    so hit rates, not queues, decide), ``host_gib`` of host memory. ``summary(**settings)`` runs
+    the trace; ``policy_seeds.py`` uses the same settings."""
+    return {policy: summary(system="ragcache", rate_rps=0.8, policy=policy, speculate=False,
+                            host_cache_bytes=host_gib * GiB)["token_hit_rate"]
+            for policy in POLICIES}
+
+
 def policy_table(label: str, n_requests: int, summary) -> None:
     print(f"\n## Token hit rate by policy: {label}, {n_requests} requests, ragcache without "
           "speculation, 0.8 req/s\n")
@@ -109,9 +118,7 @@ def policy_table(label: str, n_requests: int, summary) -> None:
           + " | ".join(f"pgdsf / {p} (paper {PAPER_RATIOS[p]})" for p in others) + " |")
     print("|---" * (len(POLICIES) + len(others) + 1) + "|")
     for host in HOST_GIB:
-        hits = {policy: summary(system="ragcache", rate_rps=0.8, policy=policy, speculate=False,
-                                host_cache_bytes=host * GiB)["token_hit_rate"]
-                for policy in POLICIES}
+        hits = policy_hit_rates(summary, host)
         print(f"| {host} GiB | " + " | ".join(f"{h:.1%}" for h in hits.values()) + " | "
               + " | ".join(f"{hits['pgdsf'] / hits[p]:.2f}x" for p in others) + " |",
               flush=True)

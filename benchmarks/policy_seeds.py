@@ -1,11 +1,11 @@
 """How PGDSF's hit-rate ratios to GDSF, LRU and LFU vary with the trace's seed.
 
 One seed can make two policies look ordered when they tie; this runs the policy table of
-``paper_comparison.py`` (ragcache without speculation, 0.8 req/s) on several traces and prints
-each ratio per trace and its range, and how much of the static frequency bound PGDSF and LFU
-keep (``ragsim.cache.bounds``: no fixed contents of GPU KV + host memory keep more, even knowing
-every node's count in advance; on stationary traffic, what frequency policies leave on the
-table; not a ceiling for traffic whose topics move):
+``paper_comparison.py`` (its ``policy_hit_rates``: ragcache without speculation, 0.8 req/s) on
+several traces and prints each ratio per trace and its range, and how much of the static
+frequency bound PGDSF and LFU keep (``ragsim.cache.bounds``: no fixed contents of GPU KV + host
+memory keep more, even knowing every node's count in advance; on stationary traffic, what
+frequency policies leave on the table; not a ceiling for traffic whose topics move):
 
     python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6 --host-gib 8 32
     python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --host-gib 8 32
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 
+from paper_comparison import GiB, policy_hit_rates
+
 from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 
-GiB = 2**30
 BASELINES = ("gdsf", "lru", "lfu")
 
 
@@ -50,21 +51,18 @@ def main() -> None:
     print("|---" * (6 + len(BASELINES)) + "|")
     for name, seed, n_requests in runs:
         trace = resolve_trace(name, seed=seed, n_requests=n_requests)
-        ids, tokens, offsets = (trace.doc_ids.tolist(), trace.doc_tokens_flat.tolist(),
-                                trace.doc_offsets.tolist())
-        requests = [(ids[offsets[i]:offsets[i + 1]], tokens[offsets[i]:offsets[i + 1]])
-                    for i in range(trace.n_requests)]
+
+        def summary(trace=trace, name=name, seed=seed, **settings) -> dict:
+            config = build_config({"trace": name, "seed": seed, **settings})
+            return run_simulation(trace, config, profile).summary
+
         for host in args.host_gib:
-            hit = {}
-            for policy in ("pgdsf", *BASELINES):
-                config = build_config({"trace": name, "seed": seed, "system": "ragcache",
-                                       "rate_rps": 0.8, "policy": policy, "speculate": False,
-                                       "host_cache_bytes": host * GiB})
-                hit[policy] = run_simulation(trace, config, profile).summary["token_hit_rate"]
+            hit = policy_hit_rates(summary, host)
             # the bound gets all of the GPU's KV space (no system prompt, no running requests)
             capacity_tokens = (profile.kv_capacity_bytes + host * GiB) \
                 / profile.model.kv_bytes_per_token
-            bound = static_frequency_bound(requests, capacity_tokens)
+            bound = static_frequency_bound(trace.doc_offsets, trace.doc_ids,
+                                           trace.doc_tokens_flat, capacity_tokens)
             row = {b: hit["pgdsf"] / hit[b] for b in BASELINES}
             row["pgdsf / bound"] = hit["pgdsf"] / bound
             row["lfu / bound"] = hit["lfu"] / bound

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -375,19 +376,27 @@ def test_replicas_of_the_most_used_upper_nodes_survive_a_gpu_failure():
     kt.check_invariants()
 
 
+def _csr(reqs):
+    """(documents, tokens) per request -> the trace's CSR columns."""
+    offsets = np.cumsum([0] + [len(docs) for docs, _ in reqs])
+    ids = np.array([d for docs, _ in reqs for d in docs], dtype=np.int64)
+    tokens = np.array([t for _, toks in reqs for t in toks], dtype=np.int64)
+    return offsets, ids, tokens
+
+
 def test_static_frequency_bound_by_hand():
     """[A,B], [A,B], [A,C], [D] with A=2, B=3, C=1, D=5 tokens (18 in all). Counts: A 3,
     AB 2, AC 1, D 1 (only A and AB are worth keeping). Five tokens hold A and AB: A hits
     twice (4), AB once (3): 7/18. Four tokens: A, and 2 of AB's 3 tokens in the LP bound
     (4 + 2 = 6/18) or A alone with whole nodes (4/18)."""
-    sizes = {"A": 2, "B": 3, "C": 1, "D": 5}
-    reqs = [(docs, [sizes[d] for d in docs]) for docs in (["A", "B"], ["A", "B"], ["A", "C"],
-                                                          ["D"])]
-    assert static_frequency_bound(reqs, 5) == pytest.approx(7 / 18)
-    assert static_frequency_bound(reqs, 4) == pytest.approx(6 / 18)
-    assert static_frequency_bound(reqs, 4, whole_nodes=True) == pytest.approx(4 / 18)
-    assert static_frequency_bound(reqs, 100) == pytest.approx(7 / 18)
-    assert static_frequency_bound(reqs, 100, max_depth=1) == pytest.approx(4 / 18)
+    A, B, C, D = range(4)
+    sizes = {A: 2, B: 3, C: 1, D: 5}
+    csr = _csr([(docs, [sizes[d] for d in docs]) for docs in ([A, B], [A, B], [A, C], [D])])
+    assert static_frequency_bound(*csr, 5) == pytest.approx(7 / 18)
+    assert static_frequency_bound(*csr, 4) == pytest.approx(6 / 18)
+    assert static_frequency_bound(*csr, 4, whole_nodes=True) == pytest.approx(4 / 18)
+    assert static_frequency_bound(*csr, 100) == pytest.approx(7 / 18)
+    assert static_frequency_bound(*csr, 100, max_depth=1) == pytest.approx(4 / 18)
 
 
 def _static_hit_rate(reqs, kept: set) -> float:
@@ -417,7 +426,7 @@ def test_static_frequency_bound_is_above_every_fixed_contents_and_greedy_is_feas
     reqs = [(docs, [sizes[d] for d in docs]) for docs in docs_lists]
     nodes = sorted({tuple(docs[:d]) for docs in docs_lists for d in range(1, len(docs) + 1)})
     assume(len(nodes) <= 12)
-    bound = static_frequency_bound(reqs, capacity)
+    bound = static_frequency_bound(*_csr(reqs), capacity)
     best = 0.0
     for mask in range(1 << len(nodes)):
         kept = {n for i, n in enumerate(nodes) if mask >> i & 1}
@@ -427,4 +436,4 @@ def test_static_frequency_bound_is_above_every_fixed_contents_and_greedy_is_feas
             continue
         best = max(best, _static_hit_rate(reqs, kept))
     assert best <= bound + 1e-12
-    assert static_frequency_bound(reqs, capacity, whole_nodes=True) <= best + 1e-12
+    assert static_frequency_bound(*_csr(reqs), capacity, whole_nodes=True) <= best + 1e-12

@@ -20,44 +20,44 @@ contents: [A], [A], [B], [B] with room for one) nor on traffic whose topics move
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numpy as np
+
+from ragsim.cache.policies.belady import tree_node_ids
 
 
-def static_frequency_bound(requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-                           capacity_tokens: float, max_depth: int | None = None,
-                           whole_nodes: bool = False) -> float:
-    """Token hit rate of the best fixed contents for ``requests`` (LP bound, or with
+def static_frequency_bound(doc_offsets: np.ndarray, doc_ids: np.ndarray,
+                           doc_tokens: np.ndarray, capacity_tokens: float,
+                           max_depth: int | None = None, whole_nodes: bool = False) -> float:
+    """Token hit rate of the best fixed contents for a trace's requests (LP bound, or with
     ``whole_nodes`` the greedy feasible contents).
 
-    ``requests``: (document ids in rank order, their token counts) per request, in arrival
-    order. A node is a prefix of a request's document list (the knowledge tree's key); only
-    the first ``max_depth`` documents of a request are cacheable (None: all). Every retrieval
-    of a kept node but its first hits."""
+    The trace's CSR columns: request ``r`` retrieved ``doc_ids[doc_offsets[r]:doc_offsets[r+1]]``
+    in rank order, of ``doc_tokens`` tokens each. A node is a prefix of a request's list (the
+    knowledge tree's key, as Belady's ``tree_node_ids`` numbers them); only the first
+    ``max_depth`` documents of a request are cacheable (None: all). Every retrieval of a kept
+    node but its first hits."""
     if capacity_tokens < 0:
         raise ValueError("capacity_tokens must be >= 0")
-    count: dict[tuple[int, ...], int] = {}
-    size: dict[tuple[int, ...], int] = {}
-    total_tokens = 0
-    for docs, tokens in requests:
-        total_tokens += sum(tokens)
-        depth = len(docs) if max_depth is None else min(len(docs), max_depth)
-        for d in range(1, depth + 1):
-            key = tuple(docs[:d])
-            count[key] = count.get(key, 0) + 1
-            size.setdefault(key, tokens[d - 1])
+    doc_tokens = np.asarray(doc_tokens, dtype=np.int64)
+    total_tokens = int(doc_tokens.sum())
     if not total_tokens:
         return 0.0
-    # ties: the shallower node first (a parent before its children), then first retrieved
-    # (dicts keep insertion order and the sort is stable): deterministic
-    order = sorted((key for key, c in count.items() if c > 1),
-                   key=lambda key: (-count[key], len(key)))
+    node_of = tree_node_ids(np.asarray(doc_offsets), np.asarray(doc_ids), max_depth)
+    cacheable = node_of >= 0
+    count = np.bincount(node_of[cacheable])
+    size = np.zeros(len(count), dtype=np.int64)
+    size[node_of[cacheable][::-1]] = doc_tokens[cacheable][::-1]  # size at first retrieval
+    # most retrieved first; ties in first-retrieval order, which puts a parent (numbered when
+    # first retrieved, before any child) ahead of its children: deterministic, prefix-closed
+    order = np.lexsort((np.arange(len(count)), -count))
+    order = order[count[order] > 1]
     room = float(capacity_tokens)
     saved = 0.0
-    for key in order:
-        value_per_token = count[key] - 1
-        if size[key] <= room:
-            saved += value_per_token * size[key]
-            room -= size[key]
+    for node in order.tolist():
+        value_per_token = int(count[node]) - 1
+        if size[node] <= room:
+            saved += value_per_token * int(size[node])
+            room -= int(size[node])
         else:
             if not whole_nodes:
                 saved += value_per_token * room
