@@ -249,6 +249,8 @@ class Simulation(EngineHooks):
         next_failure = env.now + float(rng.exponential(mean_failure_gap_s)) if failures \
             else math.inf
         next_replica = env.now + config.replicate_every_s if replicas else math.inf
+        if next_failure == next_replica == math.inf:
+            return  # nothing periodic in this run
         while True:
             yield env.timeout(min(next_failure, next_replica) - env.now)
             if env.peek() == math.inf:
@@ -328,9 +330,7 @@ class Simulation(EngineHooks):
             self.env.process(self._arrivals())
             if self.config.fail_gpu_at_s:
                 self.env.process(self._failures_at_given_times())
-            if self.config.gpu_failure_rate_per_h > 0 or (
-                    self.config.host_replicas and self.tree.host_capacity_bytes):
-                self.env.process(self._background())
+            self.env.process(self._background())
             with cyclic_gc_paused():
                 try:
                     self.env.run(until=self.all_ended)

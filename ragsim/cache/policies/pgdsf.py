@@ -54,4 +54,5 @@ class PGDSF(TreePolicy):
             # Priority = L + freq x (T/tokens); FlatGreedyDual divides the unit by size.
             return cost_per_token_s(0, tokens) * size_bytes
 
-        return FlatGreedyDual(capacity_bytes, unit_cost, remember_frequency=True)
+        return FlatGreedyDual(capacity_bytes, unit_cost,
+                              remember_frequency=self.frequency_survives_eviction)
