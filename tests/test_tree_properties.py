@@ -154,12 +154,13 @@ def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
             assert {id(n) for n in kt.iter_nodes() if n.host_copy} <= host_before
         elif op == "replicate":
             upper = [n for n in (kt.root.children or {}).values() if n.in_gpu]
-            host_before = kt.host_used_bytes
+            had_copy = {id(n) for n in upper if n.host_copy}
             copied = kt.replicate_upper_nodes(2)
-            assert kt.host_used_bytes <= host_before + copied
             most_retrieved = sorted(upper, key=lambda n: (-n.frequency, -n.last_access))[:2]
-            if copied:  # a replica went to the most retrieved first-level GPU nodes only
-                assert any(n.host_copy for n in most_retrieved)
+            new_copies = [n for n in upper if n.host_copy and id(n) not in had_copy]
+            # replicas go to the two most retrieved first-level GPU nodes only, and count
+            assert {id(n) for n in new_copies} <= {id(n) for n in most_retrieved}
+            assert sum(n.size_bytes for n in new_copies) == copied
         else:
             available = kt.gpu_available_bytes
             r = kt.access(docs, [DOC_TOKENS[d] for d in docs], 0, keep_pinned=True)

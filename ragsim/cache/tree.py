@@ -865,6 +865,12 @@ class KnowledgeTree:
             assert n.cached_children == sum(c.cached for c in children), f"cached_children {n}"
             if n.parent is not None:
                 assert n.parent.tier >= n.tier, f"{n} is faster than its parent {n.parent}"
+                # eviction candidates: exactly the nodes _sync's rules name, in each heap
+                assert (n.gpu_pos >= 0) == (n.in_gpu and n.gpu_children == 0), \
+                    f"{n} in the GPU candidates: {n.gpu_pos}"
+                assert (n.host_pos >= 0) == (n.host_copy and (n.in_gpu or n.cached_children
+                                                              == 0)), \
+                    f"{n} in the host candidates: {n.host_pos}"
         assert self.root.in_gpu
         children = self.root.children.values() if self.root.children else ()
         assert set(self._gpu_upper.values()) == {c for c in children if c.in_gpu}, \
