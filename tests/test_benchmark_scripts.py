@@ -39,3 +39,11 @@ def test_policy_seeds_prints_a_row_per_seed_and_the_ranges():
     for cell in ranges[0].strip("| ").split(" | ")[1:]:  # "0.98-1.03x"
         low, high = (float(v) for v in cell.removesuffix("x").split("-"))
         assert 0 < low <= high < 10
+
+
+def test_vllm_prefix_cache_prints_the_ratio_and_the_identical_share():
+    out = run_script("vllm_prefix_cache.py", "--requests", "200", "--blocks", "400")
+    row = [line for line in out.splitlines() if line.startswith("| 6,400 |")]
+    assert len(row) == 1
+    ratio, same = row[0].strip("| ").split(" | ")[1:]
+    assert 0.9 < float(ratio.removesuffix("x")) < 1.1 and 0 < float(same.removesuffix("%")) <= 100

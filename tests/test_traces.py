@@ -250,9 +250,9 @@ def test_drift_is_where_frequency_alone_stops_winning():
 
 
 def test_on_drifting_nq_pgdsf_keeps_the_paper_margins_over_every_baseline():
-    """The README's finding that drifting ``nq`` reproduces the paper's orderings (replay, GPU
-    4 GiB + host 32 GiB, seeded): PGDSF 14.5% against GDSF 12.4%, LRU 11.4%, LFU 9.8% -- ratios
-    1.17x, 1.28x, 1.49x, each at least the paper's lower end (1.02x, 1.06x, 1.06x)."""
+    """The README's finding (from ``run``) that drifting ``nq`` reproduces the paper's orderings,
+    here in ``replay`` (GPU 4 GiB + host 32 GiB, seeded): PGDSF 14.5% against GDSF 12.4%, LRU
+    11.4%, LFU 9.8% -- 1.17x, 1.28x, 1.49x, each above the paper's lower end."""
     from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig, run_replay
 
