@@ -6,7 +6,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ragsim.traces.schema import Trace
-from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
+from ragsim.traces.skew import (
+    cumulative_share_curve,
+    retrieved_document_tokens,
+    share_at,
+    tokens_of,
+)
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -139,8 +144,8 @@ def size_popularity(trace: Trace) -> dict:
     pays in token hits only where short documents are also the popular ones. (Computed here in
     numpy: importing scipy.stats for it took a second of every ``trace stats``.)
     """
-    _, counts = np.unique(trace.doc_ids, return_counts=True)
-    tokens = retrieved_document_tokens(trace)
+    docs, counts = np.unique(trace.doc_ids, return_counts=True)
+    tokens = tokens_of(trace, docs)
     if len(counts) < 3 or np.all(tokens == tokens[0]) or np.all(counts == counts[0]):
         return {"size_popularity_spearman": None}  # undefined for a constant column
     rho = np.corrcoef(_ranks(tokens), _ranks(counts))[0, 1]
