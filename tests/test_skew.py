@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from ragsim.cli import app
 from ragsim.errors import RagsimInputError
+from ragsim.figures import check_plot_path
 from ragsim.traces import builtin_trace, read_jsonl, read_trace, retrieval_skew, write_trace
-from ragsim.traces.plots import check_plot_path, plot_skew
+from ragsim.traces.plots import plot_skew
 from ragsim.traces.schema import Trace
 from ragsim.traces.skew import (
     cumulative_share_curve,

@@ -1,10 +1,7 @@
 """The skew figure of ``ragsim trace stats --plot``: retrieval skew and document sizes.
 
-Drawn on a bare ``Figure`` with the Agg canvas, never through pyplot: nothing opens a window,
-no global backend or style is switched under the caller, and figures are not kept alive in
-pyplot's registry. The same curves give the same bytes: SVG ids are salted with a constant and
-the date stamps SVG and PDF would carry are left out, so a plot can live in a repository without
-changing on every rerun.
+Drawn and written through ``ragsim.figures``: no pyplot, written whole, and the same curves
+give the same bytes.
 """
 
 from __future__ import annotations
@@ -14,24 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ragsim.errors import RagsimInputError
+from ragsim.figures import check_plot_path, new_figure, save_figure
 from ragsim.traces.skew import MARKER_FRACTION, TraceSkew
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_POINTS_PER_LINE = 2000  # a million-document curve drawn in full makes a 100 MB SVG
-_NO_DATES = {".svg": {"Date": None}, ".pdf": {"CreationDate": None}, ".png": {}}
-
-
-def check_plot_path(path: Path | str) -> Path:
-    """The path, if its suffix names a format we write; otherwise a clear error naming --plot.
-
-    Called before any trace is read, so a typo costs nothing.
-    """
-    path = Path(path)
-    if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise RagsimInputError(f"cannot write {path.name!r}: the suffix picks the format, one of "
-                               f"{', '.join(PLOT_SUFFIXES)}", field="--plot")
-    return path
 
 
 def _log_thinned(n: int, max_points: int) -> np.ndarray:
@@ -50,17 +33,12 @@ def plot_skew(skews: Sequence[TraceSkew], path: Path | str) -> list[str]:
     with no retrievals has no curve: it is left out and named in the notes returned (the figure
     is still written, so a batch of traces never fails on one empty one).
     """
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     path = check_plot_path(path)
     notes = [f"{s.name}: no retrievals, left out of the plot" for s in skews
              if not s.has_retrievals]
     drawn = [s for s in skews if s.has_retrievals]
 
-    fig = Figure(figsize=(12, 4.5))
-    FigureCanvasAgg(fig)
+    fig = new_figure(12, 4.5)
     share_ax, size_ax = fig.subplots(1, 2)
     for skew in drawn:
         keep = _log_thinned(skew.n_documents_retrieved, MAX_POINTS_PER_LINE)
@@ -92,7 +70,6 @@ def plot_skew(skews: Sequence[TraceSkew], path: Path | str) -> list[str]:
             ax.text(0.5, 0.5, "no retrievals in any trace", ha="center", va="center",
                     transform=ax.transAxes)
     fig.tight_layout()
-    with matplotlib.rc_context({"svg.hashsalt": "ragsim"}):  # the default salt is random
-        fig.savefig(path, metadata=_NO_DATES[path.suffix.lower()])
+    save_figure(fig, path)
     return notes
 
