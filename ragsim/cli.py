@@ -29,9 +29,12 @@ app.add_typer(profiles_app, name="profiles")
 
 out = Console()
 err = Console(stderr=True)
-# built-in traces, for help texts (ragsim.traces.BUILTIN_TRACES; not imported here, to keep
-# start-up light: a test checks the two agree)
+# built-in traces, corpora and question sets, for help texts (ragsim.traces.BUILTIN_TRACES and
+# ragsim.traces.corpus.sources' BUILTIN_CORPORA / BUILTIN_QUESTIONS; not imported here, to keep
+# start-up light: a test checks they agree)
 TRACE_NAMES = "mmlu, nq, wiki-trivia, wiki-trivia-topics"
+CORPUS_NAMES = "wiki-offline"
+QUESTION_NAMES = "trivia, gsm8k, gpqa"
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -52,9 +55,16 @@ def friendly_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def _bar(*extra_columns, enabled: bool = True) -> Progress:
+    """The one progress display every long command shows on stderr: what runs, a bar, done of
+    total, anything ``extra_columns`` add, elapsed time; gone when the job ends."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    *extra_columns, TimeElapsedColumn(), console=err, transient=True,
+                    disable=not enabled)
+
+
 def _progress(total: int, label: str, enabled: bool):
-    progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, transient=True, disable=not enabled)
+    progress = _bar(enabled=enabled)
     task = progress.add_task(label, total=total)
     return progress, (lambda done: progress.update(task, completed=done))
 
@@ -62,8 +72,7 @@ def _progress(total: int, label: str, enabled: bool):
 def _phased_progress():
     """A progress display with one bar per phase, and the ``(phase, done, total)`` callback long
     jobs (profiling, trace building) report through."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True)
+    progress = _bar()
     tasks: dict[str, int] = {}
 
     def report(phase: str, done: int, total: int) -> None:
@@ -184,9 +193,7 @@ def run(
                           source=str(config_file) if config_file is not None else None)
     costs = load_profile(config.profile)
     data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
-    progress = Progress(TextColumn("run"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[simulated]}"), TimeElapsedColumn(),
-                        console=err, transient=True, disable=json_output)
+    progress = _bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
     with progress:
         result = run_simulation(
@@ -523,10 +530,10 @@ def trace_retime(trace: str, destination: Path,
 @friendly_errors
 def trace_build(
     corpus: Annotated[str, typer.Option(help="Passages: a .jsonl/.parquet file (id, text, "
-                                             "optional title) or wiki-offline.")],
+                                             f"optional title) or {CORPUS_NAMES}.")],
     questions: Annotated[str, typer.Option(help="Questions: a .jsonl/.parquet file (text, "
-                                                "optional answer, arrival_s) or trivia, "
-                                                "gsm8k, gpqa.")],
+                                                "optional answer, arrival_s) or "
+                                                f"{QUESTION_NAMES}.")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the trace and report.")],
     top_k: Annotated[int, typer.Option(help="Documents retrieved per request.")] = 2,
     index: Annotated[str, typer.Option(help="ivf or hnsw.")] = "ivf",
@@ -668,8 +675,9 @@ def trace_stats_command(
     fraction of documents (Figure 5) and the sizes of the retrieved documents (Figure 3), one
     line per trace.
     """
+    from ragsim.figures import check_plot_path
     from ragsim.traces import resolve_trace, trace_stats
-    from ragsim.traces.plots import check_plot_path, plot_skew
+    from ragsim.traces.plots import plot_skew
     from ragsim.traces.skew import trace_skew
 
     if plot is not None:
@@ -796,14 +804,18 @@ def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) 
 @friendly_errors
 def profiles_show(name: str,
                   plot: Annotated[Path | None, typer.Option(help="Write curves of T(cached, new) "
-                                                                 "to this PNG/SVG.")] = None,
+                                                                 "to this PNG/SVG/PDF.")] = None,
                   json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
     """A profile's provenance and tables (a shipped name or a JSON path)."""
+    from ragsim.figures import check_plot_path
+    from ragsim.profiles.plots import plot_prefill
     from ragsim.profiles.profile import load_profile
 
+    if plot is not None:
+        check_plot_path(plot)  # before loading: a typo should cost nothing
     p = load_profile(name)
     if plot is not None:
-        _plot_prefill(p, plot)
+        plot_prefill(p, plot)
         err.print(f"wrote {plot}")
     if json_output:
         _print_json(p.to_dict())
@@ -826,30 +838,6 @@ def profiles_show(name: str,
     t = p.transfers
     out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
               f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)
-
-
-def _plot_prefill(profile, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    grid = profile.prefill
-    new = np.geomspace(max(1.0, grid.y_axis[0]), grid.y_axis[-1], 200)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for cached in grid.x_axis:
-        ax.plot(new, grid.many(np.full_like(new, cached), new), label=f"{cached:g} cached")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("new (uncached) tokens")
-    ax.set_ylabel("prefill time (s)")
-    ax.set_title(f"T(cached, new): {profile.name} ({profile.kind})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncols=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 @profiles_app.command("predict")
