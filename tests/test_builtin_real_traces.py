@@ -9,9 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import token_hit_rates
 
-from ragsim.profiles.profile import load_profile
-from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.traces import PACKAGED_TRACES, packaged_trace_dir, resolve_trace, trace_stats
 from ragsim.traces.schema import Trace
 from ragsim.traces.stats import co_retrieval, retrieval_skew, stage_convergence
@@ -70,20 +69,11 @@ def test_simulator_default_convergence_is_the_fit_on_wiki_trivia():
     assert SimConfig().stage_converge_p == pytest.approx(fitted, abs=0.01)
 
 
-def _token_hit_rates(trace_name: str, host_gib: int) -> dict[str, float]:
-    trace = resolve_trace(trace_name)
-    profile = load_profile("a10g-mistral-7b")
-    return {policy: run_replay(trace, ReplayConfig(trace=trace_name, policy=policy,
-                                                   host_capacity_bytes=host_gib * GiB),
-                               profile).summary["token_hit_rate"]
-            for policy in ("pgdsf", "gdsf", "lru", "lfu")}
-
-
 @pytest.mark.parametrize("host_gib", [2, 8])
 def test_pgdsf_beats_lru_and_lfu_when_topics_drift(host_gib):
     """On real retrieval whose topics move (questions in their lists' order), PGDSF keeps more
     than LRU and clearly more than LFU, whose old counts pin stale topics."""
-    hit = _token_hit_rates("wiki-trivia-topics", host_gib)
+    hit = token_hit_rates("wiki-trivia-topics", host_capacity_bytes=host_gib * GiB)
     assert hit["pgdsf"] >= hit["lru"], hit
     assert hit["pgdsf"] > 1.1 * hit["lfu"], hit
 
@@ -93,7 +83,7 @@ def test_pgdsf_matches_lfu_on_stationary_real_retrieval():
     case (counting every retrieval is the best estimate of the future). PGDSF, whose counts
     survive eviction, keeps as much as LFU there (within 1%), and more than GDSF and LRU;
     when its counts restarted at each eviction it kept 5% less (README, findings)."""
-    hit = _token_hit_rates("wiki-trivia", 8)
+    hit = token_hit_rates("wiki-trivia", host_capacity_bytes=8 * GiB)
     assert abs(hit["pgdsf"] - hit["lfu"]) < 0.01 * hit["lfu"], hit
     assert hit["pgdsf"] > max(hit["gdsf"], hit["lru"]), hit
 

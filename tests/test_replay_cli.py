@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import interrupt_progress
 from typer.testing import CliRunner
 
 from ragsim.cli import app
@@ -183,12 +184,7 @@ def test_an_interrupted_replay_keeps_the_chunks_that_finished(flat):
 
 
 def test_ctrl_c_in_replay_exits_130_with_what_finished(tmp_path, monkeypatch):
-    from rich.progress import Progress
-
-    def interrupting_update(self, task, *args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(Progress, "update", interrupting_update)
+    interrupt_progress(monkeypatch)  # at the first report, after the first 10,000
     out = tmp_path / "o"
     result = runner.invoke(app, ["replay", "--requests", "25000", "--out", str(out)])
     assert result.exit_code == 130, result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+from helpers import interrupt_progress, lose_the_end_of
 from typer.testing import CliRunner
 
 from ragsim.cli import app
@@ -70,16 +71,7 @@ def test_bad_flags_and_files_give_one_clear_line(tmp_path):
 
 
 def test_ctrl_c_writes_what_finished_and_exits_130(tmp_path, monkeypatch):
-    from rich.progress import Progress
-
-    update = Progress.update
-
-    def interrupting_update(self, task, *args, completed=None, **kwargs):
-        if completed is not None and completed >= 1000:  # reported every 1,000 ended
-            raise KeyboardInterrupt
-        return update(self, task, *args, completed=completed, **kwargs)
-
-    monkeypatch.setattr(Progress, "update", interrupting_update)
+    interrupt_progress(monkeypatch, at_completed=1000)  # reported every 1,000 ended
     out = tmp_path / "o"
     result = runner.invoke(app, ["run", "--requests", "2000", "--json", "--out", str(out)])
     assert result.exit_code == 130, result.output
@@ -98,12 +90,16 @@ def test_help_names_every_built_in_trace():
     assert TRACE_NAMES.split(", ") == list(BUILTIN_TRACES)
 
 
-def test_a_stalled_run_says_it_is_a_bug_keeps_what_ended_and_exits_1(tmp_path, monkeypatch):
-    from ragsim.sim.simulator import Simulation
+def test_trace_build_help_names_every_built_in_corpus_and_question_set():
+    from ragsim.cli import CORPUS_NAMES, QUESTION_NAMES
+    from ragsim.traces.corpus.sources import BUILTIN_CORPORA, BUILTIN_QUESTIONS
 
-    finished = Simulation.finished
-    monkeypatch.setattr(Simulation, "finished",
-                        lambda self, job: None if job.request == 7 else finished(self, job))
+    assert CORPUS_NAMES.split(", ") == list(BUILTIN_CORPORA)
+    assert QUESTION_NAMES.split(", ") == list(BUILTIN_QUESTIONS)
+
+
+def test_a_stalled_run_says_it_is_a_bug_keeps_what_ended_and_exits_1(tmp_path, monkeypatch):
+    lose_the_end_of(monkeypatch, 7)
     out = tmp_path / "stalled"
     result = runner.invoke(app, ["run", "--requests", "50", "--rate", "1", "--out", str(out)])
     assert result.exit_code == 1

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import lose_the_end_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -423,17 +424,6 @@ def test_an_interrupted_run_keeps_what_finished():
     assert s["ttft_mean_s"] == pytest.approx(done.ttft_s.mean())
 
 
-def _lose_the_end_of(request: int, monkeypatch) -> None:
-    """Plant a bug: the engine's report that ``request`` finished goes missing."""
-    finished = Simulation.finished
-
-    def forgetful(self, job):
-        if job.request != request:
-            finished(self, job)
-
-    monkeypatch.setattr(Simulation, "finished", forgetful)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("background", ["none", "failures", "replicas"])
 def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypatch,
@@ -442,7 +432,7 @@ def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypa
     (failures at a rate, host replicas) kept the event queue alive, and crash with SimPy's
     message without one. Either way the run now stops, keeps what ended and names the rest;
     the periodic process acts no more once it is alone (no failure after the stall)."""
-    _lose_the_end_of(1, monkeypatch)
+    lose_the_end_of(monkeypatch, 1)
     trace = make_trace([(0.0, [1], 10, 5), (1.0, [2], 10, 5), (2.0, [3], 10, 5)])
     extra = {"none": {},
              "failures": dict(gpu_failure_rate_per_h=36.0),  # one every ~100 s, none by 3 s

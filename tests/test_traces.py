@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import shared_trace, token_hit_rates
 
 from ragsim.errors import TraceError
 from ragsim.traces import (
@@ -214,8 +215,8 @@ def test_stats_skew_on_a_hand_made_trace(tmp_path):
 
 
 def test_popularity_drift_is_explicit_calibrated_and_changes_what_is_popular():
-    still = builtin_trace("mmlu", n_requests=20_000)
-    moving = builtin_trace("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
+    still = shared_trace("mmlu", 20_000)
+    moving = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.3)
     assert still.info["parameters"]["drift_per_1k_requests"] == 0.0
     assert trace_stats(moving)["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
 
@@ -232,34 +233,19 @@ def test_drift_is_where_frequency_alone_stops_winning():
     """Stationary Zipf is LFU's best case, where PGDSF (counts plus the GDS clock's aging) comes
     within a few percent of it; when topics move, the aging wins by a wide margin (seeded).
     PGDSF keeps more than GDSF and LRU on both."""
-    from ragsim.profiles.profile import load_profile
-    from ragsim.sim.replay import ReplayConfig, run_replay
-
-    profile = load_profile("a10g-mistral-7b")
-
-    def rate(trace, policy):
-        config = ReplayConfig(trace="mmlu", policy=policy)
-        return run_replay(trace, config, profile).summary["token_hit_rate"]
-
-    still = builtin_trace("mmlu", n_requests=20_000)
-    moving = builtin_trace("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
-    for trace in (still, moving):
-        assert rate(trace, "pgdsf") > max(rate(trace, "gdsf"), rate(trace, "lru"))
-    assert rate(still, "lfu") * 0.97 < rate(still, "pgdsf") < rate(still, "lfu")
-    assert rate(moving, "pgdsf") > 1.3 * rate(moving, "lfu")
+    still = token_hit_rates("mmlu", n_requests=20_000)
+    moving = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
+    for rate in (still, moving):
+        assert rate["pgdsf"] > max(rate["gdsf"], rate["lru"]), rate
+    assert still["lfu"] * 0.97 < still["pgdsf"] < still["lfu"], still
+    assert moving["pgdsf"] > 1.3 * moving["lfu"], moving
 
 
 def test_on_drifting_nq_pgdsf_keeps_the_paper_margins_over_every_baseline():
     """The README's finding (from ``run``) that drifting ``nq`` reproduces the paper's orderings,
     here in ``replay`` (GPU 4 GiB + host 32 GiB, seeded): PGDSF 14.5% against GDSF 12.4%, LRU
     11.4%, LFU 9.8% -- 1.17x, 1.28x, 1.49x, each above the paper's lower end."""
-    from ragsim.profiles.profile import load_profile
-    from ragsim.sim.replay import ReplayConfig, run_replay
-
-    profile = load_profile("a10g-mistral-7b")
-    moving = builtin_trace("nq", n_requests=20_000, drift_per_1k_requests=0.3)
-    rate = {policy: run_replay(moving, ReplayConfig(trace="nq", policy=policy), profile)
-            .summary["token_hit_rate"] for policy in ("pgdsf", "gdsf", "lru", "lfu")}
+    rate = token_hit_rates("nq", n_requests=20_000, drift_per_1k_requests=0.3)
     assert rate["pgdsf"] > 1.1 * rate["gdsf"]
     assert rate["pgdsf"] > 1.2 * rate["lru"]
     assert rate["pgdsf"] > 1.3 * rate["lfu"]
