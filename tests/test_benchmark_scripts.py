@@ -47,3 +47,19 @@ def test_vllm_prefix_cache_prints_the_ratio_and_the_identical_share():
     assert len(row) == 1
     ratio, same = row[0].strip("| ").split(" | ")[1:]
     assert 0.9 < float(ratio.removesuffix("x")) < 1.1 and 0 < float(same.removesuffix("%")) <= 100
+
+
+def test_policy_regimes_prints_every_cell_and_names_the_best_baseline():
+    out = run_script("policy_regimes.py", "--traces", "nq", "--requests", "1500", "--drifts",
+                     "0", "0.3", "--host-gib", "8", "32", "--workers", "1")
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines()
+            if line.startswith("| nq |")]
+    assert [(r[2], r[3]) for r in rows] == [("0", "8 GiB"), ("0", "32 GiB"),
+                                            ("0.3", "8 GiB"), ("0.3", "32 GiB")]
+    for r in rows:
+        rates = dict(zip(("pgdsf", "gdsf", "lru", "lfu"),
+                         (float(c.removesuffix("%")) for c in r[4:8]), strict=True))
+        assert r[8] in ("gdsf", "lru", "lfu")
+        assert rates[r[8]] == max(rates["gdsf"], rates["lru"], rates["lfu"])
+        # the ratio is of the unrounded rates; the printed ones are rounded to 0.1 point
+        assert abs(float(r[9].removesuffix("x")) - rates["pgdsf"] / rates[r[8]]) < 0.02
