@@ -34,9 +34,10 @@ def main() -> None:
     real = resolve_trace(args.real)
     target = co_retrieval(real)
     skew = retrieval_skew(real.doc_ids)["top_3pct_share"]
+    # the real trace's questions are shuffled (stationary), so the generator is too
     base = replace(BUILTIN_SPECS["nq"], n_requests=real.n_requests,
                    n_documents=real.n_documents, top_k=int(real.top_k.max()),
-                   target_top3_share=skew)
+                   target_top3_share=skew, drift_per_1k_requests=0.0)
     fits = []
     for m, p, decay in itertools.product((2, 4, 8, 16, 32), (0.6, 0.7, 0.8, 0.9, 1.0),
                                          (0.3, 0.5, 0.7, 1.0)):

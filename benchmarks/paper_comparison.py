@@ -2,10 +2,10 @@
 
 Every number the README quotes about ``ragsim run`` against the paper comes from here:
 
-    python benchmarks/paper_comparison.py [--trace mmlu] [--requests 3000] [--seed 0]
+    python benchmarks/paper_comparison.py [--trace mmlu] [--requests 10000] [--seed 0]
     python benchmarks/paper_comparison.py --co-retrieval 0          # independent draws
     python benchmarks/paper_comparison.py --trace wiki-trivia-topics --requests 10033
-    python benchmarks/paper_comparison.py --drift 0.3 --requests 20000 --policies-only
+    python benchmarks/paper_comparison.py --drift 0 --policies-only # stationary popularity
 
 1. Mean TTFT of vllm / sglang / ragcache at several Poisson rates, with ragcache's ablations
    (no speculation, no reordering), and the ratios the paper reports (TTFT 1.2-4x vs vLLM,
@@ -14,8 +14,8 @@ Every number the README quotes about ``ragsim run`` against the paper comes from
    vLLM, 1.2-1.8x vs SGLang).
 3. Token hit rate of PGDSF, GDSF, LRU and LFU across host-memory sizes from 8 to 128 GiB (the
    paper: PGDSF 1.02-1.32x GDSF, 1.06-1.62x LRU, 1.06-1.75x LFU), ragcache without speculation,
-   with PGDSF's ratio to each. ``--drift`` makes a synthetic trace's topics move (the
-   generator's ``drift_per_1k_requests``); the built-in ``mmlu`` is stationary.
+   with PGDSF's ratio to each. ``--drift`` sets how fast a synthetic trace's topics move (the
+   generator's ``drift_per_1k_requests``; the built-in traces' 0.1 by default, 0: stationary).
 
 Simulated numbers are deterministic for a seed; only the wall time varies between machines.
 """
@@ -42,14 +42,16 @@ PAPER_RATIOS = {"gdsf": "1.02-1.32x", "lru": "1.06-1.62x", "lfu": "1.06-1.75x"} 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="mmlu")
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=10_000,
+                        help="requests per run (default: ragsim run's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--co-retrieval", type=float, default=None,
                         help="synthetic traces only: co-retrieval probability (0: independent "
                              "draws, the generator before it was fitted on real retrieval)")
     parser.add_argument("--drift", type=float, default=None,
                         help="synthetic traces only: share of popularity ranks that trade "
-                             "documents after every 1,000 requests (0: stationary)")
+                             "documents after every 1,000 requests (built-in: 0.1; 0: "
+                             "stationary)")
     parser.add_argument("--policies-only", action="store_true",
                         help="print only the replacement-policy table")
     args = parser.parse_args()

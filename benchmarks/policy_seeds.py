@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", help="trace directories (or built-in names)")
     parser.add_argument("--synthetic", help="a built-in synthetic trace to generate per seed")
     parser.add_argument("--seeds", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
     args = parser.parse_args()
     if not args.traces and not args.synthetic:

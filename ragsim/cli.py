@@ -481,9 +481,10 @@ def trace_import_mooncake(source: Path, destination: Path) -> None:
 def trace_generate(name: str, destination: Path,
                    requests: Annotated[int | None, typer.Option()] = None,
                    seed: Annotated[int, typer.Option()] = 0,
-                   drift: Annotated[float, typer.Option(
+                   drift: Annotated[float | None, typer.Option(
                        help="Fraction of popularity ranks that trade documents after every "
-                            "1,000 requests (0: stationary).")] = 0.0,
+                            "1,000 requests (default 0.1, fitted to the paper's policy "
+                            "results; 0: stationary).")] = None,
                    co_retrieval: Annotated[float | None, typer.Option(
                        help="Chance that a list's next document is a neighbour of the previous "
                             "one (default 0.9, fitted on real retrieval; 0: independent "
@@ -494,15 +495,16 @@ def trace_generate(name: str, destination: Path,
     if name not in BUILTIN_SPECS:
         raise RagsimInputError(f"unknown built-in trace {name!r}; known: "
                                f"{sorted(BUILTIN_SPECS)}")
-    if not 0.0 <= drift <= 1.0:
-        raise RagsimInputError("must lie in [0, 1]", field="--drift")
     overrides = {}
+    if drift is not None:
+        if not 0.0 <= drift <= 1.0:
+            raise RagsimInputError("must lie in [0, 1]", field="--drift")
+        overrides["drift_per_1k_requests"] = drift
     if co_retrieval is not None:
         if not 0.0 <= co_retrieval <= 1.0:
             raise RagsimInputError("must lie in [0, 1]", field="--co-retrieval")
         overrides["co_retrieval_p"] = co_retrieval
-    trace = builtin_trace(name, seed=seed, n_requests=requests, drift_per_1k_requests=drift,
-                          **overrides)
+    trace = builtin_trace(name, seed=seed, n_requests=requests, **overrides)
     write_trace(trace, destination)
     _report_written(trace, destination)
 

@@ -18,7 +18,7 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def mmlu():
-    return resolve_trace("mmlu", n_requests=3000)  # as benchmarks/paper_comparison.py
+    return resolve_trace("mmlu")  # 10,000 requests, as ragsim run and paper_comparison.py
 
 
 @pytest.mark.parametrize("rate_rps", [0.6, 1.0])
@@ -30,15 +30,16 @@ def test_ragcache_beats_sglang_beats_vllm_on_ttft_at_moderate_load(mmlu, rate_rp
     assert ttft["vllm"] / ttft["ragcache"] > 1.15  # paper: 1.2-4x
 
 
-def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lru_and_nearly_lfu_across_host_sizes(mmlu):
-    """Figure 17 on the stationary synthetic trace: PGDSF >= GDSF and LRU at 8-128 GiB; LFU,
-    whose best case stationary popularity is, stays within 2% (README, "Policies")."""
+@pytest.mark.parametrize("trace_name", ["mmlu", "nq"])
+def test_pgdsf_hits_at_least_as_often_as_gdsf_lru_and_lfu_across_host_sizes(mmlu, trace_name):
+    """Figure 17 on the built-in traces (popularity drifting 0.1 per 1,000 requests): PGDSF keeps
+    at least as much as GDSF, LRU and LFU at 8-128 GiB (README, "Policies"; over six seeds
+    ``policy_seeds.py`` finds the closest at 1.006x, LFU at 128 GiB). On stationary popularity
+    LFU is the one that can pass it (tests/test_traces.py)."""
+    trace = mmlu if trace_name == "mmlu" else resolve_trace(trace_name)
     for host_gib in (8, 32, 128):
         hit = {policy: run_simulation(
-            mmlu, build_config({"system": "ragcache", "rate_rps": 0.8, "policy": policy,
-                                "host_cache_bytes": host_gib * GiB, "speculate": False}),
+            trace, build_config({"system": "ragcache", "rate_rps": 0.8, "policy": policy,
+                                 "host_cache_bytes": host_gib * GiB, "speculate": False}),
             PROFILE).summary["token_hit_rate"] for policy in ("pgdsf", "gdsf", "lru", "lfu")}
-        assert hit["pgdsf"] >= max(hit["gdsf"], hit["lru"]), (host_gib, hit)
-        # a tie over seeds (benchmarks/policy_seeds.py: 0.98-1.03x on mmlu); this seed sits at
-        # 0.986x at 8 GiB, so a change to PGDSF may move it across: check the seed range then
-        assert hit["pgdsf"] >= 0.98 * hit["lfu"], (host_gib, hit)
+        assert hit["pgdsf"] >= max(hit["gdsf"], hit["lru"], hit["lfu"]), (host_gib, hit)

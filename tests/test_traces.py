@@ -214,26 +214,33 @@ def test_stats_skew_on_a_hand_made_trace(tmp_path):
     assert stats["top_10pct_share"] == pytest.approx(0.73)
 
 
-def test_popularity_drift_is_explicit_calibrated_and_changes_what_is_popular():
-    still = shared_trace("mmlu", 20_000)
+def test_popularity_drift_is_recorded_calibrated_and_changes_what_is_popular():
+    from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
+
+    still = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.0)
+    default = shared_trace("mmlu", 20_000)
     moving = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.3)
     assert still.info["parameters"]["drift_per_1k_requests"] == 0.0
-    assert trace_stats(moving)["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
+    assert default.info["parameters"]["drift_per_1k_requests"] == BUILTIN_DRIFT_PER_1K_REQUESTS
+    for trace in (default, moving):  # the skew is calibrated with the drift in place
+        assert trace_stats(trace)["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
 
     def top(trace, lo, hi):
         ids, counts = np.unique(trace.doc_ids[2 * lo: 2 * hi], return_counts=True)
         return set(ids[np.argsort(counts)[-50:]])
 
     # the 50 hottest documents of the first and last 2,000 requests
-    assert len(top(still, 0, 2000) & top(still, 18_000, 20_000)) > 35
-    assert len(top(moving, 0, 2000) & top(moving, 18_000, 20_000)) < 10
+    overlap = {name: len(top(t, 0, 2000) & top(t, 18_000, 20_000))
+               for name, t in (("still", still), ("default", default), ("moving", moving))}
+    assert overlap["still"] > 35 and overlap["moving"] < 10, overlap
+    assert overlap["moving"] < overlap["default"] < overlap["still"], overlap
 
 
 def test_drift_is_where_frequency_alone_stops_winning():
     """Stationary Zipf is LFU's best case, where PGDSF (counts plus the GDS clock's aging) comes
     within a few percent of it; when topics move, the aging wins by a wide margin (seeded).
     PGDSF keeps more than GDSF and LRU on both."""
-    still = token_hit_rates("mmlu", n_requests=20_000)
+    still = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.0)
     moving = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
     for rate in (still, moving):
         assert rate["pgdsf"] > max(rate["gdsf"], rate["lru"]), rate
