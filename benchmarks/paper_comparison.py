@@ -31,7 +31,7 @@ from ragsim.traces import builtin_trace, resolve_trace
 
 GiB = 2**30
 PROFILE = "a10g-mistral-7b"
-TTFT_RATES = (0.3, 0.6, 1.0, 1.5, 2.5)
+TTFT_RATES = (0.3, 0.6, 1.0, 1.5, 2.0)  # vllm serves ~2.5 req/s: above that TTFT grows with the run
 OVERLOAD_RATES = (4.0, 6.0)
 HOST_GIB = (8, 32, 128)
 POLICIES = ("pgdsf", "gdsf", "lru", "lfu")

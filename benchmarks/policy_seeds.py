@@ -7,8 +7,8 @@ frequency bound PGDSF and LFU keep (``ragsim.cache.bounds``: no fixed contents o
 memory keep more, even knowing every node's count in advance; on stationary traffic, what
 frequency policies leave on the table; not a ceiling for traffic whose topics move):
 
-    python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6 --host-gib 8 32
-    python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --host-gib 8 32
+    python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6
+    python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --drift 0   # stationary
     # real retrieval, reshuffled (needs the corpus extra; embeddings are cached after one build):
     for s in 0 1 2 3 4 5; do ragsim trace build --corpus wiki-offline --questions trivia \\
         --top-k 2 --index ivf --stages 4 --nprobe 64 --requests 5000 --order shuffle --rate 1 \\
@@ -26,7 +26,7 @@ from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
-from ragsim.traces import resolve_trace
+from ragsim.traces import builtin_trace, resolve_trace
 
 BASELINES = ("gdsf", "lru", "lfu")
 
@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--drift", type=float, default=None,
+                        help="with --synthetic: popularity drift per 1,000 requests (built-in: "
+                             "0.1; 0: stationary)")
     args = parser.parse_args()
     if not args.traces and not args.synthetic:
         parser.error("give trace directories or --synthetic NAME")
@@ -50,7 +53,11 @@ def main() -> None:
           + " | static bound | pgdsf / bound | lfu / bound |")
     print("|---" * (6 + len(BASELINES)) + "|")
     for name, seed, n_requests in runs:
-        trace = resolve_trace(name, seed=seed, n_requests=n_requests)
+        if n_requests is not None and args.drift is not None:
+            trace = builtin_trace(name, seed=seed, n_requests=n_requests,
+                                  drift_per_1k_requests=args.drift)
+        else:
+            trace = resolve_trace(name, seed=seed, n_requests=n_requests)
 
         def summary(trace=trace, name=name, seed=seed, **settings) -> dict:
             config = build_config({"trace": name, "seed": seed, **settings})

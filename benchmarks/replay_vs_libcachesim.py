@@ -59,9 +59,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--drift", type=float, default=None,
+                        help="popularity drift per 1,000 requests (default: the built-in "
+                             "trace's 0.1; 0: stationary, the trace issue 2's targets were "
+                             "set on)")
     args = parser.parse_args()
 
-    trace = builtin_trace("mmlu", n_requests=args.requests, seed=0)
+    drift = {} if args.drift is None else {"drift_per_1k_requests": args.drift}
+    trace = builtin_trace("mmlu", n_requests=args.requests, seed=0, **drift)
     kv = 131072  # Mistral-7B, fp16
     tokens = trace.doc_tokens_flat
     unique = np.unique(trace.doc_ids, return_index=True)[1]
@@ -98,8 +103,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"trace: mmlu, {trace.n_requests:,} requests, {len(trace.doc_ids):,} document "
-          f"accesses; GPU {gpu / 2**30:.1f} GiB, host {host / 2**30:.1f} GiB")
+    drift_used = trace.info["parameters"]["drift_per_1k_requests"]
+    print(f"trace: mmlu (drift {drift_used:g}), {trace.n_requests:,} requests, "
+          f"{len(trace.doc_ids):,} document accesses, object miss ratio "
+          f"{flat['object_miss_ratio']:.1%} (flat LRU); GPU {gpu / 2**30:.1f} GiB, "
+          f"host {host / 2**30:.1f} GiB")
     print(f"flat LRU      ragsim {flat_lru:6.2f} s   libCacheSim LRU  {lcs_lru:6.2f} s   "
           f"ratio {results['ratio_flat_lru_vs_libcachesim_lru']:.2f}x (target >= 0.5x)")
     print(f"tree PGDSF    ragsim {tree_pgdsf:6.2f} s   libCacheSim GDSF {lcs_gdsf:6.2f} s   "

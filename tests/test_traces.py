@@ -271,3 +271,14 @@ def test_on_long_traces_the_winner_is_decided_by_drift():
                            host_capacity_bytes=host)
     assert still["lfu"] > 1.05 * still["pgdsf"] > 1.05 * max(still["gdsf"], still["lru"]), still
     assert slow["pgdsf"] > 1.05 * max(slow["gdsf"], slow["lru"], slow["lfu"]), slow
+
+
+@pytest.mark.parametrize("looked_up_first", [False, True])
+def test_head_keeps_document_sizes_right_whether_or_not_they_were_looked_up(looked_up_first):
+    trace = builtin_trace("nq", n_requests=300)
+    if looked_up_first:
+        trace.doc_tokens_flat  # noqa: B018 -- fills the cache that head() passes on
+    head = trace.head(120)
+    fresh = head.document_tokens[np.searchsorted(head.document_ids, head.doc_ids)]
+    assert len(head.doc_ids) == int(trace.doc_offsets[120])
+    assert np.array_equal(head.doc_tokens_flat, fresh)

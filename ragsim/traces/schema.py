@@ -113,6 +113,10 @@ class Trace:
             has_history=None if self.has_history is None else self.has_history[:n],
             document_text=self.document_text,
             info={**self.info, "head": n},
+            # the sizes already looked up stay valid for the prefix (a replay cut short by
+            # Ctrl-C, or cut to what it did, asks for them again: 0.2 s per 2M documents)
+            _doc_tokens_flat=(None if self._doc_tokens_flat is None
+                              else self._doc_tokens_flat[:end]),
         )
 
     # -- Arrow tables --------------------------------------------------------------------
