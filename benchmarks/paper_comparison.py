@@ -27,7 +27,8 @@ import argparse
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
-from ragsim.traces import builtin_trace, resolve_trace
+from ragsim.traces import resolve_trace
+from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
 GiB = 2**30
 PROFILE = "a10g-mistral-7b"
@@ -50,8 +51,8 @@ def main() -> None:
                              "draws, the generator before it was fitted on real retrieval)")
     parser.add_argument("--drift", type=float, default=None,
                         help="synthetic traces only: share of popularity ranks that trade "
-                             "documents after every 1,000 requests (built-in: 0.1; 0: "
-                             "stationary)")
+                             "documents after every 1,000 requests (built-in: "
+                             f"{BUILTIN_DRIFT_PER_1K_REQUESTS:g}; 0: stationary)")
     parser.add_argument("--policies-only", action="store_true",
                         help="print only the replacement-policy table")
     args = parser.parse_args()
@@ -61,23 +62,29 @@ def main() -> None:
         synthetic["co_retrieval_p"] = args.co_retrieval
     if args.drift is not None:
         synthetic["drift_per_1k_requests"] = args.drift
-    if synthetic:
-        trace = builtin_trace(args.trace, seed=args.seed, n_requests=args.requests, **synthetic)
-    else:
-        trace = resolve_trace(args.trace, seed=args.seed, n_requests=args.requests)
-    label = args.trace + "".join(f", {k} {v}" for k, v in synthetic.items())
+    trace = resolve_trace(args.trace, seed=args.seed, n_requests=args.requests, **synthetic)
+    label = trace_label(args.trace, trace)
 
     def summary(**settings) -> dict:
         config = build_config({"trace": args.trace, "seed": args.seed, **settings})
         return run_simulation(trace, config, profile).summary
 
     if not args.policies_only:
-        ttft_and_throughput(label, args.requests, summary)
-    policy_table(label, args.requests, summary)
+        ttft_and_throughput(label, summary)
+    policy_table(label, summary)
 
 
-def ttft_and_throughput(label: str, n_requests: int, summary) -> None:
-    print(f"## Mean TTFT (s): {label}, {n_requests} requests, {PROFILE}\n")
+def trace_label(name: str, trace) -> str:
+    """What the tables ran on: the name, the generator settings that matter here (synthetic
+    traces) and the number of requests actually run."""
+    parameters = trace.info.get("parameters", {})
+    settings = "".join(f", {key} {parameters[key]:g}"
+                       for key in ("drift_per_1k_requests", "co_retrieval_p") if key in parameters)
+    return f"{name}{settings}, {trace.n_requests} requests"
+
+
+def ttft_and_throughput(label: str, summary) -> None:
+    print(f"## Mean TTFT (s): {label}, {PROFILE}\n")
     print("| rate (req/s) | vllm | sglang | ragcache | vllm / ragcache | sglang / ragcache "
           "| ragcache, no speculation | ragcache, no reordering | token hit rate (ragcache) |")
     print("|---" * 9 + "|")
@@ -91,7 +98,7 @@ def ttft_and_throughput(label: str, n_requests: int, summary) -> None:
               f" | {no_spec:.3f} | {no_reorder:.3f} | {s['ragcache']['token_hit_rate']:.1%} |",
               flush=True)
 
-    print(f"\n## Throughput under overload (req/s): {label}, {n_requests} requests\n")
+    print(f"\n## Throughput under overload (req/s): {label}\n")
     print("| offered (req/s) | vllm | sglang | ragcache | ragcache / vllm | ragcache / sglang |")
     print("|---" * 6 + "|")
     for rate in OVERLOAD_RATES:
@@ -112,8 +119,8 @@ def policy_hit_rates(summary, host_gib: int) -> dict[str, float]:
             for policy in POLICIES}
 
 
-def policy_table(label: str, n_requests: int, summary) -> None:
-    print(f"\n## Token hit rate by policy: {label}, {n_requests} requests, ragcache without "
+def policy_table(label: str, summary) -> None:
+    print(f"\n## Token hit rate by policy: {label}, ragcache without "
           "speculation, 0.8 req/s\n")
     others = [p for p in POLICIES if p != "pgdsf"]
     print("| host memory | " + " | ".join(POLICIES) + " | "

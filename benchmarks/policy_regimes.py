@@ -25,8 +25,7 @@ import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-GiB = 2**30
-POLICIES = ("pgdsf", "gdsf", "lru", "lfu")
+from paper_comparison import POLICIES, GiB
 
 
 def cell(trace_name: str, drift: float, n_requests: int, seed: int, host_gib: tuple[int, ...]

@@ -7,8 +7,9 @@ frequency bound PGDSF and LFU keep (``ragsim.cache.bounds``: no fixed contents o
 memory keep more, even knowing every node's count in advance; on stationary traffic, what
 frequency policies leave on the table; not a ceiling for traffic whose topics move):
 
-    python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6
-    python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --drift 0   # stationary
+    python benchmarks/policy_seeds.py --synthetic mmlu --seeds 6           # as built in
+    python benchmarks/policy_seeds.py --synthetic nq --seeds 6 --drift 0   # stationary: the
+                                                                           # bound is a ceiling
     # real retrieval, reshuffled (needs the corpus extra; embeddings are cached after one build):
     for s in 0 1 2 3 4 5; do ragsim trace build --corpus wiki-offline --questions trivia \\
         --top-k 2 --index ivf --stages 4 --nprobe 64 --requests 5000 --order shuffle --rate 1 \\
@@ -26,7 +27,8 @@ from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
 from ragsim.sim.simulator import run_simulation
-from ragsim.traces import builtin_trace, resolve_trace
+from ragsim.traces import resolve_trace
+from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
 BASELINES = ("gdsf", "lru", "lfu")
 
@@ -40,24 +42,25 @@ def main() -> None:
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--drift", type=float, default=None,
                         help="with --synthetic: popularity drift per 1,000 requests (built-in: "
-                             "0.1; 0: stationary)")
+                             f"{BUILTIN_DRIFT_PER_1K_REQUESTS:g}; 0: stationary)")
     args = parser.parse_args()
     if not args.traces and not args.synthetic:
         parser.error("give trace directories or --synthetic NAME")
+    if args.drift is not None and not args.synthetic:
+        parser.error("--drift applies to --synthetic traces only")
+    overrides = {} if args.drift is None else {"drift_per_1k_requests": args.drift}
     profile = load_profile("a10g-mistral-7b")
-    runs = [(path, 0, None) for path in args.traces]
+    runs = [(path, 0, None, {}) for path in args.traces]
     if args.synthetic:
-        runs += [(args.synthetic, seed, args.requests) for seed in range(args.seeds)]
+        runs += [(args.synthetic, seed, args.requests, overrides) for seed in range(args.seeds)]
     ratios: dict[tuple[int, str], list[float]] = {}
     print("| trace | seed | host | " + " | ".join(f"pgdsf / {b}" for b in BASELINES)
           + " | static bound | pgdsf / bound | lfu / bound |")
     print("|---" * (6 + len(BASELINES)) + "|")
-    for name, seed, n_requests in runs:
-        if n_requests is not None and args.drift is not None:
-            trace = builtin_trace(name, seed=seed, n_requests=n_requests,
-                                  drift_per_1k_requests=args.drift)
-        else:
-            trace = resolve_trace(name, seed=seed, n_requests=n_requests)
+    for name, seed, n_requests, generator in runs:
+        trace = resolve_trace(name, seed=seed, n_requests=n_requests, **generator)
+        drift = trace.info.get("parameters", {}).get("drift_per_1k_requests")
+        label = name if drift is None else f"{name} (drift {drift:g})"
 
         def summary(trace=trace, name=name, seed=seed, **settings) -> dict:
             config = build_config({"trace": name, "seed": seed, **settings})
@@ -75,7 +78,7 @@ def main() -> None:
             row["lfu / bound"] = hit["lfu"] / bound
             for b, r in row.items():
                 ratios.setdefault((host, b), []).append(r)
-            print(f"| {name} | {seed if n_requests is not None else '-'} | {host} GiB | "
+            print(f"| {label} | {seed if n_requests is not None else '-'} | {host} GiB | "
                   + " | ".join(f"{row[b]:.3f}" for b in BASELINES) + f" | {bound:.1%} | "
                   + f"{row['pgdsf / bound']:.3f} | {row['lfu / bound']:.3f} |", flush=True)
     columns = [f"pgdsf / {b}" for b in BASELINES] + ["pgdsf / bound", "lfu / bound"]

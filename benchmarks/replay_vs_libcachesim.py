@@ -25,7 +25,8 @@ import numpy as np
 
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
-from ragsim.traces import builtin_trace
+from ragsim.traces import resolve_trace
+from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from peers import write_oracle_general
@@ -61,12 +62,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--drift", type=float, default=None,
                         help="popularity drift per 1,000 requests (default: the built-in "
-                             "trace's 0.1; 0: stationary, the trace issue 2's targets were "
-                             "set on)")
+                             f"trace's {BUILTIN_DRIFT_PER_1K_REQUESTS:g}; 0: stationary, the "
+                             "trace issue 2's targets were set on)")
     args = parser.parse_args()
 
     drift = {} if args.drift is None else {"drift_per_1k_requests": args.drift}
-    trace = builtin_trace("mmlu", n_requests=args.requests, seed=0, **drift)
+    trace = resolve_trace("mmlu", n_requests=args.requests, seed=0, **drift)
     kv = 131072  # Mistral-7B, fp16
     tokens = trace.doc_tokens_flat
     unique = np.unique(trace.doc_ids, return_index=True)[1]

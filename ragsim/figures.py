@@ -10,9 +10,13 @@ would carry are left out, so a plot can live in a repository without changing on
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ragsim.atomic import write_atomically
 from ragsim.errors import RagsimInputError
+
+if TYPE_CHECKING:  # matplotlib is imported only when a figure is drawn
+    from matplotlib.figure import Figure
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 _NO_DATES = {".svg": {"Date": None}, ".pdf": {"CreationDate": None}, ".png": {}}
@@ -30,7 +34,7 @@ def check_plot_path(path: Path | str, field: str = "--plot") -> Path:
     return path
 
 
-def new_figure(width_in: float, height_in: float):
+def new_figure(width_in: float, height_in: float) -> Figure:
     """A matplotlib ``Figure`` with its own Agg canvas (matplotlib is imported only here)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -40,7 +44,7 @@ def new_figure(width_in: float, height_in: float):
     return fig
 
 
-def save_figure(fig, path: Path | str) -> Path:
+def save_figure(fig: Figure, path: Path | str) -> Path:
     """Write ``fig`` to ``path`` (PNG, SVG or PDF by suffix), atomically and reproducibly."""
     import matplotlib
 

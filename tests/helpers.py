@@ -9,7 +9,7 @@ import pytest
 
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.replay import ReplayConfig, run_replay
-from ragsim.traces import builtin_trace, resolve_trace
+from ragsim.traces import resolve_trace
 from ragsim.traces.schema import Trace
 
 FOUR_POLICIES = ("pgdsf", "gdsf", "lru", "lfu")
@@ -45,18 +45,17 @@ def lose_the_end_of(monkeypatch: pytest.MonkeyPatch, request: int) -> None:
 
 def shared_trace(name: str, n_requests: int | None = None,
                  drift_per_1k_requests: float | None = None) -> Trace:
-    """``resolve_trace(name, n_requests=...)``, or the built-in generator with that drift; built
-    once and shared between tests, so read it, never change it."""
+    """``resolve_trace(name, n_requests=..., drift_per_1k_requests=...)`` (the drift only when
+    given); built once and shared between tests, so read it, never change it."""
     # one cache key however the arguments are passed (functools.cache keys on the call's form)
     return _trace(name, n_requests, drift_per_1k_requests)
 
 
 @cache
 def _trace(name: str, n_requests: int | None, drift_per_1k_requests: float | None) -> Trace:
-    if drift_per_1k_requests is None:
-        return resolve_trace(name, n_requests=n_requests)
-    return builtin_trace(name, n_requests=n_requests,
-                         drift_per_1k_requests=drift_per_1k_requests)
+    drift = {} if drift_per_1k_requests is None else {
+        "drift_per_1k_requests": drift_per_1k_requests}
+    return resolve_trace(name, n_requests=n_requests, **drift)
 
 
 @cache

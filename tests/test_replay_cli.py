@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import typer
 from helpers import interrupt_progress
 from typer.testing import CliRunner
 
@@ -191,3 +192,28 @@ def test_ctrl_c_in_replay_exits_130_with_what_finished(tmp_path, monkeypatch):
     assert "after the first 10,000 of 25,000 requests" in result.stderr
     assert json.loads((out / "summary.json").read_text())["requests"] == 10_000
     assert len(pd.read_parquet(out / "requests.parquet")) == 10_000
+
+
+def test_trace_generate_records_the_built_in_drift_unless_told_otherwise(tmp_path):
+    from ragsim.traces import read_trace
+    from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
+
+    for args, expected in (([], BUILTIN_DRIFT_PER_1K_REQUESTS), (["--drift", "0"], 0.0),
+                           (["--drift", "0.3"], 0.3)):
+        out = tmp_path / f"nq{len(args)}{expected}"
+        result = runner.invoke(app, ["trace", "generate", "nq", str(out), "--requests", "300",
+                                     *args])
+        assert result.exit_code == 0, result.output
+        assert read_trace(out).info["parameters"]["drift_per_1k_requests"] == expected
+    bad = runner.invoke(app, ["trace", "generate", "nq", str(tmp_path / "x"), "--drift", "1.5"])
+    assert bad.exit_code == 2 and "--drift" in bad.output
+    generate = typer.main.get_command(app).commands["trace"].commands["generate"]
+    drift_help = next(param.help for param in generate.params if param.name == "drift")
+    assert f"default {BUILTIN_DRIFT_PER_1K_REQUESTS:g}," in drift_help
+
+
+def test_generator_settings_for_a_recorded_trace_are_refused():
+    from ragsim.traces import resolve_trace
+
+    with pytest.raises(ValueError, match="drift_per_1k_requests only apply to the synthetic"):
+        resolve_trace("wiki-trivia", drift_per_1k_requests=0.0)

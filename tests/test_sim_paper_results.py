@@ -42,4 +42,7 @@ def test_pgdsf_hits_at_least_as_often_as_gdsf_lru_and_lfu_across_host_sizes(mmlu
             trace, build_config({"system": "ragcache", "rate_rps": 0.8, "policy": policy,
                                  "host_cache_bytes": host_gib * GiB, "speculate": False}),
             PROFILE).summary["token_hit_rate"] for policy in ("pgdsf", "gdsf", "lru", "lfu")}
+        # LFU at 128 GiB is the close one (1.006x on mmlu). The built-in drift was chosen so
+        # that this ordering holds (README, "Policies"), so if a change to a policy moves it
+        # across, look at all seeds (policy_seeds.py) and the regime map before the seed
         assert hit["pgdsf"] >= max(hit["gdsf"], hit["lru"], hit["lfu"]), (host_gib, hit)

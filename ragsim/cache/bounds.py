@@ -12,8 +12,9 @@ feasible prefix-closed choice, at most one node's value below the bound.
 What it is a reference for. With independent requests from a fixed popularity and the
 popularity known, keeping the most popular items is the best any demand policy can do in
 expectation (Aho, Denning and Ullman's A0; here with sizes, up to the knapsack's rounding), so
-on the stationary synthetic traces the bound says how much LFU or PGDSF leave on the table,
-mostly to documents retrieved once that they must admit and to counts they learn as they go.
+on stationary synthetic traces (``--drift 0``) the bound says how much LFU or PGDSF leave on
+the table, mostly to documents retrieved once that they must admit and to counts they learn as
+they go.
 It is *not* a ceiling on a finite trace (a policy that changes its contents can beat any fixed
 contents: [A], [A], [B], [B] with room for one) nor on traffic whose topics move.
 """

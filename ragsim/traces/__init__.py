@@ -21,12 +21,21 @@ def packaged_trace_dir(name: str) -> Path:
     return Path(str(resources.files("ragsim.traces") / "data" / name))
 
 
-def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = None) -> Trace:
+def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = None,
+                  **generator_overrides) -> Trace:
     """A built-in name (``mmlu``, ``nq`` synthetic; ``wiki-trivia``, ``wiki-trivia-topics``
-    recorded) or a path to a trace directory / JSONL file."""
+    recorded) or a path to a trace directory / JSONL file.
+
+    ``generator_overrides`` (``drift_per_1k_requests=0.0``, ``co_retrieval_p=...``: any
+    ``SyntheticSpec`` field) change how a synthetic trace is generated; anything else has no
+    generator, and giving them for it is an error rather than silently ignored."""
     local = Path(name_or_path).exists()
     if name_or_path in BUILTIN_SPECS and not local:
-        return builtin_trace(name_or_path, seed=seed, n_requests=n_requests)
+        return builtin_trace(name_or_path, seed=seed, n_requests=n_requests,
+                             **generator_overrides)
+    if generator_overrides:
+        raise ValueError(f"{', '.join(sorted(generator_overrides))} only apply to the synthetic "
+                         f"traces ({', '.join(BUILTIN_SPECS)}), not to {name_or_path!r}")
     if name_or_path in PACKAGED_TRACES and not local:
         trace = read_trace(packaged_trace_dir(name_or_path))
         trace.info = {**trace.info, "builtin": name_or_path}
