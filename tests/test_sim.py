@@ -425,7 +425,7 @@ def test_an_interrupted_run_keeps_what_finished():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("background", ["none", "failures", "replicas"])
+@pytest.mark.parametrize("background", ["none", "failures", "replicas", "given-and-rate"])
 def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypatch,
                                                                         background):
     """A request waiting on nothing used to make ``run`` spin forever when a periodic process
@@ -437,13 +437,18 @@ def test_a_request_that_can_never_end_is_reported_as_a_stall_not_a_hang(monkeypa
     extra = {"none": {},
              "failures": dict(gpu_failure_rate_per_h=36.0),  # one every ~100 s, none by 3 s
              "replicas": dict(host_cache_bytes=2**30, host_replicas=2,
-                              replicate_every_s=1000.0)}[background]
+                              replicate_every_s=1000.0),
+             # a failure given for later must not happen once nothing else can
+             "given-and-rate": dict(fail_gpu_at_s=(500.0,), gpu_failure_rate_per_h=3.6,
+                                    host_cache_bytes=2**30, host_replicas=2,
+                                    replicate_every_s=200.0)}[background]
     s = run_simulation(trace, quiet(**extra), PROFILE).summary
     assert s["stalled"] and not s["interrupted"]
     assert s["requests_completed"] == 2 and s["requests_pending"] == 1
     assert s["pending_request_ids"] == [1]
     assert s["gpu_failures"] == 0 and s["replica_bytes"] == 0
     assert 2.0 < s["stalled_at_s"] < 3.0  # the last request finished then, not at a later tick
+    assert s["simulated_s"] == s["stalled_at_s"]
 
 
 def test_a_runtime_error_inside_the_simulation_is_not_taken_for_a_stall(monkeypatch):

@@ -225,42 +225,49 @@ class Simulation(EngineHooks):
             del self._active_spec[i]
         self.engine.terminate(job)
 
-    def _failures_at_given_times(self):
-        env = self.env
-        for t in sorted(self.config.fail_gpu_at_s):
-            if t > env.now:
-                yield env.timeout(t - env.now)
-            self.engine.fail_gpu()
-
     def _background(self):
-        """Periodic work for as long as the run lasts: Poisson GPU failures (``--gpu-failure-rate``)
-        and host replicas of the most retrieved upper nodes (the GPU->host copies run beside
-        compute; their bytes are reported).
+        """Everything that happens to the system rather than to a request, for as long as the
+        run lasts: GPU failures at the given times (``--fail-gpu-at``) and at a rate
+        (``--gpu-failure-rate``, Poisson), and host replicas of the most retrieved upper nodes
+        (the GPU->host copies run beside compute; their bytes are reported).
 
         One process, so that it can tell when it is all that is left: when nothing else is
         scheduled, no request can ever end (the pool, the engine and the searches are all waiting
-        on nothing), and it stops instead of ticking forever; ``run`` then reports a stall."""
+        on nothing), and it stops instead of ticking forever; ``run`` then reports a stall. (A
+        second process for the given failure times kept the queue alive, and injected failures
+        after a stall.)"""
         env = self.env
         config = self.config
         rng = np.random.default_rng([config.seed, 0xFA17])
+        given_failures_s = sorted(config.fail_gpu_at_s or ())
         failures = config.gpu_failure_rate_per_h > 0
         mean_failure_gap_s = 3600.0 / config.gpu_failure_rate_per_h if failures else math.inf
         replicas = bool(config.host_replicas and self.tree.host_capacity_bytes)
         next_failure = env.now + float(rng.exponential(mean_failure_gap_s)) if failures \
             else math.inf
         next_replica = env.now + config.replicate_every_s if replicas else math.inf
-        if next_failure == next_replica == math.inf:
-            return  # nothing periodic in this run
         while True:
-            yield env.timeout(min(next_failure, next_replica) - env.now)
+            next_given = given_failures_s[0] if given_failures_s else math.inf
+            wake_s = min(next_given, next_failure, next_replica)
+            if wake_s == math.inf:
+                return  # nothing (more) happens to the system in this run
+            yield env.timeout(max(0.0, wake_s - env.now))
             if env.peek() == math.inf:
                 # checked before acting: a failure always wakes the engine (an event), so a
                 # check after it would never see the queue empty, and a stall would get a
                 # failure, or a replica, that did not happen
                 return
+            failed = False
+            if env.now >= next_given:
+                given_failures_s.pop(0)
+                self.engine.fail_gpu()
+                failed = True
             if env.now >= next_failure:
                 self.engine.fail_gpu()
                 next_failure = env.now + float(rng.exponential(mean_failure_gap_s))
+                failed = True
+            if failed:
+                continue  # the engine handles its failure first; a replica due now follows
             if env.now >= next_replica:
                 self.tree.replicate_upper_nodes(config.host_replicas)
                 next_replica = env.now + config.replicate_every_s
@@ -328,23 +335,24 @@ class Simulation(EngineHooks):
         interrupted = stalled = False
         if self.n:
             self.env.process(self._arrivals())
-            if self.config.fail_gpu_at_s:
-                self.env.process(self._failures_at_given_times())
             self.env.process(self._background())
             with cyclic_gc_paused():
                 try:
-                    self.env.run(until=self.all_ended)
+                    # stepped here rather than env.run(until=...), which turns SimPy's
+                    # documented EmptySchedule into a bare RuntimeError
+                    step = self.env.step
+                    ended = self.all_ended
+                    while not ended.processed:
+                        step()
                 except KeyboardInterrupt:
                     # Ctrl-C keeps what finished: every request that ended has its final
                     # record; the rest stay "pending" and the summary says it was cut short
                     interrupted = True
-                except RuntimeError as exc:
-                    # SimPy ran out of events before every request ended: a request is
-                    # waiting on something that will never happen (a bug). Keep what ended
-                    # and say so, rather than lose the run or spin forever. Any other
-                    # RuntimeError is a bug of another kind and keeps its traceback.
-                    if not isinstance(exc.__context__, simpy.core.EmptySchedule):
-                        raise
+                except simpy.core.EmptySchedule:
+                    # no event left before every request ended: a request is waiting on
+                    # something that will never happen (a bug). Keep what ended and say so,
+                    # rather than lose the run or spin forever; any other error keeps its
+                    # traceback
                     stalled = True
         elapsed = time.perf_counter() - started
         columns = self._columns()

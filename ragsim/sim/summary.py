@@ -41,7 +41,9 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
     completed = cols["status"] == "completed"
     n_done = int(completed.sum())
     n_failed = int((cols["status"] == "failed").sum())
-    simulated_s = float(sim.env.now)
+    # a stalled run ends when the last request moved; its clock may have ticked on to the
+    # background process's next wake-up, which is not simulated work
+    simulated_s = _last_request_event_s(cols) if stalled else float(sim.env.now)
     first_arrival = float(cols["arrival_s"].min()) if len(cols["arrival_s"]) else 0.0
     last_finish = float(np.nanmax(cols["finish_s"])) if n_done or n_failed else first_arrival
     span_s = max(last_finish - first_arrival, 1e-12)
@@ -73,7 +75,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
         if stalled else [],
         # the clock may have run on to a periodic tick that found nothing left: when a request
         # last moved is when the run stalled
-        "stalled_at_s": _last_request_event_s(cols) if stalled else None,
+        "stalled_at_s": simulated_s if stalled else None,
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),
