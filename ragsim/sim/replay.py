@@ -160,7 +160,8 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
     # cut the requests never replayed (Ctrl-C), or they would count as misses
     trace = trace.head(done)
     tokens_flat, offsets, n = trace.doc_tokens_flat, trace.doc_offsets, done
-    hit_mask = np.frombuffer(hits, dtype=np.uint8).view(bool)
+    # a Ctrl-C between a chunk's hits and its count leaves that chunk's hits over: drop them
+    hit_mask = np.frombuffer(hits, dtype=np.uint8).view(bool)[:int(offsets[done])]
     hit_gpu = _sum_per_request(np.where(hit_mask, tokens_flat, 0), offsets)
     recomputed = _sum_per_request(tokens_flat, offsets) - hit_gpu
     records = _record_columns(trace, hit_gpu + config.system_prompt_tokens, hit_gpu,

@@ -137,12 +137,7 @@ class Simulation(EngineHooks):
         final = self._ids[lo:hi]
         if docs == final[:len(docs)]:
             return self._toks[lo:lo + len(docs)]
-        tokens_of = self._document_tokens
-        return [tokens_of(d) for d in docs]
-
-    def _document_tokens(self, doc: int) -> int:
-        ids = self.trace.document_ids
-        return int(self.trace.document_tokens[np.searchsorted(ids, doc)])
+        return self.trace.tokens_of(docs).tolist()  # a speculative list: rare, so not cached
 
     def _new_job(self, i: int, docs: list, speculative: bool) -> Job:
         self._next_key += 1

@@ -86,9 +86,12 @@ class Trace:
     def doc_tokens_flat(self) -> np.ndarray:
         """Token count of every entry of ``doc_ids`` (same layout)."""
         if self._doc_tokens_flat is None:
-            idx = np.searchsorted(self.document_ids, self.doc_ids)
-            self._doc_tokens_flat = self.document_tokens[idx]
+            self._doc_tokens_flat = self.tokens_of(self.doc_ids)
         return self._doc_tokens_flat
+
+    def tokens_of(self, doc_ids) -> np.ndarray:
+        """Token counts of ``doc_ids`` (ids or an array of ids, each in the documents table)."""
+        return self.document_tokens[np.searchsorted(self.document_ids, doc_ids)]
 
     def docs_of(self, i: int) -> np.ndarray:
         return self.doc_ids[self.doc_offsets[i]: self.doc_offsets[i + 1]]

@@ -70,12 +70,7 @@ def retrieved_document_tokens(trace: Trace) -> np.ndarray:
     Distinct, not per retrieval: the paper's Figure 3 is about how big the documents are, and
     counting a hot document once per retrieval would turn it into a popularity plot.
     """
-    return tokens_of(trace, np.unique(trace.doc_ids))
-
-
-def tokens_of(trace: Trace, doc_ids: np.ndarray) -> np.ndarray:
-    """Sizes in tokens of ``doc_ids`` (each in the trace's document table)."""
-    return trace.document_tokens[np.searchsorted(trace.document_ids, doc_ids)]
+    return trace.tokens_of(np.unique(trace.doc_ids))
 
 
 def document_size_cdf(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

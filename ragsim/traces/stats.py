@@ -6,12 +6,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ragsim.traces.schema import Trace
-from ragsim.traces.skew import (
-    cumulative_share_curve,
-    retrieved_document_tokens,
-    share_at,
-    tokens_of,
-)
+from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -145,7 +140,7 @@ def size_popularity(trace: Trace) -> dict:
     numpy: importing scipy.stats for it took a second of every ``trace stats``.)
     """
     docs, counts = np.unique(trace.doc_ids, return_counts=True)
-    tokens = tokens_of(trace, docs)
+    tokens = trace.tokens_of(docs)
     if len(counts) < 3 or np.all(tokens == tokens[0]) or np.all(counts == counts[0]):
         return {"size_popularity_spearman": None}  # undefined for a constant column
     rho = np.corrcoef(_ranks(tokens), _ranks(counts))[0, 1]
