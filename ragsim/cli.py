@@ -83,6 +83,11 @@ def _phased_progress():
     return progress, report
 
 
+def _generator_settings(drift: float | None) -> dict:
+    """``resolve_trace``'s generator overrides for a ``--drift`` (none when not given)."""
+    return {} if drift is None else {"drift_per_1k_requests": drift}
+
+
 def _print_json(data: dict) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -158,6 +163,9 @@ def run(
     requests: Annotated[int | None, _opt("Simulate only the first N requests.")] = None,
     seed: Annotated[int | None, _opt("Seed (built-in traces, arrivals, synthetic stages).")
                     ] = None,
+    drift: Annotated[float | None, _opt("Synthetic traces: share of popularity ranks that "
+                                        "trade documents every 1,000 requests (default "
+                                        "0.1; 0: stationary).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet, "
                                                  "summary.json and config.toml here.")] = None,
@@ -187,12 +195,16 @@ def run(
         "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
         "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
         "max_retries": max_retries,
-        "n_requests": requests, "seed": seed,
+        "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
     }
     config = build_config(flags, base=base,
                           source=str(config_file) if config_file is not None else None)
     costs = load_profile(config.profile)
-    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
+    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests,
+                         **_generator_settings(config.trace_drift_per_1k_requests))
+    used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
+    if used_drift is not None:  # recorded, so config.toml reruns this traffic if defaults move
+        config = config.replace(trace_drift_per_1k_requests=used_drift)
     progress = _bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
     with progress:
@@ -334,6 +346,9 @@ def replay(
     requests: Annotated[int | None, typer.Option(help="Replay only the first N requests "
                                                       "(built-in traces: generate N).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for built-in traces.")] = 0,
+    drift: Annotated[float | None, typer.Option(
+        help="Synthetic traces: share of popularity ranks that trade documents every 1,000 "
+             "requests (default 0.1; 0: stationary).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
                                                  "summary.json here.")] = None,
@@ -377,7 +392,9 @@ def replay(
         if not json_output:
             err.print("note: --flat uses one tier of --gpu-mem; host memory is ignored")
     costs = load_profile(profile)
-    data = resolve_trace(trace, seed=seed, n_requests=requests)
+    if drift is not None and not 0.0 <= drift <= 1.0:
+        raise RagsimInputError("must lie in [0, 1]", field="--drift")
+    data = resolve_trace(trace, seed=seed, n_requests=requests, **_generator_settings(drift))
     progress, callback = _progress(data.n_requests, "replay", not json_output)
     with progress:
         result = run_replay(data, config, costs, callback)

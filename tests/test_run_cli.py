@@ -108,3 +108,20 @@ def test_a_stalled_run_says_it_is_a_bug_keeps_what_ended_and_exits_1(tmp_path, m
     assert summary["stalled"] and summary["pending_request_ids"] == [7]
     records = pd.read_parquet(out / "requests.parquet")
     assert (records.status == "completed").sum() == 49
+
+
+def test_the_drift_a_run_used_is_in_its_config_and_reruns_the_same_traffic(tmp_path):
+    from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
+
+    for drift, expected in ((None, BUILTIN_DRIFT_PER_1K_REQUESTS), ("0", 0.0)):
+        out = tmp_path / f"run-{expected}"
+        first = run_json("--requests", "300", "--out", str(out),
+                         *(["--drift", drift] if drift else []))
+        assert first["config"]["trace_drift_per_1k_requests"] == expected
+        assert first["trace_info"]["parameters"]["drift_per_1k_requests"] == expected
+        assert f"trace_drift_per_1k_requests = {expected}" in (out / "config.toml").read_text()
+        again = run_json("--config", str(out / "config.toml"))
+        assert again["token_hit_rate"] == first["token_hit_rate"]
+        assert again["trace_info"] == first["trace_info"]
+    refused = runner.invoke(app, ["run", "--trace", "wiki-trivia", "--drift", "0"])
+    assert refused.exit_code == 2 and "only apply to the synthetic traces" in refused.output

@@ -44,6 +44,9 @@ class SimConfig:
     n_requests: int | None = None
     top_k: int | None = None  # truncate each request's retrieved list (None: as in the trace)
     seed: int = 0
+    # synthetic traces only: popularity drift per 1,000 requests (None: the built-in trace's);
+    # a run records the value it used, so its config.toml reruns the same traffic
+    trace_drift_per_1k_requests: float | None = None
     # arrivals
     arrival: str = "trace"  # trace timestamps, or re-timed: poisson | gamma
     rate_rps: float | None = None
@@ -230,6 +233,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
                  "host_replicas"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)
     _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
+    _check(c.trace_drift_per_1k_requests is None or 0 <= c.trace_drift_per_1k_requests <= 1,
+           "trace_drift_per_1k_requests", "must lie in [0, 1]", source)
     _check(c.top_k is None or c.top_k >= 1, "top_k", "must be >= 1", source)
     _check(c.gpu_kv_bytes is None or c.gpu_kv_bytes > 0, "gpu_kv_bytes", "must be > 0", source)
     _check(c.max_cached_depth is None or c.max_cached_depth >= 0, "max_cached_depth",
