@@ -61,5 +61,6 @@ def test_policy_regimes_prints_every_cell_and_names_the_best_baseline():
                          (float(c.removesuffix("%")) for c in r[4:8]), strict=True))
         assert r[8] in ("gdsf", "lru", "lfu")
         assert rates[r[8]] == max(rates["gdsf"], rates["lru"], rates["lfu"])
-        # the ratio is of the unrounded rates; the printed ones are rounded to 0.1 point
+        # the ratios are of the unrounded rates; the printed ones are rounded to 0.1 point
         assert abs(float(r[9].removesuffix("x")) - rates["pgdsf"] / rates[r[8]]) < 0.02
+        assert abs(float(r[10].removesuffix("x")) - rates["pgdsf"] / rates["lfu"]) < 0.02

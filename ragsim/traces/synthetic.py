@@ -28,8 +28,7 @@ policy result, as ``nq``'s skew is read off its Figure 5, not measured.
 
 Two side effects of drifting a rank-to-document map. The skew target holds for the whole trace,
 so the popularity of any one moment is steeper than without drift (100,000 ``mmlu`` requests:
-Zipf exponent 1.06 against 0.92; the top 3% of a 1,000-request window's documents take 44% of
-its retrievals against 30%). And neighbours are drawn in rank space, so a document's
+Zipf exponent 1.06 against 0.92). And neighbours are drawn in rank space, so a document's
 co-retrieved neighbours change when its rank does: pairs recur less than the fit on real
 retrieval says (``stats.co_retrieval``, 10,000 ``nq`` requests: 13%, 32%, 27% against 15%, 38%,
 31% without drift). A drift that moved whole neighbourhoods (topics) would keep the pairs.
