@@ -47,7 +47,7 @@ def static_frequency_bound(doc_offsets: np.ndarray, doc_ids: np.ndarray,
     cacheable = node_of >= 0
     count = np.bincount(node_of[cacheable])
     size = np.zeros(len(count), dtype=np.int64)
-    size[node_of[cacheable][::-1]] = doc_tokens[cacheable][::-1]  # size at first retrieval
+    size[node_of[cacheable]] = doc_tokens[cacheable]  # a node's size is its document's
     # most retrieved first; ties in first-retrieval order, which puts a parent (numbered when
     # first retrieved, before any child) ahead of its children: deterministic, prefix-closed
     order = np.lexsort((np.arange(len(count)), -count))

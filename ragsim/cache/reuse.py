@@ -30,14 +30,15 @@ class Reuse(NamedTuple):
 
 
 def _reuse(cached, new, gpu, host, recomputed, block_tokens: int,
-           minimum: Callable) -> Reuse:
-    """The rule, once, for ints (``minimum=min``) and for arrays (``np.minimum``). Tokens given
+           minimum: Callable, maximum: Callable) -> Reuse:
+    """The rule, once, for ints (``min``, ``max``) and for arrays (``np.minimum``,
+    ``np.maximum``). Tokens given
     back come off the end of the prefix: host hits first (host nodes lie below GPU ones in the
     tree), then GPU hits, then the system prompt."""
     usable = minimum(cached, cached + new - 1)
     if block_tokens > 1:
         usable = usable // block_tokens * block_tokens
-    usable = usable - minimum(usable, 0)  # never below zero
+    usable = maximum(usable, 0)
     lost = cached - usable
     lost_host = minimum(lost, host)
     lost_gpu = minimum(lost - lost_host, gpu)
@@ -50,7 +51,7 @@ def engine_reuse(cached_tokens: int, new_tokens: int, hit_tokens_gpu: int,
     """The reusable part of one request's cached prefix of ``cached_tokens`` before
     ``new_tokens``."""
     return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
-                  recomputed_tokens, block_tokens, min)
+                  recomputed_tokens, block_tokens, min, max)
 
 
 def engine_reuse_columns(cached_tokens: np.ndarray, new_tokens: np.ndarray,
@@ -58,4 +59,4 @@ def engine_reuse_columns(cached_tokens: np.ndarray, new_tokens: np.ndarray,
                          recomputed_tokens: np.ndarray, block_tokens: int = 1) -> Reuse:
     """``engine_reuse`` for every request at once (int64 columns in, new columns out)."""
     return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
-                  recomputed_tokens, block_tokens, np.minimum)
+                  recomputed_tokens, block_tokens, np.minimum, np.maximum)
