@@ -105,12 +105,33 @@ def test_profile_round_trip(tmp_path):
     assert isinstance(again, Profile) and again.tensor_parallel == 2
 
 
+def assert_same_profile_data(shipped, derived, where: str) -> None:
+    """Same keys, types, lengths and strings; floats equal to 1e-9 relative. The fits go through
+    numpy/scipy, whose versions may differ in the last bit (0.007536446305422592 vs ...594 seen on
+    a fresh install), which is not a stale file; a regeneration that changed anything real moves
+    numbers by far more than 1e-9."""
+    if isinstance(derived, dict):
+        assert isinstance(shipped, dict) and sorted(shipped) == sorted(derived), where
+        for key in derived:
+            assert_same_profile_data(shipped[key], derived[key], f"{where}.{key}")
+    elif isinstance(derived, list):
+        assert isinstance(shipped, list) and len(shipped) == len(derived), where
+        for i, (s, d) in enumerate(zip(shipped, derived, strict=True)):
+            assert_same_profile_data(s, d, f"{where}[{i}]")
+    elif isinstance(derived, float) and not isinstance(shipped, bool):
+        assert isinstance(shipped, (int, float)), where
+        assert shipped == pytest.approx(derived, rel=1e-9, abs=0.0), where
+    else:
+        assert type(shipped) is type(derived) and shipped == derived, where
+
+
 def test_shipped_profiles_are_exactly_what_derive_produces():
     shipped = shipped_profile_names()
     derived = {p.name: p for p in all_derived_profiles()}
     assert sorted(derived) == [n for n in shipped if load_profile(n).kind == "derived"]
     for name, profile in derived.items():
-        assert load_profile(name).to_dict() == json.loads(json.dumps(profile.to_dict())), name
+        assert_same_profile_data(load_profile(name).to_dict(),
+                                 json.loads(json.dumps(profile.to_dict())), name)
     for gpu in ("a10g", "h800", "a100", "h100", "h200", "l4"):
         assert f"{gpu}-mistral-7b" in shipped
     assert {"h800-llama2-70b-tp2", "h800-mixtral-8x7b-tp2"} <= set(shipped)
