@@ -1,0 +1,174 @@
+"""``ragsim profile`` (measure a cost profile here) and ``ragsim profiles ...`` (inspect them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ragsim.cli.common import err, friendly_errors, out, phased_progress, print_json
+from ragsim.errors import RagsimInputError
+from ragsim.units import format_bytes
+
+app = typer.Typer(no_args_is_help=True, help="Inspect prefill-cost profiles.")
+
+
+@friendly_errors
+def profile(
+    model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
+                     ] = "mistral-7b",
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    out_file: Annotated[Path, typer.Option("--out", help="Profile JSON to write.")
+                        ] = Path("profile.json"),
+    layers: Annotated[int | None, typer.Option(help="Scale down: this many layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(
+        help="Scale down: this hidden size (heads, KV heads and MLP scale with it).")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, "
+                                            "the model's on CUDA).")] = "",
+    quick: Annotated[bool, typer.Option(help="A small grid (minutes on two CPU cores).")
+                     ] = False,
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (one is steadiest).")
+                       ] = 1,
+    name: Annotated[str, typer.Option(help="Profile name (default: DEVICE-MODEL).")] = "",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Measure prefill, batched prefill, decode and copies on this machine into a profile.
+
+    Builds the model from its architecture with random weights (nothing is downloaded). On a
+    CPU only small models are practical: scale one down with --layers/--hidden (the name and
+    the file say so). Interrupted runs resume from OUT.partial.json.
+    """
+    from ragsim.profiles.models import resolve_model, scaled_down
+    from ragsim.profiles.profiler import ProfilePlan, run_profile
+
+    spec = resolve_model(model)
+    label = ""
+    if layers is not None or hidden is not None:
+        spec = scaled_down(spec, layers=layers, hidden=hidden)
+        label = f"scaled down from {model}: {spec.num_layers} layers, hidden {spec.hidden_size}"
+    chosen_dtype = dtype or ("fp32" if device == "cpu" else spec.dtype)
+    if chosen_dtype not in ("fp32", "fp16", "bf16"):
+        raise RagsimInputError(f"unknown dtype {chosen_dtype!r}", field="--dtype")
+    spec = spec.with_dtype(chosen_dtype)
+    device_tag = "cpu" if device == "cpu" else device.replace(":", "")
+    profile_name = name or f"{device_tag}-{spec.name}"
+    plan = ProfilePlan.quick() if quick else ProfilePlan.full()
+    progress, report = phased_progress()
+
+    with progress:
+        result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
+                             plan=plan, out=out_file, threads=threads, seed=seed, label=label,
+                             progress=report)
+    v = result.obtained["validation"]
+    err.print(f"wrote {out_file}")
+    out.print(f"held-out prefill points: median error {v['held_out_prefill_median_rel_error']:.1%}"
+              f", max {v['held_out_prefill_max_rel_error']:.1%}; held-out batches: median "
+              f"{v['held_out_batch_median_rel_error']:.1%}", highlight=False)
+
+
+@app.command("list")
+def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The shipped profiles (names follow HARDWARE-MODEL[-tpN])."""
+    from ragsim.profiles.profile import load_profile, shipped_profile_names
+
+    rows = []
+    for name in shipped_profile_names():
+        p = load_profile(name)
+        rows.append({"name": name, "hardware": p.hardware.get("device", ""),
+                     "model": p.model.name, "tensor_parallel": p.tensor_parallel,
+                     "obtained": p.kind, "kv_capacity_bytes": p.kv_capacity_bytes})
+    if json_output:
+        print_json({"profiles": rows})
+        return
+    table = Table("name", "hardware", "model", "TP", "obtained", "KV space")
+    for row in rows:
+        table.add_row(row["name"], row["hardware"], row["model"], str(row["tensor_parallel"]),
+                      row["obtained"], format_bytes(row["kv_capacity_bytes"]))
+    out.print(table)
+
+
+@app.command("show")
+@friendly_errors
+def profiles_show(name: str,
+                  plot: Annotated[Path | None, typer.Option(help="Write curves of T(cached, new) "
+                                                                 "to this PNG/SVG/PDF.")] = None,
+                  json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A profile's provenance and tables (a shipped name or a JSON path)."""
+    from ragsim.figures import check_plot_path
+    from ragsim.profiles.plots import plot_prefill
+    from ragsim.profiles.profile import load_profile
+
+    if plot is not None:
+        check_plot_path(plot)  # before loading: a typo should cost nothing
+    p = load_profile(name)
+    if plot is not None:
+        plot_prefill(p, plot)
+        err.print(f"wrote {plot}")
+    if json_output:
+        print_json(p.to_dict())
+        return
+    out.print(f"[bold]{p.name}[/]: {p.model.name} on {p.tensor_parallel} x "
+              f"{p.hardware.get('device', '?')}, {p.dtype}, {p.engine}; {p.kind}; "
+              f"KV space {format_bytes(p.kv_capacity_bytes)}; overhead {p.overhead_s * 1e3:.1f} ms",
+              highlight=False)
+    for key, value in p.obtained.get("sources", {}).items():
+        out.print(f"  [dim]{key}[/]: {value}", highlight=False)
+    for grid, title in ((p.prefill, "prefill seconds (rows: cached, columns: new tokens)"),
+                        (p.decode, "decode seconds (rows: batch, columns: context tokens)")):
+        table = Table("", *[f"{y:g}" for y in grid.y_axis], title=title)
+        for x, row in zip(grid.x_axis, grid.values, strict=True):
+            table.add_row(f"{x:g}", *[f"{v:.3g}" for v in row])
+        out.print(table)
+    b = p.batched_prefill
+    out.print(f"batched prefill: {b.per_iteration_s * 1e3:.3g} ms + {b.per_token_s * 1e6:.3g} "
+              f"us/token + {b.per_pair_s * 1e9:.3g} ns/pair; fit {b.fit}", highlight=False)
+    t = p.transfers
+    out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
+              f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)
+
+
+@app.command("predict")
+@friendly_errors
+def profiles_predict(name: str,
+                     cached: Annotated[float, typer.Option(help="Cached tokens (alpha).")],
+                     new: Annotated[float, typer.Option(help="New tokens (beta).")],
+                     json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The bilinearly interpolated prefill time of one request, to check a table by hand."""
+    from ragsim.profiles.profile import load_profile
+
+    if cached < 0 or new < 0:
+        raise RagsimInputError("token counts must be >= 0", field="--cached/--new")
+    p = load_profile(name)
+    seconds = p.prefill_s(cached, new)
+    result = {"profile": p.name, "cached_tokens": cached, "new_tokens": new,
+              "prefill_s": seconds, "extrapolated": p.extrapolated_queries > 0}
+    if json_output:
+        print_json(result)
+        return
+    note = "  (outside the grid: extrapolated)" if result["extrapolated"] else ""
+    out.print(f"{p.name}: T({cached:g} cached, {new:g} new) = {seconds:.6g} s{note}")
+
+
+@app.command("derive")
+@friendly_errors
+def profiles_derive(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the profile files.")],
+    json_output: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Regenerate the roofline-derived profiles (the shipped ones come from this command)."""
+    from ragsim.profiles.derived import all_derived_profiles, anchor_report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for p in all_derived_profiles():
+        p.save(out_dir / f"{p.name}.json")
+        names.append(p.name)
+    report = {"written": names, "anchor": anchor_report()}
+    if json_output:
+        print_json(report)
+        return
+    err.print(f"wrote {len(names)} profiles to {out_dir}")
+    out.print(json.dumps(report["anchor"], indent=1), highlight=False)

@@ -1,0 +1,158 @@
+"""``ragsim replay`` (a trace through the cache policy core, no timing) and ``ragsim models``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ragsim.cli.common import (
+    TRACE_NAMES,
+    counting_progress,
+    err,
+    exit_interrupted,
+    friendly_errors,
+    generator_settings,
+    out,
+    print_json,
+    write_results,
+)
+from ragsim.errors import RagsimInputError
+from ragsim.units import format_bytes, parse_bytes
+
+
+@friendly_errors
+def replay(
+    trace: Annotated[str, typer.Option(
+        help=f"Built-in name ({TRACE_NAMES}) or trace path.")] = "mmlu",
+    policy: Annotated[str, typer.Option(help="pgdsf, gdsf, lru, lfu, fifo or belady "
+                                             "(offline bound).")] = "pgdsf",
+    model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
+                     ] = "mistral-7b",
+    gpu_mem: Annotated[str, typer.Option(help="GPU memory for cached KV, e.g. 4GiB.")] = "4GiB",
+    host_mem: Annotated[str, typer.Option(help="Host memory for cached KV, e.g. 32GiB.")
+                        ] = "32GiB",
+    flat: Annotated[bool, typer.Option(help="Documents as independent objects, one tier "
+                                            "(--gpu-mem); no prefix tree.")] = False,
+    kv_bytes_per_token: Annotated[int | None, typer.Option(
+        help="Override the model's KV bytes per token.")] = None,
+    profile: Annotated[str, typer.Option(
+        help="Cost profile (prefill costs for PGDSF): shipped name or JSON path.")
+    ] = "a10g-mistral-7b",
+    system_prompt_tokens: Annotated[int, typer.Option(help="Tokens of the shared system "
+                                                           "prompt (tree root).")] = 0,
+    cache_depth: Annotated[int | None, typer.Option(
+        help="Cache only the first k' documents of each request (top-k').")] = None,
+    requests: Annotated[int | None, typer.Option(help="Replay only the first N requests "
+                                                      "(built-in traces: generate N).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for built-in traces.")] = 0,
+    drift: Annotated[float | None, typer.Option(
+        help="Synthetic traces: share of popularity ranks that trade documents every 1,000 "
+             "requests (default 0.1; 0: stationary).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
+                                                 "summary.json here.")] = None,
+) -> None:
+    """Feed a trace, in order, through the cache policy core (no timing model)."""
+    from ragsim.profiles.models import resolve_model
+    from ragsim.profiles.profile import load_profile
+    from ragsim.sim.replay import ReplayConfig, run_replay
+    from ragsim.traces import resolve_trace
+
+    spec = resolve_model(model)
+    if kv_bytes_per_token is not None and kv_bytes_per_token <= 0:
+        raise RagsimInputError("must be > 0", field="--kv-bytes-per-token")
+    if cache_depth is not None and cache_depth < 0:
+        raise RagsimInputError("must be >= 0", field="--cache-depth")
+    if system_prompt_tokens < 0:
+        raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
+    if requests is not None and requests <= 0:
+        raise RagsimInputError("must be > 0", field="--requests")
+    config = ReplayConfig(
+        trace=trace,
+        policy=policy.lower(),
+        model=spec.name,
+        kv_bytes_per_token=kv_bytes_per_token or spec.kv_bytes_per_token,
+        gpu_capacity_bytes=parse_bytes(gpu_mem, field="--gpu-mem"),
+        host_capacity_bytes=parse_bytes(host_mem, field="--host-mem"),
+        flat=flat,
+        profile=profile,
+        system_prompt_tokens=system_prompt_tokens,
+        max_cached_depth=cache_depth,
+        n_requests=requests,
+        seed=seed,
+    )
+    from ragsim.cache.policies import POLICY_NAMES
+
+    if config.policy not in POLICY_NAMES:
+        raise RagsimInputError(f"unknown policy {policy!r}; choose one of "
+                               f"{', '.join(POLICY_NAMES)}", field="--policy")
+    if flat and config.host_capacity_bytes:
+        config = replace(config, host_capacity_bytes=0)
+        if not json_output:
+            err.print("note: --flat uses one tier of --gpu-mem; host memory is ignored")
+    costs = load_profile(profile)
+    if drift is not None and not 0.0 <= drift <= 1.0:
+        raise RagsimInputError("must lie in [0, 1]", field="--drift")
+    data = resolve_trace(trace, seed=seed, n_requests=requests, **generator_settings(drift))
+    progress, callback = counting_progress(data.n_requests, "replay", not json_output)
+    with progress:
+        result = run_replay(data, config, costs, callback)
+    summary = result.summary
+    if out_dir is not None:
+        write_results(out_dir, result.records, summary)
+    if json_output:
+        print_json(summary)
+    else:
+        _print_replay_summary(summary)
+    if summary["interrupted"]:
+        exit_interrupted(f"after the first {summary['requests']:,} of {data.n_requests:,} "
+                          "requests", out_dir)
+
+
+def _print_replay_summary(s: dict) -> None:
+    c = s["config"]
+    table = Table(title=f"replay: {c['trace']} · {c['policy']}{' (flat)' if c['flat'] else ''}"
+                  f" · {c['model']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("requests", f"{s['requests']:,}"),
+        ("GPU / host memory", f"{format_bytes(c['gpu_capacity_bytes'])} / "
+                              f"{format_bytes(c['host_capacity_bytes'])}"),
+        ("KV bytes per token", f"{c['kv_bytes_per_token']:,}"),
+        ("document tokens", f"{s['doc_tokens']:,}"),
+        ("token hit rate", f"{s['token_hit_rate']:.2%}"),
+        ("  in GPU", f"{s['token_hit_rate_gpu']:.2%}"),
+        ("  in host", f"{s['token_hit_rate_host']:.2%}"),
+        ("requests with a hit", f"{s['request_hit_rate']:.2%}"),
+        ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
+                             f"{format_bytes(s['swap_out_bytes'])}"),
+        ("evictions GPU / host", f"{s['evictions_gpu']:,} / {s['evictions_host']:,}"),
+        ("wall time", f"{s['elapsed_s']:.2f} s ({s['requests_per_s']:,.0f} requests/s)"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+    if s.get("cost_extrapolations"):
+        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost queries fell "
+                  f"outside the grids of profile {c['profile']} and were extrapolated")
+
+
+def models(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List built-in model architectures and their KV bytes per token."""
+    from ragsim.profiles.models import BUILTIN_MODELS
+
+    if json_output:
+        print_json({name: spec.to_dict() for name, spec in BUILTIN_MODELS.items()})
+        return
+    table = Table("model", "layers", "heads", "KV heads", "head dim", "dtype", "KV/token")
+    for spec in BUILTIN_MODELS.values():
+        table.add_row(spec.name, str(spec.num_layers), str(spec.num_attention_heads),
+                      str(spec.num_kv_heads), str(spec.head_dim), spec.dtype,
+                      format_bytes(spec.kv_bytes_per_token))
+    out.print(table)

@@ -1,0 +1,253 @@
+"""``ragsim run`` (the end-to-end simulation) and ``ragsim systems`` (its presets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import TextColumn
+from rich.table import Table
+
+from ragsim.atomic import write_text_atomically
+from ragsim.cli.common import (
+    TRACE_NAMES,
+    err,
+    exit_interrupted,
+    friendly_errors,
+    generator_settings,
+    make_bar,
+    ms,
+    out,
+    print_json,
+    write_results,
+)
+from ragsim.units import format_bytes, parse_bytes
+
+WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, OUTPUT = (
+    "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Output")
+
+
+def _opt(panel: str | None, help_text: str, *names: str):
+    """An option of ``run`` in its help panel (``run`` has ~40: grouped, they can be read)."""
+    return typer.Option(*names, help=help_text, rich_help_panel=panel)
+
+
+@friendly_errors
+def run(
+    config_file: Annotated[Path | None, _opt(
+        None, "TOML configuration ([run] table); flags given here override it.", "--config")
+    ] = None,
+    # workload
+    trace: Annotated[str | None, _opt(
+        WORKLOAD, f"Built-in name ({TRACE_NAMES}) or trace path. [default: mmlu]")] = None,
+    requests: Annotated[int | None, _opt(WORKLOAD, "Simulate only the first N requests.")
+                        ] = None,
+    seed: Annotated[int | None, _opt(
+        WORKLOAD, "Seed (built-in traces, arrivals, synthetic stages).")] = None,
+    drift: Annotated[float | None, _opt(
+        WORKLOAD, "Synthetic traces: share of popularity ranks that trade documents every "
+        "1,000 requests (default 0.1; 0: stationary).")] = None,
+    rate: Annotated[float | None, _opt(WORKLOAD, "Re-time arrivals at R requests/s.")] = None,
+    arrival: Annotated[str | None, _opt(WORKLOAD, "trace, poisson or gamma (with --rate).")
+                       ] = None,
+    cv: Annotated[float | None, _opt(WORKLOAD, "Gamma arrivals' coefficient of variation.")
+                  ] = None,
+    # engine
+    system: Annotated[str | None, _opt(
+        ENGINE, "Preset: vllm, vllm-apc, sglang, ragcache (see `ragsim systems`). "
+        "[default: ragcache]")] = None,
+    profile: Annotated[str | None, _opt(
+        ENGINE, "Cost profile: shipped name or JSON path. [default: a10g-mistral-7b]")] = None,
+    overlap_swap: Annotated[bool | None, _opt(
+        ENGINE, "Overlap host->GPU KV loads with compute.", "--overlap-swap/--no-overlap-swap")
+    ] = None,
+    # cache
+    policy: Annotated[str | None, _opt(CACHE, "Replacement policy: pgdsf, gdsf, lru, lfu, fifo.")
+                      ] = None,
+    cache: Annotated[bool | None, _opt(
+        CACHE, "Cross-request KV reuse (off: vLLM v0.3).", "--cache/--no-cache")] = None,
+    host_mem: Annotated[str | None, _opt(CACHE, "Host memory for cached KV, e.g. 192GiB.")
+                        ] = None,
+    gpu_mem: Annotated[str | None, _opt(
+        CACHE, "GPU memory for KV (cache and running requests); default: the profile's KV "
+        "capacity.")] = None,
+    cache_depth: Annotated[int | None, _opt(CACHE, "Cache only the first k' documents (top-k').")
+                           ] = None,
+    block_tokens: Annotated[int | None, _opt(
+        CACHE, "Reuse whole blocks of this many tokens only (vLLM APC: 16).")] = None,
+    system_prompt_tokens: Annotated[int | None, _opt(CACHE, "Shared system prompt (tree root).")
+                                    ] = None,
+    # scheduler
+    reorder: Annotated[bool | None, _opt(
+        SCHEDULER, "Cache-aware reordering.", "--reorder/--no-reorder")] = None,
+    window: Annotated[int | None, _opt(SCHEDULER, "Reordering window, in scheduling decisions.")
+                      ] = None,
+    speculate: Annotated[bool | None, _opt(
+        SCHEDULER, "Dynamic speculative pipelining.", "--speculate/--no-speculate")] = None,
+    max_batch_size: Annotated[int | None, _opt(SCHEDULER, "Most running requests.")] = None,
+    max_prefill_bs: Annotated[int | None, _opt(SCHEDULER, "Most requests per prefill iteration.")
+                              ] = None,
+    max_batched_tokens: Annotated[int | None, _opt(
+        SCHEDULER, "Most new tokens per prefill iteration.")] = None,
+    # retrieval
+    top_k: Annotated[int | None, _opt(RETRIEVAL, "Use only the first K retrieved documents.")
+                     ] = None,
+    search_workers: Annotated[int | None, _opt(RETRIEVAL, "Vector-search CPU workers.")] = None,
+    search_s: Annotated[float | None, _opt(
+        RETRIEVAL, "One request's full vector search, seconds.")] = None,
+    search_stages: Annotated[int | None, _opt(
+        RETRIEVAL, "Stages of a search (intermediate top-k lists).")] = None,
+    stage_source: Annotated[str | None, _opt(
+        RETRIEVAL, "Intermediate lists: auto, trace, synthetic, none.")] = None,
+    stage_converge_p: Annotated[float | None, _opt(
+        RETRIEVAL, "Synthetic stages: chance that a stage finds the final list.")] = None,
+    search_latency: Annotated[str | None, _opt(
+        RETRIEVAL, "fixed (search_s) or trace (the trace's measured stage times).")] = None,
+    search_time_scale: Annotated[float | None, _opt(
+        RETRIEVAL, "Multiply measured stage times (a larger index than the one measured).")
+    ] = None,
+    # faults
+    fail_gpu_at: Annotated[list[float] | None, _opt(
+        FAULTS, "Fail the GPU at T seconds (repeatable).")] = None,
+    gpu_failure_rate: Annotated[float | None, _opt(FAULTS, "GPU failures per hour (Poisson).")
+                                ] = None,
+    gpu_recovery: Annotated[float | None, _opt(
+        FAULTS, "Seconds the GPU is down after a failure.")] = None,
+    host_replicas: Annotated[int | None, _opt(
+        FAULTS, "Upper nodes kept replicated in host memory.")] = None,
+    retry_timeout: Annotated[float | None, _opt(
+        FAULTS, "Seconds before a failed request is retried.")] = None,
+    max_retries: Annotated[int | None, _opt(
+        FAULTS, "Retries before a request fails for good.")] = None,
+    # output
+    json_output: Annotated[bool, _opt(OUTPUT, "Print one JSON object.", "--json")] = False,
+    out_dir: Annotated[Path | None, _opt(
+        OUTPUT, "Write requests.parquet, summary.json and config.toml here.", "--out")] = None,
+) -> None:
+    """Simulate the RAG serving stack end to end: TTFT, throughput and hit rates."""
+    from ragsim.profiles.profile import load_profile
+    from ragsim.sim.config import build_config, load_config_file
+    from ragsim.sim.simulator import run_simulation
+    from ragsim.traces import resolve_trace
+
+    base = load_config_file(config_file) if config_file is not None else None
+    flags = {
+        "trace": trace, "system": system, "profile": profile,
+        "policy": policy.lower() if policy else None, "cache": cache,
+        "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem else None,
+        "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
+        "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
+        "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
+        "reorder_window": window, "speculate": speculate, "overlap_swap": overlap_swap,
+        "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
+        "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
+        "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
+        "stage_converge_p": stage_converge_p, "search_latency": search_latency,
+        "search_time_scale": search_time_scale,
+        "rate_rps": rate, "arrival": arrival, "cv": cv,
+        "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
+        "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
+        "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
+        "max_retries": max_retries,
+        "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
+    }
+    config = build_config(flags, base=base,
+                          source=str(config_file) if config_file is not None else None)
+    costs = load_profile(config.profile)
+    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests,
+                         **generator_settings(config.trace_drift_per_1k_requests))
+    used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
+    if used_drift is not None:  # recorded, so config.toml reruns this traffic if defaults move
+        config = config.replace(trace_drift_per_1k_requests=used_drift)
+    progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
+    task = progress.add_task("run", total=data.n_requests, simulated="")
+    with progress:
+        result = run_simulation(
+            data, config, costs,
+            lambda done, now: progress.update(task, completed=done,
+                                              simulated=f"{now:,.0f} simulated s"))
+    summary = result.summary
+    if out_dir is not None:
+        write_results(out_dir, result.records, summary)
+        write_text_atomically(out_dir / "config.toml", config.to_toml())
+    if json_output:
+        print_json(summary)
+    else:
+        _print_run_summary(summary)
+    ended = summary["requests_completed"] + summary["requests_failed"]
+    if summary["interrupted"]:
+        exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
+                          f"{summary['requests']:,} requests ended", out_dir)
+    if summary["stalled"]:
+        kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
+        err.print(f"[red]error:[/] the simulation stalled at {summary['stalled_at_s']:,.1f} "
+                  f"simulated s with {summary['requests_pending']:,} of {summary['requests']:,} "
+                  f"requests never ended (first ids: {summary['pending_request_ids'][:5]}): "
+                  "nothing left could end them. This is a bug in ragsim; please report it with "
+                  f"the run's config.toml{kept}", highlight=False)
+        raise typer.Exit(1)
+
+
+def _print_run_summary(s: dict) -> None:
+    c = s["config"]
+    table = Table(title=f"run: {c['trace']} · {c['system']} · {c['policy']} · {s['profile']}",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    failed = ", ".join(f"{k}: {v}" for k, v in s["failed_by_reason"].items())
+    rows = [
+        ("requests completed / failed", f"{s['requests_completed']:,} / {s['requests_failed']:,}"
+                                        + (f" ({failed})" if failed else "")
+                                        + (f", {s['requests_pending']:,} not ended ("
+                                           + ("stalled" if s["stalled"] else "interrupted") + ")"
+                                           if s["requests_pending"] else "")),
+        ("TTFT mean / p50 / p90 / p99", " / ".join(ms(s[f"ttft_{k}_s"])
+                                                   for k in ("mean", "p50", "p90", "p99"))),
+        ("  search wait / search / queue / prefill",
+         " / ".join(ms(s[f"ttft_{k}_mean_s"]) for k in ("search_wait", "search", "queue",
+                                                         "prefill"))),
+        ("TPOT mean", ms(s["tpot_mean_s"])),
+        ("end-to-end mean / p99", f"{ms(s['e2e_mean_s'])} / {ms(s['e2e_p99_s'])}"),
+        ("throughput", f"{s['throughput_rps']:.3f} req/s, {s['throughput_tokens_s']:,.1f} tok/s"),
+        ("token hit rate (GPU + host)", f"{s['token_hit_rate']:.1%} ({s['token_hit_rate_gpu']:.1%}"
+                                        f" + {s['token_hit_rate_host']:.1%})"),
+        ("request hit rate", f"{s['request_hit_rate']:.1%}"),
+        ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
+                             f"{format_bytes(s['swap_out_bytes'])}"),
+        ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        ("speculations (kept) / wasted", f"{s['speculations_started']:,} "
+                                         f"({s['speculation_kept']:,}) / "
+                                         f"{s['speculation_wasted_s']:,.1f} GPU s"),
+        ("scheduler overhead", f"{s['scheduler_overhead_ms_per_decision']:.3f} ms/decision"),
+        ("GPU failures / retries", f"{s['gpu_failures']} / {s['retries']}"),
+        ("GPU KV / host cache", f"{format_bytes(s['gpu_kv_bytes'])} / "
+                                f"{format_bytes(c['host_cache_bytes'])}"),
+        ("simulated", f"{s['simulated_s']:,.1f} s in {s['elapsed_s']:.2f} s wall "
+                      f"({s['sim_requests_per_wall_s']:,.0f} req/s)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    out.print(table)
+    if s["cost_extrapolations"]:
+        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost lookups fell outside "
+                  "the profile's grid (extrapolated)")
+
+
+def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the system presets of `ragsim run --system` and what each sets."""
+    from ragsim.sim.config import SYSTEM_DESCRIPTIONS, SYSTEM_PRESETS
+
+    if json_output:
+        print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings}
+                     for name, settings in SYSTEM_PRESETS.items()})
+        return
+    table = Table(title="systems (`ragsim run --system NAME`; any flag overrides)")
+    table.add_column("system", style="bold")
+    table.add_column("what it models")
+    table.add_column("settings")
+    for name, settings in SYSTEM_PRESETS.items():
+        table.add_row(name, SYSTEM_DESCRIPTIONS[name],
+                      ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else v}"
+                                for k, v in settings.items()))
+    out.print(table)
