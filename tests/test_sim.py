@@ -129,24 +129,25 @@ def test_reordering_serves_the_most_cached_request_first():
 
 def test_request_pool_follows_figure_10_and_its_window():
     # 10a: equal recomputation (2), cached 1 vs 3 -> Q2 first; 10b: equal cached, less compute
-    pool = RequestPool(reorder=True, window_decisions=2)
+    pool = RequestPool(reorder=True, window_s=2.0, start="arrival")
     lengths = {"Q1": (1, 2), "Q2": (3, 2), "Q3": (1, 1)}
     for key in lengths:
-        pool.add(key, key)
+        pool.add(key, key, now_s=0.0)
     assert order_priority(3, 2) > order_priority(1, 2)
-    assert pool.peek(lengths.get)[0] == "Q2"
-    pool.take("Q2")
-    assert pool.peek(lengths.get)[0] == "Q3"  # 1/1 beats 1/2
-    pool.take("Q3")
-    pool.add("Q4", "Q4")
+    assert pool.peek(lengths.get, now_s=1.0)[0] == "Q2"
+    pool.take("Q2", now_s=1.0)
+    assert pool.peek(lengths.get, now_s=1.5)[0] == "Q3"  # 1/1 beats 1/2
+    pool.take("Q3", now_s=1.5)
+    pool.add("Q4", "Q4", now_s=1.5)
     lengths["Q4"] = (100, 1)
-    # Q1 has waited two decisions: the window serves it before the better-cached Q4
-    assert pool.peek(lengths.get)[0] == "Q1"
-    pool.take("Q1")
-    assert pool.overdue_served == 1
+    assert pool.peek(lengths.get, now_s=1.9)[0] == "Q4"
+    # Q1 has waited two seconds: the window serves it before the better-cached Q4
+    assert pool.peek(lengths.get, now_s=2.0)[0] == "Q1"
+    pool.take("Q1", now_s=2.0)
+    assert pool.overdue_served == 1 and pool.reordered == 2
     fcfs = RequestPool(reorder=False)
     for key in ("Q1", "Q2"):
-        fcfs.add(key, key)
+        fcfs.add(key, key, now_s=0.0)
     assert fcfs.peek(lengths.get)[0] == "Q1"
 
 
@@ -328,7 +329,9 @@ knobs = st.fixed_dictionaries({
     "max_batch_size": st.integers(1, 8),
     "reorder": st.booleans(),
     "speculate": st.booleans(),
-    "reorder_window": st.integers(1, 5),
+    "reorder_window_s": st.sampled_from([0.0, 0.05, 0.5, 5.0]),
+    "reorder_window_start": st.sampled_from(["head", "arrival"]),
+    "batch_kv_sharing": st.booleans(),
     "fail_gpu_at_s": st.lists(st.floats(0, 5), max_size=2).map(tuple),
     "max_retries": st.integers(0, 2),
     "host_replicas": st.sampled_from([0, 2]),

@@ -15,7 +15,7 @@ Both drivers apply this one rule, ``run`` per request (Python ints) and ``replay
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -60,3 +60,25 @@ def engine_reuse_columns(cached_tokens: np.ndarray, new_tokens: np.ndarray,
     """``engine_reuse`` for every request at once (int64 columns in, new columns out)."""
     return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
                   recomputed_tokens, block_tokens, np.minimum, np.maximum)
+
+
+def own_hit_tokens(hit_node_tokens: Sequence[int], own: Sequence[bool], usable_gpu: int,
+                   hit_gpu: int, usable_host: int) -> tuple[int, int]:
+    """(GPU, host) tokens of the reused prefix that lie in nodes marked ``own``.
+
+    ``hit_node_tokens`` are the hit documents' sizes in path order, GPU hits first (a node's
+    parent is in a tier at least as fast); ``hit_gpu`` is what the cache found in GPU, and
+    ``usable_gpu``/``usable_host`` what the engine reuses of each tier (``engine_reuse``: given-
+    back tokens come off the end). So the reused GPU tokens are ``[0, usable_gpu)`` of the
+    documents' span and the reused host tokens ``[hit_gpu, hit_gpu + usable_host)``; an own node
+    counts where it overlaps them."""
+    own_gpu = own_host = 0
+    start = 0
+    host_end = hit_gpu + usable_host
+    for tokens, mine in zip(hit_node_tokens, own, strict=True):
+        end = start + tokens
+        if mine:
+            own_gpu += max(0, min(end, usable_gpu) - start)
+            own_host += max(0, min(end, host_end) - max(start, hit_gpu))
+        start = end
+    return own_gpu, own_host

@@ -81,8 +81,9 @@ def run(
     # scheduler
     reorder: Annotated[bool | None, _opt(
         SCHEDULER, "Cache-aware reordering.", "--reorder/--no-reorder")] = None,
-    window: Annotated[int | None, _opt(SCHEDULER, "Reordering window, in scheduling decisions.")
-                      ] = None,
+    reorder_window: Annotated[float | None, _opt(
+        SCHEDULER, "Reordering window, seconds: the oldest waiting request is passed over "
+        "for at most this long.", "--reorder-window")] = None,
     speculate: Annotated[bool | None, _opt(
         SCHEDULER, "Dynamic speculative pipelining.", "--speculate/--no-speculate")] = None,
     max_batch_size: Annotated[int | None, _opt(SCHEDULER, "Most running requests.")] = None,
@@ -139,7 +140,7 @@ def run(
         "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
         "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
         "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
-        "reorder_window": window, "speculate": speculate, "overlap_swap": overlap_swap,
+        "reorder_window_s": reorder_window, "speculate": speculate, "overlap_swap": overlap_swap,
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,

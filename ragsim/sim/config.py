@@ -19,7 +19,7 @@ from pathlib import Path
 import tomli_w
 
 from ragsim.cache.policies import POLICY_NAMES
-from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_DECISIONS
+from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
 from ragsim.errors import ConfigError
 from ragsim.units import parse_bytes
 
@@ -61,7 +61,10 @@ class SimConfig:
     system_prompt_tokens: int = 0
     # scheduler
     reorder: bool = True
-    reorder_window: int = DEFAULT_WINDOW_DECISIONS
+    # seconds a request can be passed over; "head": counted from when it is the oldest waiting
+    # request, "arrival": the paper's literal rule (see ragsim/cache/reorder.py)
+    reorder_window_s: float = DEFAULT_WINDOW_S
+    reorder_window_start: str = "head"
     reorder_scan: int = DEFAULT_SCAN_LIMIT
     max_batch_size: int = 256  # running requests
     max_prefill_bs: int = 8  # requests prefilled in one iteration
@@ -81,6 +84,9 @@ class SimConfig:
     speculate: bool = True
     # engine
     overlap_swap: bool = False  # host->GPU KV loads overlapped with the prefill's compute
+    # requests of one prefill batch hit KV an earlier request of the same batch computes (vLLM
+    # v1 caches blocks when it schedules them; SGLang and RAGCache insert after the prefill)
+    batch_kv_sharing: bool = False
     # faults
     fail_gpu_at_s: tuple[float, ...] = ()
     gpu_failure_rate_per_h: float = 0.0
@@ -109,7 +115,7 @@ SYSTEM_PRESETS: dict[str, dict] = {
     "vllm": dict(cache=False, reorder=False, speculate=False, host_cache_bytes=0,
                  policy="lru"),
     "vllm-apc": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=False,
-                     speculate=False, prefix_block_tokens=16),
+                     speculate=False, prefix_block_tokens=16, batch_kv_sharing=True),
     "sglang": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=False,
                    speculate=False),
     "ragcache": dict(cache=True, policy="pgdsf", host_cache_bytes=192 * GiB, reorder=True,
@@ -224,9 +230,12 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.search_latency == "fixed" or c.stage_source in ("auto", "trace"), "search_latency",
            "measured stage times describe the trace's own stages: use stage_source auto or "
            "trace", source)
+    _check(c.reorder_window_s >= 0, "reorder_window_s", "must be >= 0", source)
+    _check(c.reorder_window_start in WINDOW_STARTS, "reorder_window_start",
+           f"must be one of {', '.join(WINDOW_STARTS)}", source)
     _check(c.search_time_scale > 0, "search_time_scale", "must be > 0", source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",
-                 "max_batched_tokens", "reorder_window", "reorder_scan", "prefix_block_tokens"):
+                 "max_batched_tokens", "reorder_scan", "prefix_block_tokens"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",

@@ -29,7 +29,7 @@ from time import perf_counter
 import simpy
 
 from ragsim.cache.reorder import RequestPool
-from ragsim.cache.reuse import engine_reuse
+from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 
@@ -60,9 +60,11 @@ class Job:
         "recomputed",
         "request",
         "reserved_bytes",
+        "self_hit_tokens",
         "slot_at_join",
         "speculative",
         "swap_in_bytes",
+        "swap_in_s",
         "terminated",
     )
 
@@ -86,6 +88,11 @@ class Job:
         self.slot_at_join = 0.0
         self.iter_at_join = 0
         self.hit_gpu = self.hit_host = self.recomputed = self.swap_in_bytes = 0
+        # hits on documents this request's own earlier speculation computed (not in hit_*)
+        self.self_hit_tokens = 0
+        # the host->GPU copy its prefill iteration waited for (the whole batch's, as every
+        # request of the batch gets its first token when the iteration ends)
+        self.swap_in_s = 0.0
         self.prefill_start_s = self.first_token_s = self.finish_s = -1.0
         # KV the job needs at its peak: its context plus every generated token but the last
         self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens - 1, 0)
@@ -104,7 +111,8 @@ class Engine:
     def __init__(self, env: simpy.Environment, *, tree: KnowledgeTree, pool: RequestPool,
                  profile: Profile, hooks: EngineHooks, kv_bytes_per_token: int,
                  max_batch_size: int, max_prefill_bs: int, max_batched_tokens: int,
-                 prefix_block_tokens: int, overlap_swap: bool, gpu_recovery_s: float) -> None:
+                 prefix_block_tokens: int, overlap_swap: bool, gpu_recovery_s: float,
+                 batch_kv_sharing: bool = False) -> None:
         self.env = env
         self.tree = tree
         self.pool = pool
@@ -117,6 +125,10 @@ class Engine:
         self.block = prefix_block_tokens
         self.overlap_swap = overlap_swap
         self.gpu_recovery_s = gpu_recovery_s
+        self.batch_kv_sharing = batch_kv_sharing
+        self._batch_computed: set = set()  # nodes the batch being formed computes
+        self._speculated: dict = {}  # node -> the request whose speculation computed it
+        self._speculated_by: dict[int, list] = {}  # request -> those nodes (to forget them)
         self._prefill_one = profile.prefill.at
         self._prefill_batch = profile.batched_prefill.iteration_s
         self._decode = profile.decode.at
@@ -159,7 +171,7 @@ class Engine:
         if job.done or job.terminated:
             return
         job.terminated = True
-        if self.pool.discard(job.key) is not None:
+        if self.pool.discard(job.key, self.env.now) is not None:
             job.done = True
             self.hooks.aborted(job, "speculation-terminated")
         elif job in self._parked:
@@ -230,19 +242,21 @@ class Engine:
         if not pool:
             return []
         started = perf_counter()
+        self._batch_computed.clear()
         tree = self.tree
         kv = self.kv
         batch: list[Job] = []
         budget = self.max_batched_tokens
         lengths = self._lengths if pool.reorder else None
+        now = self.env.now
         while (pool and len(batch) < self.max_prefill_bs
                and len(self._decoding) + len(batch) < self.max_batch_size):
-            key, job = pool.peek(lengths)
+            key, job = pool.peek(lengths, now)
             need_bytes = job.footprint_tokens * kv
             if need_bytes > tree.gpu_available_bytes:
                 if not batch and not self._decoding:
                     # nothing runs that could free memory: it can never fit
-                    pool.take(key)
+                    pool.take(key, now)
                     job.done = True
                     self.hooks.cannot_fit(job)
                     continue
@@ -250,7 +264,7 @@ class Engine:
             _, compute = self._lengths(job)
             if batch and compute > budget:
                 break  # a single request larger than the budget still runs alone
-            pool.take(key)
+            pool.take(key, now)
             self._start(job)
             budget -= job.beta
             batch.append(job)
@@ -260,22 +274,55 @@ class Engine:
 
     def _start(self, job: Job) -> None:
         tree = self.tree
+        n_hit = tree.match_prefix(job.docs)[0]  # documents cached before this access
         r = tree.access(job.docs, job.doc_tokens, job.query_tokens, request_index=job.request,
                         keep_pinned=True)
-        u = engine_reuse(r.cached_tokens, r.new_tokens, r.hit_tokens_gpu, r.hit_tokens_host,
-                         r.recomputed_tokens, self.block)
-        job.path = r.path
+        path = r.path
+        cached, new = r.cached_tokens, r.new_tokens
+        hit_gpu, recomputed = r.hit_tokens_gpu, r.recomputed_tokens
+        if not self.batch_kv_sharing:
+            # documents an earlier request of this batch is computing are not there yet: the
+            # tail of the hit prefix (their descendants were uncached too), all in GPU
+            for depth in range(n_hit):
+                if path[depth] in self._batch_computed:
+                    unseen = sum(n.tokens for n in path[depth:n_hit])
+                    cached, new = cached - unseen, new + unseen
+                    hit_gpu, recomputed = hit_gpu - unseen, recomputed + unseen
+                    n_hit = depth
+                    break
+        u = engine_reuse(cached, new, hit_gpu, r.hit_tokens_host, recomputed, self.block)
+        hit_path = path[:n_hit]
+        own = self._speculated
+        own_gpu, own_host = own_hit_tokens(
+            [n.tokens for n in hit_path], [own.get(n) == job.request for n in hit_path],
+            u.hit_tokens_gpu, hit_gpu, u.hit_tokens_host)
+        for n in path[n_hit:]:  # computed by this job
+            self._batch_computed.add(n)
+            if job.speculative:
+                own[n] = job.request
+                self._speculated_by.setdefault(job.request, []).append(n)
+            else:
+                own.pop(n, None)
+        job.path = path
         job.alpha, job.beta = u.cached_tokens, u.new_tokens
-        job.hit_gpu, job.hit_host = u.hit_tokens_gpu, u.hit_tokens_host
+        job.hit_gpu, job.hit_host = u.hit_tokens_gpu - own_gpu, u.hit_tokens_host - own_host
+        job.self_hit_tokens = own_gpu + own_host
         job.recomputed = u.recomputed_tokens
         job.swap_in_bytes = r.swap_in_bytes
         job.context_tokens = job.alpha + job.beta
-        in_gpu = sum(n.tokens for n in r.path if n.in_gpu)
+        in_gpu = sum(n.tokens for n in path if n.in_gpu)
         private = job.footprint_tokens - in_gpu
         job.reserved_bytes = private * self.kv
         if not tree.reserve_gpu(job.reserved_bytes):  # admission checked the whole footprint
             raise AssertionError("KV reservation failed after admission")
         job.prefill_start_s = self.env.now
+
+    def forget_request(self, request: int) -> None:
+        """The request ended: documents its speculation computed are anybody's from now on."""
+        own = self._speculated
+        for n in self._speculated_by.pop(request, ()):
+            if own.get(n) == request:
+                del own[n]
 
     def _prefill_time(self, batch: list[Job]) -> float:
         if len(batch) == 1:
@@ -287,8 +334,10 @@ class Engine:
         self.swap_in_s += copy
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         total_new = sum(j.beta for j in batch) or 1
+        exposed_copy = duration - compute  # overlapped: only the part compute does not hide
         for j in batch:
             j.attributed_s += duration * j.beta / total_new
+            j.swap_in_s = exposed_copy
         self.iterations_prefill += 1
         self.busy_s += duration
         return duration

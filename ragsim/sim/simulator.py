@@ -74,14 +74,15 @@ class Simulation(EngineHooks):
             system_prompt_tokens=config.system_prompt_tokens,
             max_cached_depth=config.max_cached_depth if config.cache else 0)
         self.pool: RequestPool[Job] = RequestPool(
-            reorder=config.reorder, window_decisions=config.reorder_window,
+            reorder=config.reorder, window_s=config.reorder_window_s,
+            start=config.reorder_window_start,
             scan_limit=config.reorder_scan)
         self.engine = Engine(
             self.env, tree=self.tree, pool=self.pool, profile=profile, hooks=self,
             kv_bytes_per_token=kv, max_batch_size=config.max_batch_size,
             max_prefill_bs=config.max_prefill_bs, max_batched_tokens=config.max_batched_tokens,
             prefix_block_tokens=config.prefix_block_tokens, overlap_swap=config.overlap_swap,
-            gpu_recovery_s=config.gpu_recovery_s)
+            gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing)
         self.workers = simpy.Resource(self.env, capacity=config.search_workers)
         # the requests' documents, CSR: slicing flat lists is cheaper than n small lists
         self._ids = trace.doc_ids.tolist()
@@ -111,8 +112,10 @@ class Simulation(EngineHooks):
         self.r_cached = np.zeros(n, dtype=np.int64)
         self.r_hit_gpu = np.zeros(n, dtype=np.int64)
         self.r_hit_host = np.zeros(n, dtype=np.int64)
+        self.r_self_hit = np.zeros(n, dtype=np.int64)  # hits its own speculation paid for
         self.r_recomputed = np.zeros(n, dtype=np.int64)
         self.r_swap_in = np.zeros(n, dtype=np.int64)
+        self.r_swap_in_s = np.zeros(n)  # host->GPU copy time its prefill iteration waited for
         self.r_spec_started = np.zeros(n, dtype=np.int64)
         self.r_spec_kept = np.zeros(n, dtype=bool)
         self.r_spec_wasted_s = np.zeros(n)
@@ -147,7 +150,7 @@ class Simulation(EngineHooks):
                    speculative, generated)
 
     def _submit(self, job: Job) -> None:
-        self.pool.add(job.key, job)
+        self.pool.add(job.key, job, self.env.now)
         self.engine.notify()
 
     def _end(self, i: int, status: int, reason: int = 0) -> None:
@@ -155,6 +158,7 @@ class Simulation(EngineHooks):
         self.r_status[i] = status
         self.r_reason[i] = reason
         self.r_finish[i] = self.env.now
+        self.engine.forget_request(i)
         self.ended += 1
         if self.progress is not None and (self.ended % 1000 == 0 or self.ended == self.n):
             self.progress(self.ended, self.env.now)
@@ -277,8 +281,10 @@ class Simulation(EngineHooks):
         self.r_cached[i] = job.alpha
         self.r_hit_gpu[i] = job.hit_gpu
         self.r_hit_host[i] = job.hit_host
+        self.r_self_hit[i] = job.self_hit_tokens
         self.r_recomputed[i] = job.recomputed
         self.r_swap_in[i] = job.swap_in_bytes
+        self.r_swap_in_s[i] = job.swap_in_s
         self.r_prefill_start[i] = job.prefill_start_s
 
     def prefilled(self, job: Job) -> None:
@@ -372,8 +378,10 @@ class Simulation(EngineHooks):
             "cached_tokens": self.r_cached,
             "hit_tokens_gpu": self.r_hit_gpu,
             "hit_tokens_host": self.r_hit_host,
+            "speculative_self_hit_tokens": self.r_self_hit,
             "recomputed_tokens": self.r_recomputed,
             "swap_in_bytes": self.r_swap_in,
+            "swap_in_s": self.r_swap_in_s,
             "speculations": self.r_spec_started,
             "speculation_kept": self.r_spec_kept,
             "speculation_wasted_s": self.r_spec_wasted_s,

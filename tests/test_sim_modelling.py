@@ -1,0 +1,127 @@
+"""The simulator's modelling decisions (docs/model.md), each on a hand-worked scenario: the
+host->GPU copy as its own TTFT component, hits a request's own speculation paid for, the
+reordering window in seconds, and which requests of one prefill batch see each other's KV."""
+
+from __future__ import annotations
+
+import pytest
+from test_sim import KV, PROFILE, SEARCH_S, make_trace, quiet, simulate
+
+COMPONENTS = ("ttft_search_wait_mean_s", "ttft_search_mean_s", "ttft_queue_mean_s",
+              "ttft_swap_in_mean_s", "ttft_prefill_mean_s")
+
+
+def test_the_host_to_gpu_copy_is_its_own_ttft_component():
+    # GPU KV holds one request at a time: [1] goes to host when [2] runs, then hits there
+    trace = make_trace([(0.0, [1], 10, 1), (10.0, [2], 10, 1), (20.0, [1], 10, 1)])
+    config = quiet(gpu_kv_bytes=1100 * KV, host_cache_bytes=10 * 2**30)
+    records, summary = simulate(trace, config)
+    copy = PROFILE.transfers.host_to_device_s(1000 * KV)
+    assert copy > 0
+    assert records.swap_in_s.tolist() == pytest.approx([0.0, 0.0, copy], rel=1e-12)
+    assert summary["ttft_swap_in_mean_s"] == pytest.approx(copy / 3, rel=1e-12)
+    prefills = [PROFILE.prefill_s(0, 1010), PROFILE.prefill_s(0, 1010),
+                PROFILE.prefill_s(1000, 10)]
+    assert summary["ttft_prefill_mean_s"] == pytest.approx(sum(prefills) / 3, rel=1e-9)
+    assert sum(summary[c] for c in COMPONENTS) == pytest.approx(summary["ttft_mean_s"],
+                                                                rel=1e-12)
+    # overlapped with compute, only what the prefill does not hide is left
+    _, overlapped = simulate(trace, config.replace(overlap_swap=True))
+    hidden = max(copy - PROFILE.prefill_s(1000, 10), 0.0)
+    assert overlapped["ttft_swap_in_mean_s"] == pytest.approx(hidden / 3, abs=1e-15)
+    assert sum(overlapped[c] for c in COMPONENTS) == pytest.approx(
+        overlapped["ttft_mean_s"], rel=1e-12)
+
+
+def test_a_request_batched_with_a_host_hit_waits_for_its_copy():
+    # [1] pushes [3] to host (1,500 tokens of GPU KV); [3, 4] and [4] arrive together and
+    # share one prefill batch: both get their first token after the copy and the compute
+    trace = make_trace([(0.0, [3], 10, 1), (5.0, [1], 10, 1), (10.0, [3, 4], 10, 1),
+                        (10.0, [4], 10, 1)])
+    config = quiet(gpu_kv_bytes=1500 * KV, host_cache_bytes=10 * 2**30)
+    records, _ = simulate(trace, config)
+    assert records.hit_tokens_host.tolist() == [0, 0, 600, 0]
+    copy = PROFILE.transfers.host_to_device_s(600 * KV)
+    assert records.swap_in_s.tolist()[2:] == pytest.approx([copy, copy], rel=1e-12)
+    assert records.prefill_start_s[2] == records.prefill_start_s[3] == 10.0 + SEARCH_S
+
+
+def test_hits_paid_for_by_the_requests_own_speculation_are_counted_apart():
+    # request 0 speculates on [1, 4] at stage 1, its search ends with [1, 3]: the final job
+    # finds document 1 cached, but only because its own wasted speculation computed it
+    trace = make_trace([(0.0, [1, 3], 10, 1), (10.0, [1, 3], 10, 1)],
+                       stages=[[[1, 4], [1, 3]], [[1, 3], [1, 3]]])
+    config = quiet(speculate=True, stage_source="trace", search_s=0.2, gpu_kv_bytes=10**12)
+    records, summary = simulate(trace, config)
+    assert records.speculation_kept.tolist() == [False, True]
+    assert records.cached_tokens.tolist() == [1000, 1600]  # what the engine reused
+    assert records.speculative_self_hit_tokens.tolist() == [1000, 0]
+    # request 1's documents were computed by request 0 (document 1 by its speculation, but
+    # for request 1 that is another request's work): cross-request reuse
+    assert records.hit_tokens_gpu.tolist() == [0, 1600]
+    assert summary["token_hit_rate"] == pytest.approx(1600 / 3200)
+    assert summary["speculative_self_hit_tokens"] == 1000
+    assert summary["speculative_self_hit_rate"] == pytest.approx(1000 / 3200)
+    assert summary["request_hit_rate"] == 0.5
+
+
+def test_own_speculation_hits_reused_in_part_are_split_by_the_reuse_rule():
+    """A 16-token block cache gives back the partial block at the end of the prefix: 1000
+    tokens of document 1 (own) then 600 of document 3 (another request's) reuse 1,600 // 16 *
+    16 = 1,600 tokens; with document 3 own and the cut in it, only whole blocks of it count."""
+    from ragsim.cache.reuse import own_hit_tokens
+
+    assert own_hit_tokens([1000, 600], [True, False], 1600, 1600, 0) == (1000, 0)
+    assert own_hit_tokens([1000, 600], [False, True], 1592, 1600, 0) == (592, 0)
+    # GPU hits first, then host: [1000 GPU][600 host], 8 host tokens given back
+    assert own_hit_tokens([1000, 600], [False, True], 1000, 1000, 592) == (0, 592)
+    assert own_hit_tokens([1000, 600], [True, True], 1000, 1000, 592) == (1000, 592)
+    assert own_hit_tokens([1000, 600], [True, False], 400, 1000, 0) == (400, 0)
+
+
+def test_requests_of_one_prefill_batch_see_each_others_kv_only_where_the_engine_does():
+    # [1, 3] and [1, 4] are prefilled in one batch; document 1 is computed by the first
+    trace = make_trace([(0.0, [1, 3], 10, 1), (0.0, [1, 4], 10, 1), (10.0, [1], 10, 1)])
+    after, _ = simulate(trace, quiet())  # SGLang, RAGCache: inserted after the prefill
+    assert after.prefill_start_s[0] == after.prefill_start_s[1]
+    assert after.hit_tokens_gpu.tolist() == [0, 0, 1000]
+    assert after.recomputed_tokens.tolist() == [1600, 1400, 0]
+    batch_s = PROFILE.batched_prefill.iteration_s([0, 0], [1610, 1410])
+    assert after.ttft_s[1] == pytest.approx(SEARCH_S + batch_s, rel=1e-12)
+    shared, _ = simulate(trace, quiet(batch_kv_sharing=True))  # vLLM v1
+    assert shared.hit_tokens_gpu.tolist() == [0, 1000, 1000]
+    batch_s = PROFILE.batched_prefill.iteration_s([0, 1000], [1610, 410])
+    assert shared.ttft_s[1] == pytest.approx(SEARCH_S + batch_s, rel=1e-12)
+    from ragsim.sim.config import build_config
+    assert build_config({"system": "vllm-apc"}).batch_kv_sharing
+    assert not build_config({"system": "sglang"}).batch_kv_sharing
+    assert not build_config({"system": "ragcache"}).batch_kv_sharing
+
+
+def test_the_window_is_seconds_and_starts_when_a_request_is_the_oldest():
+    """Three requests wait from t=0 with a 2 s window; the engine is busy until t=5, so all
+    three are past the paper's literal bound. Counted from arrival every decision is then
+    forced (FCFS); counted from when a request became the oldest, only Q1 is forced at t=5,
+    and Q3 (better cached) goes before Q2, whose window starts when Q1 leaves."""
+    from ragsim.cache.reorder import RequestPool
+
+    lengths = {"Q1": (0, 10), "Q2": (0, 10), "Q3": (9, 1)}
+    served = {}
+    for start in ("arrival", "head"):
+        pool = RequestPool(reorder=True, window_s=2.0, start=start)
+        for key in lengths:
+            pool.add(key, key, now_s=0.0)
+        order = [pool.take(pool.peek(lengths.get, now_s=5.0)[0], now_s=5.0) for _ in range(3)]
+        served[start] = (order, pool.overdue_served)
+    assert served["arrival"] == (["Q1", "Q2", "Q3"], 3)
+    assert served["head"] == (["Q1", "Q3", "Q2"], 1)
+    # Q2 is the oldest from t=5: it is passed over until t=7, then forced
+    pool = RequestPool(reorder=True, window_s=2.0)
+    for key in ("Q2", "Q3"):
+        pool.add(key, key, now_s=5.0)
+    assert pool.peek(lengths.get, now_s=6.9)[0] == "Q3"
+    assert pool.peek(lengths.get, now_s=7.0)[0] == "Q2"
+    # a request that leaves the pool without a decision (a terminated speculation) hands the
+    # head to the next one from that moment
+    pool.discard("Q2", now_s=6.0)
+    assert pool.window_started_s("Q3") == 6.0
