@@ -20,7 +20,8 @@ def zipf_sequence(n: int, n_objects: int, alpha: float, seed: int, max_size: int
 
 
 def our_miss_ratio(policy: str, capacity: int, keys, sizes) -> float:
-    cache = make_policy(policy).flat_cache(capacity)
+    # libCacheSim's LFU and GDSF count from admission (in-cache frequency)
+    cache = make_policy(policy).flat_cache(capacity, frequency_scope="admission")
     nexts = next_use_by_position(keys).tolist() if policy == "belady" else None
     hits = cache.process(keys.tolist(), sizes.tolist(), None, nexts)
     return 1.0 - sum(hits) / len(hits)
@@ -64,12 +65,19 @@ def test_flat_pgdsf_keeps_counts_across_evictions(remember, last_is_hit):
     assert cache.clock == 3.0
 
 
-def test_flat_pgdsf_remembers_counts_and_flat_gdsf_does_not():
-    """The same hand-worked sequence through make_policy: PGDSF's flat cache keeps A's count
-    (its last access hits), GDSF's, with libCacheSim's semantics, restarts it (a miss)."""
+@pytest.mark.parametrize(("scope", "last_is_hit"), [("lifetime", 1), ("admission", 0)])
+@pytest.mark.parametrize("policy", ["pgdsf", "gdsf", "pgdsf-const-cost", "pgdsf-no-size"])
+def test_flat_greedy_dual_policies_count_by_the_scope_given(policy, scope, last_is_hit):
+    """The same hand-worked sequence through make_policy: with equal sizes every greedy-dual
+    policy's priorities are the hand example's times one constant, so under lifetime A's
+    kept count makes its last access hit and under admission (libCacheSim's rule) it misses,
+    whichever the policy."""
     keys = [ord(k) for k in "AABCDEAFGA"]
     sizes = [100] * len(keys)
-    pgdsf = make_policy("pgdsf").flat_cache(200, lambda cached, new: 1e-4)
-    gdsf = make_policy("gdsf").flat_cache(200)
-    assert pgdsf.process(keys, sizes, [100] * len(keys))[-1] == 1
-    assert gdsf.process(keys, sizes)[-1] == 0
+    cache = make_policy(policy).flat_cache(200, lambda cached, new: 1e-4, frequency_scope=scope)
+    assert cache.process(keys, sizes, [100] * len(keys))[-1] == last_is_hit
+
+
+def test_flat_mode_refuses_the_window_scope():
+    with pytest.raises(ValueError, match="knowledge tree only"):
+        make_policy("lfu").flat_cache(200, frequency_scope="window")

@@ -72,12 +72,12 @@ class TestFigure9CostEstimation:
         assert node.frequency == 2
 
 
-@pytest.mark.parametrize(("policy", "count_after_return"), [("pgdsf", 3), ("gdsf", 1),
-                                                            ("lfu", 1), ("lru", 1)])
-def test_only_pgdsf_counts_across_an_eviction(policy, count_after_return):
-    """The paper resets PGDSF's Frequency when the system starts or the cache is cleared; the
-    classic policies (libCacheSim, Cherkasova's GDSF) count from admission."""
-    kt = tree(policy, gpu=100)
+@pytest.mark.parametrize("policy", ["pgdsf", "gdsf", "lfu", "lru", "pgdsf-const-cost"])
+@pytest.mark.parametrize(("scope", "count_after_return"), [("lifetime", 3), ("admission", 1)])
+def test_every_policy_counts_by_the_trees_one_rule(policy, scope, count_after_return):
+    """The counting rule belongs to the tree, not the policy: under lifetime every policy's
+    node comes back with its two earlier retrievals (3), under admission with none (1)."""
+    kt = tree(policy, gpu=100, frequency_scope=scope)
     kt.access([1], [100])
     kt.access([1], [100])
     kt.access([2], [100])  # evicts document 1 entirely (no host tier)
@@ -96,16 +96,12 @@ def test_a_remembered_count_keeps_a_returning_document_over_a_newer_one():
     remembered count keeps A (5c) and evicts E; counting from admission A (3c) is older than
     E (3c) and goes.
     """
-    from ragsim.cache.policies.pgdsf import PGDSF
-
-    class PGDSFCountingFromAdmission(PGDSF):
-        frequency_survives_eviction = False
-
     A, B, C, D, E, F = range(1, 7)
     survivors = {}
-    for label, policy in (("kept", PGDSF()), ("reset", PGDSFCountingFromAdmission())):
-        kt = KnowledgeTree(policy, gpu_capacity_bytes=200, kv_bytes_per_token=1,
-                           prefill_cost_s=bilinear_table(0.0, 0.001, 0.0).at)
+    for label, scope in (("kept", "lifetime"), ("reset", "admission")):
+        kt = KnowledgeTree(make_policy("pgdsf"), gpu_capacity_bytes=200, kv_bytes_per_token=1,
+                           prefill_cost_s=bilinear_table(0.0, 0.001, 0.0).at,
+                           frequency_scope=scope)
         c = kt.prefill_cost_s(0, 100) / 100
         for doc in (A, A, B, C, D):
             kt.access([doc], [100])
@@ -308,10 +304,12 @@ def test_gpu_failure_keeps_host_copies_and_drops_what_hangs_below_a_lost_node():
     assert kt.gpu_failures == 1
 
 
-@pytest.mark.parametrize(("policy", "count"), [("pgdsf", 3), ("lfu", 1)])
-def test_gpu_failure_loses_kv_not_the_controllers_counts(policy, count):
-    """PGDSF's counts live in the controller, so a GPU failure does not reset them."""
-    kt = tree(policy, gpu=300)
+@pytest.mark.parametrize("policy", ["pgdsf", "lfu"])
+@pytest.mark.parametrize(("scope", "count"), [("lifetime", 3), ("admission", 1)])
+def test_gpu_failure_loses_kv_not_the_controllers_counts(policy, scope, count):
+    """Counts live in the controller, so a GPU failure does not reset lifetime counts; under
+    admission the lost node left the cache entirely, so its count restarts."""
+    kt = tree(policy, gpu=300, frequency_scope=scope)
     kt.access([1], [100])
     kt.access([1], [100])
     kt.fail_gpu()

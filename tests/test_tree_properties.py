@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ragsim.cache import KnowledgeTree, make_policy
 from ragsim.cache.policies import POLICY_NAMES
+from ragsim.cache.tree import FREQUENCY_SCOPES
 from ragsim.profiles.profile import load_profile
 
 TABLE = load_profile("a10g-mistral-7b").prefill
@@ -27,20 +28,37 @@ configs = st.fixed_dictionaries({
     "host": st.integers(0, 60),
     "system": st.integers(0, 3),
     "depth": st.one_of(st.none(), st.integers(0, 3)),
+    "scope": st.sampled_from(FREQUENCY_SCOPES),
+    # seconds between consecutive requests (0: same instant); the window is WINDOW_S
+    "gaps": st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=60, max_size=60),
 })
+WINDOW_S = 2.0
+
+
+def make_tree(config: dict) -> KnowledgeTree:
+    window = WINDOW_S if config.get("scope") == "window" else None
+    return KnowledgeTree(make_policy(config["policy"]),
+                         gpu_capacity_bytes=config["gpu"] + config["system"],
+                         host_capacity_bytes=config["host"], kv_bytes_per_token=1,
+                         prefill_cost_s=TABLE.at,
+                         system_prompt_tokens=config["system"],
+                         max_cached_depth=config["depth"],
+                         frequency_scope=config.get("scope", "lifetime"),
+                         frequency_window_s=window)
+
+
+def times_of(config: dict, n: int) -> list[float]:
+    gaps = config.get("gaps") or [1.0] * n
+    return [sum(gaps[:i + 1]) for i in range(n)]
 
 
 def run(config: dict, reqs: list) -> tuple[list, KnowledgeTree]:
-    kt = KnowledgeTree(make_policy(config["policy"]),
-                       gpu_capacity_bytes=config["gpu"] + config["system"],
-                       host_capacity_bytes=config["host"], kv_bytes_per_token=1,
-                       prefill_cost_s=TABLE.at,
-                       system_prompt_tokens=config["system"],
-                       max_cached_depth=config["depth"])
+    kt = make_tree(config)
     results, running = [], []
+    times = times_of(config, len(reqs))
     for i, (docs, query, keep) in enumerate(reqs):
         tokens = [DOC_TOKENS[d] for d in docs]
-        r = kt.access(docs, tokens, query, request_index=i, keep_pinned=keep)
+        r = kt.access(docs, tokens, query, request_index=i, keep_pinned=keep, now_s=times[i])
         kt.check_invariants()
         assert r.hit_tokens_gpu + r.hit_tokens_host + r.recomputed_tokens == sum(tokens)
         assert r.cached_tokens == config["system"] + r.hit_tokens_gpu + r.hit_tokens_host
@@ -103,14 +121,14 @@ def test_zero_capacity_nothing_hits(reqs, policy):
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=200), st.integers(1, 40),
-       st.sampled_from(["lru", "lfu", "fifo"]))
-def test_tree_of_single_documents_equals_the_flat_cache(docs, capacity, policy):
+       st.sampled_from(["lru", "lfu", "fifo"]), st.sampled_from(["admission", "lifetime"]))
+def test_tree_of_single_documents_equals_the_flat_cache(docs, capacity, policy, scope):
     """Top-1 requests and no host tier make the tree a flat cache: same hits as flat mode
-    (which the libCacheSim differential test pins down)."""
+    (which the libCacheSim differential test pins down), under either counting rule."""
     kt = KnowledgeTree(make_policy(policy), gpu_capacity_bytes=capacity,
-                       kv_bytes_per_token=1)
+                       kv_bytes_per_token=1, frequency_scope=scope)
     tree_hits = [kt.access([d], [DOC_TOKENS[d]]).hit_tokens_gpu > 0 for d in docs]
-    flat = make_policy(policy).flat_cache(capacity)
+    flat = make_policy(policy).flat_cache(capacity, frequency_scope=scope)
     flat_hits = flat.process(docs, [DOC_TOKENS[d] for d in docs])
     assert tree_hits == [bool(h) for h in flat_hits]
 
@@ -131,13 +149,10 @@ running_ops = st.lists(
 def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
     """Running requests' private KV competes with the cache; a GPU failure loses GPU nodes;
     replicas of the upper nodes (taken while requests run) go to host memory."""
-    kt = KnowledgeTree(make_policy(config["policy"]),
-                       gpu_capacity_bytes=config["gpu"] + config["system"],
-                       host_capacity_bytes=config["host"], kv_bytes_per_token=1,
-                       prefill_cost_s=TABLE.at, system_prompt_tokens=config["system"],
-                       max_cached_depth=config["depth"])
+    kt = make_tree(config)
     running: list = []
-    for docs, private, op in ops:
+    times = times_of(config, len(ops))
+    for step, (docs, private, op) in enumerate(ops):
         if op == "finish" and running:
             path, reserved = running.pop(0)
             kt.release(path)
@@ -163,7 +178,8 @@ def test_reservations_and_gpu_failures_keep_every_invariant(config, ops):
             assert sum(n.size_bytes for n in new_copies) == copied
         else:
             available = kt.gpu_available_bytes
-            r = kt.access(docs, [DOC_TOKENS[d] for d in docs], 0, keep_pinned=True)
+            r = kt.access(docs, [DOC_TOKENS[d] for d in docs], 0, keep_pinned=True,
+                          now_s=times[step])
             assert kt.gpu_available_bytes <= available
             if kt.reserve_gpu(private):
                 running.append((r.path, private))

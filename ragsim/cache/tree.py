@@ -37,6 +37,7 @@ the build compiles it to C, which makes a replay several times faster. Keep it v
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple
@@ -47,6 +48,32 @@ if TYPE_CHECKING:
     from ragsim.cache.policies.base import TreePolicy
 
 ROOT_KEY = -1
+
+# How the tree counts a node's retrievals (``Node.frequency``), one rule for every policy:
+#   admission: since the node last entered the cache; reset when it leaves the cache entirely
+#              (in-cache LFU: libCacheSim's LFU and GDSF, Cherkasova's GDSF);
+#   lifetime:  every retrieval since the system started, kept on ghost nodes (perfect LFU);
+#   window:    retrievals in the last ``frequency_window_s`` seconds of trace time (a sliding
+#              window: a retrieval at t counts while now < t + window), kept on ghosts too.
+FREQUENCY_SCOPES = ("admission", "lifetime", "window")
+# The default for every policy. RAGCache defines PGDSF's Frequency as the retrievals in a time
+# window "reset when the system starts or the cache is cleared", and a run has neither a
+# cache clear nor a stated window, so the count runs over the whole run: lifetime. One default
+# for all policies, so a comparison never measures a counting rule instead of a policy.
+DEFAULT_FREQUENCY_SCOPE = "lifetime"
+
+
+def check_frequency_scope(scope: str, window_s: float | None) -> None:
+    """Raise ValueError unless ``scope`` is known and a window has (only) what it needs."""
+    if scope not in FREQUENCY_SCOPES:
+        raise ValueError(f"unknown frequency scope {scope!r}; choose one of "
+                         f"{', '.join(FREQUENCY_SCOPES)}")
+    if scope == "window":
+        if window_s is None or not window_s > 0:
+            raise ValueError(f"the window frequency scope needs a window > 0 seconds, "
+                             f"got {window_s!r}")
+    elif window_s is not None:
+        raise ValueError(f"a frequency window applies only to the window scope, not {scope!r}")
 
 
 class Tier(IntEnum):
@@ -62,8 +89,8 @@ class Node:
     """Tree node: structure, residency, and the policy's metadata.
 
     A node that left the cache stays in the tree as a *ghost* (tier NONE) so that PGDSF keeps
-    its cost statistics over the m requests that computed it, and its retrieval count (the
-    paper's Frequency is reset only when the system starts, not when a node is evicted).
+    its cost statistics over the m requests that computed it, and its retrieval count under
+    the lifetime and window frequency scopes (under admission the count restarts).
     """
 
     key = cython.declare(cython.longlong, visibility="public")
@@ -199,8 +226,16 @@ class KnowledgeTree:
     _gpu_upper = cython.declare(dict)  # key -> first-level GPU node: replication's candidates
     _seq = cython.declare(cython.longlong)
     _use_cost = cython.declare(cython.bint)
+    _cost_per_request = cython.declare(cython.bint)
     _uses_clock = cython.declare(cython.bint)
     _forget_on_drop = cython.declare(cython.bint)
+    _windowed = cython.declare(cython.bint)
+    _window_s = cython.declare(cython.double)
+    _now_s = cython.declare(cython.double)
+    _retrievals = cython.declare(object)  # window scope: deque of (time, node), oldest first
+    _value_of = cython.declare(object)
+    frequency_scope = cython.declare(str, visibility="readonly")
+    frequency_window_s = cython.declare(object, visibility="readonly")
     _on_access = cython.declare(object)
     _on_enter_cache = cython.declare(object)
     # results of the last request served (``access`` packs them into an AccessResult)
@@ -221,7 +256,10 @@ class KnowledgeTree:
         prefill_cost_s: Callable[[float, float], float] | None = None,
         system_prompt_tokens: int = 0,
         max_cached_depth: int | None = None,
+        frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+        frequency_window_s: float | None = None,
     ) -> None:
+        check_frequency_scope(frequency_scope, frequency_window_s)
         if gpu_capacity_bytes < 0 or host_capacity_bytes < 0:
             raise ValueError("capacities must be >= 0")
         if kv_bytes_per_token <= 0:
@@ -256,9 +294,16 @@ class KnowledgeTree:
         self._set_aside = []
         self._seq = 0
         self._use_cost = prefill_cost_s is not None
+        self._cost_per_request = bool(policy.cost_per_request)
         self._uses_clock = bool(policy.uses_clock)
-        # classic policies count from admission; PGDSF counts over its window (the whole run)
-        self._forget_on_drop = not policy.frequency_survives_eviction
+        self.frequency_scope = frequency_scope
+        self.frequency_window_s = frequency_window_s
+        self._forget_on_drop = frequency_scope == "admission"
+        self._windowed = frequency_scope == "window"
+        self._window_s = frequency_window_s if self._windowed else 0.0
+        self._now_s = -float("inf")
+        self._retrievals = deque()
+        self._value_of = policy.value_of
         self._on_access = policy.on_access
         # most policies ignore entry into the cache: skip a million no-op calls for them
         self._on_enter_cache = policy.on_enter_cache if policy.tracks_cache_entry else None
@@ -339,29 +384,41 @@ class KnowledgeTree:
         *,
         request_index: int = -1,
         keep_pinned: bool = False,
+        now_s: float | None = None,
     ) -> AccessResult:
         """Serve one request's retrieval: look up, update policy state, admit what it computed.
 
         With ``keep_pinned`` the request's path stays pinned until ``release(result.path)``, as
         a running request's KV must (the simulator uses this); replay releases at once.
+        ``now_s`` is the request's time (trace or simulated seconds, never decreasing); the
+        window frequency scope needs it, the other scopes ignore it.
         """
         ids = doc_ids if type(doc_ids) is list else list(doc_ids)
         tokens = doc_tokens if type(doc_tokens) is list else list(doc_tokens)
+        if self._windowed:
+            if now_s is None:
+                raise ValueError("the window frequency scope needs each access's time (now_s)")
+            self._advance(now_s)
         path = self._serve(ids, tokens, 0, len(ids), query_tokens, request_index, keep_pinned)
         return AccessResult(self._r_alpha, self._r_beta, self._r_hit_gpu, self._r_hit_host,
                             self._r_recomputed, self._r_swap_in, path)
 
     def access_many(self, doc_ids: list, doc_tokens: list, doc_offsets: list,
                     query_tokens: list, start: cython.Py_ssize_t, stop: cython.Py_ssize_t,
-                    out: cython.longlong[:, :]) -> None:
+                    out: cython.longlong[:, :], arrival_s: list | None = None) -> None:
         """Serve requests ``start..stop-1`` of a CSR-encoded trace, one after another.
 
         ``out`` (int64, shape (5, n_requests)) receives, per request: cached tokens, GPU-hit
         tokens, host-hit tokens, recomputed tokens, swapped-in bytes. This is ``access`` in a
-        loop without per-request Python objects, for replay.
+        loop without per-request Python objects, for replay. ``arrival_s`` (per request) is
+        needed by the window frequency scope.
         """
         i: cython.Py_ssize_t
+        if self._windowed and arrival_s is None:
+            raise ValueError("the window frequency scope needs the requests' arrival times")
         for i in range(start, stop):
+            if self._windowed:
+                self._advance(arrival_s[i])
             self._serve(doc_ids, doc_tokens, doc_offsets[i], doc_offsets[i + 1],
                         query_tokens[i], i, False)
             out[0, i] = self._r_alpha
@@ -430,7 +487,9 @@ class KnowledgeTree:
         cost_per_token: cython.double = 0.0
         n_path: cython.Py_ssize_t = len(path)
         if self._use_cost and n_cached < n_path and beta > 0:
-            cost_per_token = self.prefill_cost_s(alpha, beta) / beta
+            cost_per_token = self.prefill_cost_s(alpha, beta)
+            if not self._cost_per_request:
+                cost_per_token /= beta
         # 3. policy update (Algorithm 1: UPDATE_NODE_IN_GPU for every node retrieved)
         on_access = self._on_access
         depth: cython.Py_ssize_t
@@ -438,6 +497,8 @@ class KnowledgeTree:
             n = cython.cast(Node, path[depth])
             self._seq += 1
             n.frequency += 1
+            if self._windowed:
+                self._retrievals.append((self._now_s, n))
             n.last_access = self._seq
             n.pins += 1
             if n.pins == 1 and n.in_gpu:
@@ -449,12 +510,18 @@ class KnowledgeTree:
                 self._sync(n)
         # 4. admission into GPU, top-down, stopping at the first node that cannot be placed
         parent: Node
+        rest: cython.Py_ssize_t
         for depth in range(n_path):
             n = cython.cast(Node, path[depth])
             if n.in_gpu:
                 continue
             if not self._make_room(True, n.size_bytes):
                 self.admission_failures += 1
+                if self._forget_on_drop:  # counted from admission: never admitted, no count
+                    for rest in range(depth, n_path):
+                        n = cython.cast(Node, path[rest])
+                        if not n.in_gpu and not n.host_copy:
+                            n.frequency = 0
                 break
             parent = n.parent
             if depth >= n_cached:  # newly computed
@@ -482,6 +549,35 @@ class KnowledgeTree:
         self._r_recomputed = recomputed
         self._r_swap_in = swap_in
         return path
+
+    @cython.ccall
+    def _advance(self, now_s: cython.double) -> cython.void:
+        """Window scope: move time to ``now_s`` and forget the retrievals that left the window.
+
+        A node whose count drops gets its value recomputed by the policy, and both tier
+        priorities follow: a priority is the tier's clock at the node's last retrieval plus
+        its value, so it becomes ``priority - old value + new value`` and the heaps are
+        re-sifted. The global FIFO of retrievals is expired lazily, once per request.
+        """
+        if now_s < self._now_s:
+            raise ValueError(f"access times must not decrease: {now_s} after {self._now_s}")
+        self._now_s = now_s
+        cutoff: cython.double = now_s - self._window_s
+        retrievals = self._retrievals
+        value_of = self._value_of
+        n: Node
+        old: cython.double
+        new: cython.double
+        while retrievals and retrievals[0][0] <= cutoff:
+            n = cython.cast(Node, retrievals.popleft()[1])
+            n.frequency -= 1
+            old = n.value
+            new = value_of(n)
+            if new != old:
+                n.value = new
+                n.priority_gpu = n.priority_gpu - old + new
+                n.priority_host = n.priority_host - old + new
+                self._sync(n)
 
     @cython.ccall
     def release(self, path: list) -> cython.void:
@@ -882,3 +978,34 @@ class KnowledgeTree:
         assert host_bytes == self.host_used_bytes, (host_bytes, self.host_used_bytes)
         assert self.gpu_used_bytes <= self.gpu_capacity_bytes
         assert self.host_used_bytes <= self.host_capacity_bytes
+        self._check_heaps()
+        self._check_frequencies()
+
+    def _check_heaps(self) -> None:
+        """Each candidate heap is a min-heap on (priority, last access), positions in step."""
+        for heap, gpu in ((self._heap_gpu, True), (self._heap_host, False)):
+            def key(n: Node, gpu: bool = gpu) -> tuple:
+                return (n.priority_gpu if gpu else n.priority_host, n.last_access)
+            for pos, n in enumerate(heap):
+                assert (n.gpu_pos if gpu else n.host_pos) == pos, f"{n} misplaced in its heap"
+                if pos:
+                    parent = heap[(pos - 1) >> 1]
+                    assert key(parent) <= key(n), f"heap order broken at {n} under {parent}"
+
+    def _check_frequencies(self) -> None:
+        """Counts obey the frequency scope, and cached nodes' values follow their counts."""
+        if self._windowed:
+            in_window: dict = {}
+            cutoff = self._now_s - self._window_s
+            for t, n in self._retrievals:
+                assert cutoff < t <= self._now_s, f"retrieval at {t} outside the window"
+                in_window[n] = in_window.get(n, 0) + 1
+            for n in self.iter_nodes():
+                assert n.frequency == in_window.get(n, 0), \
+                    f"{n}: frequency {n.frequency}, {in_window.get(n, 0)} in the window"
+        for n in self.iter_nodes():
+            assert n.frequency >= 0, f"negative frequency on {n}"
+            if self._forget_on_drop and not n.cached and n.parent is not None:
+                assert n.frequency == 0, f"{n} left the cache but kept its count"
+            if n.cached and n.parent is not None:
+                assert self._value_of(n) == n.value, f"{n}: value is not its count's"

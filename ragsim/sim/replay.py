@@ -17,7 +17,7 @@ from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
 from ragsim.cache.reuse import engine_reuse_columns
-from ragsim.cache.tree import KnowledgeTree
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, KnowledgeTree, check_frequency_scope
 from ragsim.profiles.profile import Profile
 from ragsim.sim.gc_pause import cyclic_gc_paused
 from ragsim.traces.schema import Trace
@@ -43,6 +43,9 @@ class ReplayConfig:
     max_cached_depth: int | None = None
     n_requests: int | None = None
     seed: int = 0
+    # how every policy counts retrievals (admission | lifetime | window); see cache/tree.py
+    frequency_scope: str = DEFAULT_FREQUENCY_SCOPE
+    frequency_window_s: float | None = None  # the window scope's width, in trace seconds
 
 
 @dataclass
@@ -106,6 +109,8 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
         prefill_cost_s=profile.prefill.at if policy.needs_cost else None,
         system_prompt_tokens=config.system_prompt_tokens,
         max_cached_depth=config.max_cached_depth,
+        frequency_scope=config.frequency_scope,
+        frequency_window_s=config.frequency_window_s,
     )
     n = trace.n_requests
     out = np.zeros((5, n), dtype=np.int64)
@@ -114,8 +119,11 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
         toks = trace.doc_tokens_flat.tolist()
         offsets = trace.doc_offsets.tolist()
         query = trace.query_tokens.tolist()
+        # trace time, for the window frequency scope (traces are sorted by arrival)
+        arrival = (trace.arrival_s.astype(float).tolist()
+                   if config.frequency_scope == "window" else None)
         done = _in_chunks(n, lambda start, stop: tree.access_many(
-            ids, toks, offsets, query, start, stop, out), progress)
+            ids, toks, offsets, query, start, stop, out, arrival), progress)
     records = _record_columns(trace.head(done), *out[:, :done])
     counters = {
         "requests_replayed": done,
@@ -138,7 +146,8 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
     if policy.needs_cost:
         def cost_per_token(cached_tokens: int, tokens: int) -> float:
             return profile.prefill.at(cached_tokens, tokens) / tokens
-    cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token)
+    cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token,
+                              frequency_scope=config.frequency_scope)
     tokens_flat = trace.doc_tokens_flat
     offsets = trace.doc_offsets
     n = trace.n_requests
@@ -194,6 +203,10 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
                progress: Progress | None = None) -> ReplayResult:
     if make_policy(config.policy).needs_cost and profile is None:
         raise ValueError(f"{config.policy} needs a profile (prefill costs)")
+    check_frequency_scope(config.frequency_scope, config.frequency_window_s)
+    if config.flat and config.frequency_scope == "window":
+        raise ValueError("the window frequency scope is implemented by the knowledge tree "
+                         "only: use admission or lifetime with a flat replay")
     started = time.perf_counter()
     # the profile counts extrapolated lookups over its lifetime: report this replay's own
     extrapolated_before = profile.extrapolated_queries if profile is not None else 0

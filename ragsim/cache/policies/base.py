@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ragsim.cache.tree import Node
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node, check_frequency_scope
 
 
 class FlatCache(Protocol):
@@ -49,29 +49,53 @@ def checked_sizes(keys: list, sizes_bytes, *aligned) -> np.ndarray:
 
 
 class TreePolicy:
-    """Base class: frequency and recency are kept by the tree, policies derive ``value``."""
+    """Base class: frequency and recency are kept by the tree, policies derive ``value``.
+
+    How retrievals are counted (``node.frequency``) is not a policy's choice: the tree applies
+    one frequency scope to every policy (see ``ragsim.cache.tree.FREQUENCY_SCOPES``), so that
+    comparing policies never compares counting rules.
+    """
 
     name = "base"
+    family = "base"  # what it is a variant of, for ``ragsim policies``
+    description = ""  # one line: what it keeps
+    algorithm1 = ""  # which parts of RAGCache's Algorithm 1 it has
     uses_clock = False  # greedy-dual policies raise a per-tier clock on eviction
+    uses_frequency = False  # its value depends on node.frequency (the scope matters to it)
     needs_future = False  # offline bounds need next-use information
     tracks_cache_entry = False  # True if on_enter_cache does something (FIFO)
     needs_cost = False  # True if on_access uses the request's prefill cost (PGDSF)
-    # False: the count restarts when a node leaves the cache entirely (libCacheSim's LFU and
-    # GDSF, Cherkasova's GDSF). True: it counts every retrieval since the system started, as
-    # RAGCache defines PGDSF's Frequency; a GPU failure does not reset it either (the counts
-    # live in the controller, not in GPU memory).
-    frequency_survives_eviction = False
+    # False: on_access receives the request's prefill time per uncached token, T(a, b) / b.
+    # True: the request's whole prefill time T(a, b) (PGDSF without the size term).
+    cost_per_request = False
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         """Called once per retrieval of ``node`` (after frequency and recency were updated)."""
         raise NotImplementedError
 
+    def value_of(self, node: Node) -> float:
+        """``node``'s value from its current state; the tree calls it when a node's count
+        changes without a retrieval (a retrieval left the frequency window). Policies whose
+        value does not depend on the count keep the value they have."""
+        return node.value
+
     def on_enter_cache(self, node: Node, seq: int) -> None:
         """Called when a node goes from nowhere into a tier."""
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatCache:
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatCache:
         raise NotImplementedError(f"{self.name} has no flat mode")
 
     def config(self) -> dict:
         return {"name": self.name}
+
+
+def flat_remembers_counts(frequency_scope: str) -> bool:
+    """Whether a flat cache keeps an evicted object's count (lifetime) or restarts it at
+    admission. The sliding window is implemented by the knowledge tree only."""
+    if frequency_scope == "window":
+        raise ValueError("the window frequency scope is implemented by the knowledge tree "
+                         "only: use admission or lifetime in flat mode")
+    check_frequency_scope(frequency_scope, None)
+    return frequency_scope == "lifetime"

@@ -55,6 +55,9 @@ class Belady(TreePolicy):
     """Tree heuristic; construct with ``for_trace`` so it knows each node's next use."""
 
     name = "belady"
+    family = "offline bound"
+    description = "leaf needed furthest in the future first (needs the future: replay only)"
+    algorithm1 = "none: an offline reference, not an online policy"
     needs_future = True
 
     def __init__(self) -> None:
@@ -80,7 +83,8 @@ class Belady(TreePolicy):
             raise RuntimeError("Belady needs the future: call prepare() with the trace first")
         node.value = -float(self._next_request[self._offsets[request_index] + depth - 1])
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatBelady:
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str | None = None) -> FlatBelady:
         return FlatBelady(capacity_bytes)
 
 

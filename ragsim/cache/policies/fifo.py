@@ -9,6 +9,9 @@ from ragsim.cache.tree import Node
 
 class FIFO(TreePolicy):
     name = "fifo"
+    family = "recency"
+    description = "leaf that entered the cache first goes first; hits change nothing"
+    algorithm1 = "none: no clock, frequency, cost or size"
     tracks_cache_entry = True
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
@@ -18,6 +21,7 @@ class FIFO(TreePolicy):
     def on_enter_cache(self, node: Node, seq: int) -> None:
         node.value = float(seq)
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatLRU:
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str | None = None) -> FlatLRU:
         # FIFO is LRU without promotion on hit: one implementation, not two.
         return FlatLRU(capacity_bytes, promote_on_hit=False)

@@ -12,37 +12,47 @@ from heapq import heapify, heappop, heappush
 
 import cython
 
-from ragsim.cache.policies.base import TreePolicy, checked_sizes
-from ragsim.cache.tree import Node
+from ragsim.cache.policies.base import TreePolicy, checked_sizes, flat_remembers_counts
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 
 GDSF_CONSTANT_COST = 1.0e6
 
 
 class GDSF(TreePolicy):
     name = "gdsf"
+    family = "greedy-dual"
+    description = "clock + frequency x constant cost / size: small, often retrieved nodes stay"
+    algorithm1 = "Clock, Frequency, Size; a constant Cost (no profile, no prefix awareness)"
     uses_clock = True
+    uses_frequency = True
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
-        node.value = node.frequency * GDSF_CONSTANT_COST / node.size_bytes if node.size_bytes \
+        node.value = self.value_of(node)
+
+    def value_of(self, node: Node) -> float:
+        return node.frequency * GDSF_CONSTANT_COST / node.size_bytes if node.size_bytes \
             else float("inf")
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatGreedyDual:
-        return FlatGreedyDual(capacity_bytes)
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatGreedyDual:
+        return FlatGreedyDual(capacity_bytes,
+                              remember_frequency=flat_remembers_counts(frequency_scope))
 
 
 class FlatGreedyDual:
     """Object greedy-dual cache with libCacheSim's GDSF semantics.
 
     Priority = L + freq x unit_cost / size; L becomes the priority of each evicted object; the
-    frequency restarts at 1 when an object is re-admitted (unless ``remember_frequency``);
+    frequency restarts at 1 when an object is re-admitted (the admission scope) unless
+    ``remember_frequency`` (the lifetime scope);
     equal priorities evict the least recently accessed first; a missed object is inserted
     before the evictions that make room for it, so it competes with the residents (libCacheSim
     does the same).
     ``unit_cost(size_bytes, tokens)`` is the cost term over which size is divided: by default
     the GDSF constant 1e6; for PGDSF, the prefill time per token of computing the object alone
-    times its size. ``remember_frequency`` (PGDSF) keeps an evicted object's count, so that it
-    comes back with count + 1 instead of 1.
+    times its size. ``remember_frequency`` keeps an evicted object's count, so that it comes
+    back with count + 1 instead of 1.
     """
 
     def __init__(self, capacity_bytes: int,

@@ -1,7 +1,8 @@
 """LFU: evict the least frequently used leaf; ties go to the least recently used.
 
-The frequency counts retrievals since the node entered the cache (it is reset when the node
-leaves the cache entirely), as libCacheSim's LFU does.
+What "frequency" counts is the tree's frequency scope, the same for every policy: since
+admission (libCacheSim's in-cache LFU), over the whole run (perfect LFU), or over a sliding
+window of trace time (windowed LFU).
 """
 
 from __future__ import annotations
@@ -10,19 +11,28 @@ from collections import OrderedDict
 
 import cython
 
-from ragsim.cache.policies.base import TreePolicy, checked_sizes
-from ragsim.cache.tree import Node
+from ragsim.cache.policies.base import TreePolicy, checked_sizes, flat_remembers_counts
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 
 
 class LFU(TreePolicy):
     name = "lfu"
+    family = "frequency"
+    description = "least frequently retrieved leaf first; ties: least recently retrieved"
+    algorithm1 = "Frequency only: no clock, no cost, no size"
+    uses_frequency = True
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         node.value = float(node.frequency)
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatLFU:
-        return FlatLFU(capacity_bytes)
+    def value_of(self, node: Node) -> float:
+        return float(node.frequency)
+
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatLFU:
+        return FlatLFU(capacity_bytes,
+                       remember_frequency=flat_remembers_counts(frequency_scope))
 
 
 class FlatLFU:
@@ -30,9 +40,12 @@ class FlatLFU:
 
     An object enters bucket f at the access that raised its count to f, so each bucket is in
     order of last access and its first entry is the least recently used of the least frequent.
+    ``remember_frequency`` (the lifetime scope) keeps an evicted object's count, so it comes
+    back with count + 1 instead of 1 (libCacheSim's LFU restarts at 1).
     """
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, remember_frequency: bool = False) -> None:
+        self._evicted_counts: dict[int, int] | None = {} if remember_frequency else None
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
         self.evictions = 0
@@ -49,6 +62,7 @@ class FlatLFU:
         size_of: dict = self._size
         buckets: dict = self._buckets
         capacity: cython.longlong = self.capacity_bytes
+        evicted_counts = self._evicted_counts
         size: cython.longlong
         f: cython.longlong
         i: cython.Py_ssize_t
@@ -80,15 +94,18 @@ class FlatLFU:
                 if not bucket:
                     del buckets[self._min_freq]
                     self._min_freq = min(buckets) if buckets else 0
-                del freq[victim]
+                f = freq.pop(victim)
+                if evicted_counts is not None:
+                    evicted_counts[victim] = f
                 self.used_bytes -= size_of.pop(victim)
                 self.evictions += 1
-            freq[key] = 1
+            f = 1 if evicted_counts is None else evicted_counts.pop(key, 0) + 1
+            freq[key] = f
             size_of[key] = size
             self.used_bytes += size
-            first = buckets.get(1)
+            first = buckets.get(f)
             if first is None:
-                first = buckets[1] = OrderedDict()
+                first = buckets[f] = OrderedDict()
             first[key] = None
-            self._min_freq = 1
+            self._min_freq = f if len(freq) == 1 else min(self._min_freq, f)
         return hits

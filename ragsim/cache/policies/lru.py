@@ -12,12 +12,16 @@ from ragsim.cache.tree import Node
 
 class LRU(TreePolicy):
     name = "lru"
+    family = "recency"
+    description = "least recently retrieved leaf first (SGLang's radix tree, vLLM's prefix cache)"
+    algorithm1 = "none: no clock, frequency, cost or size"
 
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         node.value = float(node.last_access)
 
-    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None) -> FlatLRU:
+    def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
+                   frequency_scope: str | None = None) -> FlatLRU:
         return FlatLRU(capacity_bytes)
 
 
