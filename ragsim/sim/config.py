@@ -20,6 +20,7 @@ import tomli_w
 
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
 from ragsim.errors import ConfigError
 from ragsim.units import parse_bytes
 
@@ -54,6 +55,10 @@ class SimConfig:
     # knowledge cache
     cache: bool = True  # False: no cross-request reuse (vLLM v0.3)
     policy: str = "pgdsf"
+    # how every frequency policy counts retrievals: admission | lifetime | window (the last
+    # frequency_window_s seconds of simulated time); one rule for all, see cache/tree.py
+    frequency_scope: str = DEFAULT_FREQUENCY_SCOPE
+    frequency_window_s: float | None = None
     host_cache_bytes: int = 192 * GiB
     gpu_kv_bytes: int | None = None
     max_cached_depth: int | None = None
@@ -216,6 +221,14 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.policy in POLICY_NAMES and c.policy != "belady", "policy",
            f"must be one of {', '.join(p for p in POLICY_NAMES if p != 'belady')} "
            "(Belady needs the future, which an online simulator does not have)", source)
+    _check(c.frequency_scope in FREQUENCY_SCOPES, "frequency_scope",
+           f"must be one of {', '.join(FREQUENCY_SCOPES)}", source)
+    _check(c.frequency_scope != "window" or c.frequency_window_s is not None,
+           "frequency_window_s", "the window frequency scope needs a window in seconds", source)
+    _check(c.frequency_scope == "window" or c.frequency_window_s is None, "frequency_window_s",
+           "applies only to frequency_scope window", source)
+    _check(c.frequency_window_s is None or c.frequency_window_s > 0, "frequency_window_s",
+           "must be > 0", source)
     _check(c.arrival in ARRIVALS, "arrival", f"must be one of {', '.join(ARRIVALS)}", source)
     _check(c.arrival == "trace" or (c.rate_rps is not None and c.rate_rps > 0), "rate_rps",
            "a re-timed arrival process needs a positive rate", source)

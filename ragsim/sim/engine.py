@@ -276,7 +276,7 @@ class Engine:
         tree = self.tree
         n_hit = tree.match_prefix(job.docs)[0]  # documents cached before this access
         r = tree.access(job.docs, job.doc_tokens, job.query_tokens, request_index=job.request,
-                        keep_pinned=True)
+                        keep_pinned=True, now_s=self.env.now)
         path = r.path
         cached, new = r.cached_tokens, r.new_tokens
         hit_gpu, recomputed = r.hit_tokens_gpu, r.recomputed_tokens

@@ -72,7 +72,9 @@ class Simulation(EngineHooks):
             kv_bytes_per_token=kv,
             prefill_cost_s=profile.prefill.at if policy.needs_cost else None,
             system_prompt_tokens=config.system_prompt_tokens,
-            max_cached_depth=config.max_cached_depth if config.cache else 0)
+            max_cached_depth=config.max_cached_depth if config.cache else 0,
+            frequency_scope=config.frequency_scope,
+            frequency_window_s=config.frequency_window_s)
         self.pool: RequestPool[Job] = RequestPool(
             reorder=config.reorder, window_s=config.reorder_window_s,
             start=config.reorder_window_start,
