@@ -147,6 +147,95 @@ def size_popularity(trace: Trace) -> dict:
     return {"size_popularity_spearman": float(rho)}
 
 
+DRIFT_WINDOW_REQUESTS = 1000
+DRIFT_TOP_N = 10
+DRIFT_SHUFFLES = 20
+
+
+def leading_documents(trace: Trace) -> np.ndarray:
+    """Each request's first document, for the requests that retrieved any.
+
+    The unit popularity drift is measured on, the same for every kind of trace: a RAG request's
+    top-ranked passage (what the question is about), a Mooncake request's first block (its
+    prefix: blocks are chained, so the first one names the shared context). Counting every
+    document instead would let one long Mooncake prefix fill a window's top with its blocks."""
+    has_docs = trace.top_k > 0
+    return trace.doc_ids[trace.doc_offsets[:-1][has_docs]]
+
+
+def top_n_turnover(keys: np.ndarray, window: int = DRIFT_WINDOW_REQUESTS,
+                   top_n: int = DRIFT_TOP_N) -> float | None:
+    """Mean share of a window's ``top_n`` most frequent keys that are not among the next
+    window's ``top_n`` (consecutive windows of ``window`` keys; a last, partial window is left
+    out). None with fewer than two windows.
+
+    Ties at the cut are broken by the smaller key, the same way in every window, so a tie
+    never counts as turnover by itself. Vectorised (one ``np.unique`` for all windows): ``trace
+    stats`` runs it ``DRIFT_SHUFFLES + 1`` times."""
+    n_windows = len(keys) // window
+    if n_windows < 2:
+        return None
+    ids, dense = np.unique(keys[: n_windows * window], return_inverse=True)
+    n_ids = len(ids)
+    codes = np.repeat(np.arange(n_windows, dtype=np.int64), window) * n_ids + dense.reshape(-1)
+    cell, counts = np.unique(codes, return_counts=True)
+    win, key = cell // n_ids, cell % n_ids
+    order = np.lexsort((key, -counts, win))  # by window, then count down, then key up
+    win, key = win[order], key[order]
+    starts = np.searchsorted(win, np.arange(n_windows))
+    top = (np.arange(len(win)) - starts[win]) < top_n
+    win, key = win[top], key[top]
+    top_codes = win * n_ids + key  # sorted: windows in order, keys unique within a window
+    has_next = win < n_windows - 1
+    kept = np.isin(top_codes[has_next] + n_ids, top_codes)  # same key, next window's top
+    sizes = np.bincount(win[has_next], minlength=n_windows - 1)
+    stayed = np.bincount(win[has_next], weights=kept, minlength=n_windows - 1)
+    return float(np.mean(1.0 - stayed / sizes))
+
+
+def popularity_drift(trace: Trace, window: int = DRIFT_WINDOW_REQUESTS,
+                     top_n: int = DRIFT_TOP_N, shuffles: int = DRIFT_SHUFFLES,
+                     seed: int = 0) -> dict:
+    """How fast the most popular documents change: top-N turnover between consecutive windows
+    of requests, corrected for the turnover finite samples show without any drift.
+
+    ``top10_turnover``: ``top_n_turnover`` of the leading documents. A stationary trace shows
+    turnover too (a window of 1,000 requests estimates its top 10 with noise), so the same
+    trace in ``shuffles`` seeded random orders (the same popularity, no drift) gives the noise,
+    ``top10_turnover_shuffled``, and ``top10_turnover_corrected`` = (observed - noise) /
+    (1 - noise): the share of the top that changed for a reason other than sampling, if a
+    fraction ``d`` changes and the noise replaces a share ``noise`` of the rest. About 0 for
+    stationary traffic (negative values are noise), 1 when the top is replaced every window.
+    ``..._per_hour``: the corrected share times the windows an hour holds at the trace's own
+    timestamps (a rate: above 1, the top turns over more than once an hour).
+
+    The generator's ``drift_per_1k_requests`` (share of popularity ranks that trade documents
+    every 1,000 requests) is a different quantity; ``ragsim.traces.drift.fit_drift`` finds the
+    value whose traces show a given corrected turnover, measured by this function.
+    """
+    tag = f"top{top_n}_turnover"
+    keys = leading_documents(trace)
+    observed = top_n_turnover(keys, window, top_n)
+    out = {f"{tag}_window_requests": window, tag: observed, f"{tag}_shuffled": None,
+           f"{tag}_corrected": None, f"{tag}_corrected_per_hour": None}
+    if observed is None:
+        return out
+    rng = np.random.default_rng(seed)
+    noise = float(np.mean([top_n_turnover(rng.permutation(keys), window, top_n)
+                           for _ in range(shuffles)]))
+    out[f"{tag}_shuffled"] = noise
+    if noise >= 1.0:  # every window's top differs even without order: nothing to measure
+        return out
+    corrected = (observed - noise) / (1.0 - noise)
+    out[f"{tag}_corrected"] = corrected
+    arrivals = trace.arrival_s[trace.top_k > 0]
+    n_windows = len(keys) // window
+    span_s = float(arrivals[n_windows * window - 1] - arrivals[0])
+    if span_s > 0:
+        out[f"{tag}_corrected_per_hour"] = corrected * 3600.0 * n_windows / span_s
+    return out
+
+
 def trace_stats(trace: Trace) -> dict:
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
@@ -175,5 +264,6 @@ def trace_stats(trace: Trace) -> dict:
         **retrieval_skew(trace.doc_ids),
         **co_retrieval(trace),
         **size_popularity(trace),
+        **popularity_drift(trace),
         "info": trace.info,
     }

@@ -1,0 +1,125 @@
+"""Popularity drift: the top-N turnover statistic, its noise correction and the generator fit.
+
+Expected values are worked out by hand (tiny traces) or by a second, set-based implementation
+(the property test); the synthetic checks use generator settings whose drift is known.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragsim.traces.drift import fit_drift
+from ragsim.traces.schema import Trace
+from ragsim.traces.stats import (
+    leading_documents,
+    popularity_drift,
+    top_n_turnover,
+    trace_stats,
+)
+from ragsim.traces.synthetic import SyntheticSpec, generate
+
+
+def trace_of(lists: list[list[int]], gap_s: float = 1.0) -> Trace:
+    """A trace whose requests retrieve ``lists`` (documents 0-99, 100 tokens each)."""
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    return Trace(request_id=np.arange(len(lists)), arrival_s=np.arange(len(lists)) * gap_s,
+                 query_tokens=np.ones(len(lists), dtype=np.int64),
+                 output_tokens=np.ones(len(lists), dtype=np.int64), doc_offsets=offsets,
+                 doc_ids=np.array([d for x in lists for d in x], dtype=np.int64),
+                 document_ids=np.arange(100), document_tokens=np.full(100, 100),
+                 has_history=np.ones(len(lists), dtype=bool))
+
+
+def test_turnover_of_a_hand_made_sequence():
+    # windows of 4, top 2: {1, 2} -> {1, 3} (half gone) -> {4, 5} (all gone): (0.5 + 1) / 2
+    keys = np.array([1, 1, 2, 2, 1, 1, 3, 3, 4, 4, 5, 5, 9])  # the partial last window is left out
+    assert top_n_turnover(keys, window=4, top_n=2) == pytest.approx(0.75)
+    # a tie at the cut goes to the smaller key in both windows: {3, 1} -> {3, 1}, no turnover
+    assert top_n_turnover(np.array([1, 2, 3, 3, 2, 1, 3, 3]), window=4, top_n=2) == 0.0
+    assert top_n_turnover(np.array([1, 2, 3, 3, 2, 1]), window=4, top_n=2) is None
+
+
+def test_leading_documents_and_the_rate_per_hour_on_a_hand_made_trace():
+    # leading documents 7,7,7,7 | 8,8,8,8 | 9,9,9,9: each window's top 1 is new. Second documents
+    # and a request without documents (skipped) must not count.
+    lists = [[7, 50 + i] for i in range(4)] + [[]] + [[8, 60 + i] for i in range(4)] \
+        + [[9] for _ in range(4)]
+    trace = trace_of(lists, gap_s=2.0)
+    assert leading_documents(trace).tolist() == [7] * 4 + [8] * 4 + [9] * 4
+    d = popularity_drift(trace, window=4, top_n=1)
+    assert d["top1_turnover"] == 1.0
+    # the shuffled orders keep some of their top; observed 1 corrects to 1 whatever the noise
+    assert d["top1_turnover_shuffled"] < 1.0
+    assert d["top1_turnover_corrected"] == pytest.approx(1.0)
+    # 3 windows over the 12 requests with documents, which arrive over 24 s (one gap of 4 s)
+    assert d["top1_turnover_corrected_per_hour"] == pytest.approx(3600 * 3 / 24)
+
+
+def test_trace_stats_reports_drift_and_none_below_two_windows():
+    short = trace_stats(trace_of([[1, 2]] * 1500))
+    assert short["top10_turnover"] is None and short["top10_turnover_corrected"] is None
+    assert short["top10_turnover_window_requests"] == 1000
+
+
+def _set_based_turnover(keys: np.ndarray, window: int, top_n: int) -> float | None:
+    """A second implementation: one window at a time, Python sets."""
+    def top(chunk):
+        ids, counts = np.unique(chunk, return_counts=True)
+        return {int(i) for i in ids[np.lexsort((ids, -counts))][:top_n]}
+
+    tops = [top(keys[i * window:(i + 1) * window]) for i in range(len(keys) // window)]
+    if len(tops) < 2:
+        return None
+    return float(np.mean([1 - len(a & b) / len(a) for a, b in pairwise(tops)]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(-5, 30), min_size=0, max_size=300),
+       window=st.integers(1, 50), top_n=st.integers(1, 12))
+def test_turnover_matches_a_set_based_implementation(keys, window, top_n):
+    keys = np.array(keys, dtype=np.int64)
+    got = top_n_turnover(keys, window, top_n)
+    expected = _set_based_turnover(keys, window, top_n)
+    if expected is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(expected, abs=1e-12)
+        assert 0.0 <= got <= 1.0
+
+
+def _small(drift: float, seed: int, n_requests: int = 5000) -> Trace:
+    return generate(SyntheticSpec("t", n_requests=n_requests, n_documents=2000, top_k=1,
+                                  target_top3_share=0.4, drift_per_1k_requests=drift,
+                                  seed=seed))
+
+
+def test_corrected_turnover_is_about_zero_when_stationary_and_rises_with_drift():
+    def mean_over_seeds(drift, key="top10_turnover_corrected"):
+        return np.mean([popularity_drift(_small(drift, seed))[key] for seed in range(3)])
+
+    # without drift, 1,000 requests still reshuffle their top 10 (noise) ...
+    assert mean_over_seeds(0.0, "top10_turnover") > 0.15
+    # ... which the shuffled control removes
+    assert abs(mean_over_seeds(0.0)) < 0.1
+    means = [mean_over_seeds(d) for d in (0.0, 0.3, 0.6, 1.0)]
+    assert all(a < b for a, b in pairwise(means)), means
+    assert means[-1] > 0.9  # every rank moved every 1,000 requests: the top is replaced
+
+
+@pytest.mark.parametrize("true_drift", [0.0, 0.5])
+def test_the_fit_recovers_the_drift_a_trace_was_generated_with(true_drift):
+    # a seed the fit's own generated traces do not use
+    fit = fit_drift(_small(true_drift, seed=50, n_requests=8000), grid=(0, 0.25, 0.5, 0.75, 1),
+                    seeds=(0, 1, 2))
+    assert fit.drift_per_1k_requests == pytest.approx(true_drift, abs=0.15), fit
+    assert fit.spec.n_requests == 8000 and fit.spec.top_k == 1
+
+
+def test_the_fit_refuses_a_trace_shorter_than_two_windows():
+    with pytest.raises(ValueError, match="two windows of 1000 requests"):
+        fit_drift(trace_of([[1]] * 1999))
