@@ -84,6 +84,11 @@ class SimConfig:
     # synthetic stages: chance a stage finds the final list (fitted on wiki-trivia's real
     # staged IVF search, a quarter of the lists probed: ragsim trace stats wiki-trivia)
     stage_converge_p: float = 0.72
+    # synthetic stages: the shape of a wrong list (fitted on wiki-trivia's first wrong lists:
+    # python benchmarks/fit_stage_model.py): it holds the final D1 with this probability, and
+    # a list without D1 holds each other final document with stage_other_found_p
+    stage_keeps_d1_p: float = 0.477
+    stage_other_found_p: float = 0.777
     search_latency: str = "fixed"  # fixed: search_s in equal stages; trace: measured times
     search_time_scale: float = 1.0  # multiplies the trace's measured stage times
     speculate: bool = True
@@ -236,6 +241,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.cv > 0, "cv", "must be > 0", source)
     _check(c.replicate_every_s > 0, "replicate_every_s", "must be > 0", source)
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
+    for name in ("stage_keeps_d1_p", "stage_other_found_p"):
+        _check(0 <= getattr(c, name) <= 1, name, "must be in [0, 1]", source)
     _check(c.stage_source in STAGE_SOURCES, "stage_source",
            f"must be one of {', '.join(STAGE_SOURCES)}", source)
     _check(c.search_latency in SEARCH_LATENCIES, "search_latency",

@@ -10,9 +10,16 @@ Where the intermediate lists come from (``stage_source``):
 * ``synthetic``: an explicit model for traces that carry no stages. Each stage finds the
   final list with probability ``converge_p`` if no earlier stage has (geometric, seeded; the
   last stage always holds it), reflecting that approximate search often reaches its final
-  top-k early (Li et al., SIGMOD 2020, the observation speculation rests on); every earlier
-  stage returns the final list with its last document replaced by another document of the
-  corpus. The default 0.72 is the maximum-likelihood fit on the real staged IVF search
+  top-k early (Li et al., SIGMOD 2020, the observation speculation rests on). Every earlier
+  stage returns one wrong list, drawn once per request, shaped as an IVF search's lists are
+  (``ragsim/traces/stage_stats.py``): the final documents found so far in their final order,
+  then other documents of the corpus. D1 is found with probability ``keeps_d1_p`` (then at
+  least one other final document is missing); a list without D1 holds each other final
+  document with probability ``other_found_p``. Both are fitted on the first wrong lists of
+  ``wiki-trivia`` (``benchmarks/fit_stage_model.py``: 0.477 and 0.777; the real lists that
+  miss D1 mostly start with the final D2). Before, every wrong list kept D1, which made a
+  wrong speculation share the final list's first node every time and flattered speculation.
+  The default 0.72 is the maximum-likelihood fit on the real staged IVF search
   recorded in ``wiki-trivia`` (all-MiniLM-L6-v2 embeddings of Wikipedia summaries, a quarter
   of the lists probed, 4 stages: 77%, 90%, 96% of requests final after stages 1-3; the model
   gives 72%, 92%, 98%). Probing fewer lists converges later (1/16 of the lists: p = 0.54);
@@ -50,6 +57,7 @@ class StagedSearch:
 
     def __init__(self, trace: Trace, final_of, *, stages: int,
                  search_s: float, source: str, seed: int, converge_p: float = 0.5,
+                 keeps_d1_p: float = 1.0, other_found_p: float = 1.0,
                  latency: str = "fixed", time_scale: float = 1.0) -> None:
         if source == "auto":
             source = "trace" if trace.stages is not None else "synthetic"
@@ -71,9 +79,11 @@ class StagedSearch:
         if source == "synthetic":
             # the stage (1-based) at which the final list first appears
             self._first_final = np.minimum(rng.geometric(converge_p, size=n), stages)
-            documents = trace.document_ids
-            self._replacement = documents[rng.integers(0, len(documents), size=n)]
-            self._replacement_alt = documents[rng.integers(0, len(documents), size=n)]
+            self._documents = trace.document_ids
+            self._seed = seed
+            self._keeps_d1_p = keeps_d1_p
+            self._other_found_p = other_found_p
+            self._wrong: dict[int, list] = {}  # requests searching now -> their wrong list
         self.stage_s = search_s / self.stages_per_request
         self.latency = latency
         if latency == "trace":
@@ -113,6 +123,8 @@ class StagedSearch:
         final = self._final_of(i)
         n = self.stages_per_request[i]
         if stage >= n:
+            if self.source == "synthetic":
+                self._wrong.pop(i, None)
             return final
         if self.source == "none":
             return None
@@ -124,14 +136,34 @@ class StagedSearch:
                 del self._open_lists[i]
             return list(lists[stage - 1][: len(final)])
         if stage >= self._first_final[i]:
+            self._wrong.pop(i, None)
             return final
         if not final:
             return final
-        wrong = list(final)
-        other = int(self._replacement[i])
-        if other in final:
-            other = int(self._replacement_alt[i])
-        if other in final:  # tiny corpora: give up on a different list
-            return final
-        wrong[-1] = other
-        return wrong
+        wrong = self._wrong.get(i)
+        if wrong is None:
+            wrong = self._wrong[i] = self._draw_wrong(i, final)
+        return list(wrong)
+
+    def _draw_wrong(self, i: int, final: list) -> list:
+        """Request ``i``'s wrong list (see the module's docstring), from its own seeded stream
+        so that it does not depend on which other requests drew one."""
+        rng = np.random.default_rng([self._seed, 0x5EA7C4, i])
+        k = len(final)
+        if rng.random() < self._keeps_d1_p:
+            found = [True] + [bool(x) for x in rng.random(k - 1) < self._other_found_p]
+            if all(found):
+                found[1 + int(rng.integers(k - 1)) if k > 1 else 0] = False
+        else:
+            found = [False] + [bool(x) for x in rng.random(k - 1) < self._other_found_p]
+        kept = [d for d, f in zip(final, found, strict=True) if f]
+        documents = self._documents
+        others: list = []
+        for _ in range(8 * k):  # other documents of the corpus; tiny corpora may run out
+            if len(kept) + len(others) == k:
+                break
+            other = int(documents[rng.integers(len(documents))])
+            if other not in final and other not in others:
+                others.append(other)
+        wrong = kept + others
+        return wrong if len(wrong) == k else list(final)  # tiny corpora: no wrong list

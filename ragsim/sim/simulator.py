@@ -95,6 +95,8 @@ class Simulation(EngineHooks):
         self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
                                    search_s=config.search_s, source=config.stage_source,
                                    seed=config.seed, converge_p=config.stage_converge_p,
+                                   keeps_d1_p=config.stage_keeps_d1_p,
+                                   other_found_p=config.stage_other_found_p,
                                    latency=config.search_latency,
                                    time_scale=config.search_time_scale)
         if config.arrival == "trace":
