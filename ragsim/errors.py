@@ -43,3 +43,14 @@ class ProfileError(RagsimInputError):
 
 class ConfigError(RagsimInputError):
     """A simulation configuration (TOML file or flags) that cannot be used."""
+
+
+class MissingExtraError(RagsimInputError):
+    """A command needs an optional extra (``ragsim[profile]``, ``ragsim[corpus]``) that is not
+    installed. A usage error like any other (exit code 2): the fix is an install command, which
+    the message names, never a traceback."""
+
+    def __init__(self, message: str, *, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(message)

@@ -57,3 +57,23 @@ def format_bytes(n_bytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
+
+
+def describe_bytes(n_bytes: int) -> str:
+    """A size echoed in the unit it was most likely written in, so a reader sees what was
+    understood: ``192 GiB``; decimal sizes with their binary value beside, because the two are
+    easily confused (``--host-mem 32GB`` is ``32 GB (29.80 GiB)``, not 32 GiB). The largest
+    unit, of either kind, that divides the size exactly wins; anything else is shown as
+    :func:`format_bytes` does."""
+    n_bytes = int(n_bytes)
+    exact = [(size, unit) for unit, size in (*_BINARY, *_DECIMAL)
+             if n_bytes >= size and n_bytes % size == 0]
+    if not exact:
+        return format_bytes(n_bytes)
+    size, unit = max(exact)
+    shown = f"{n_bytes // size:,} {unit}"
+    return shown if unit.endswith("iB") else f"{shown} ({format_bytes(n_bytes)})"

@@ -9,16 +9,16 @@ from __future__ import annotations
 import typer
 
 from ragsim.cli import profiles, replay, run, trace
-from ragsim.cli.common import CORPUS_NAMES, QUESTION_NAMES, TRACE_NAMES
+from ragsim.cli.common import CORPUS_NAMES, QUESTION_NAMES, TRACE_NAMES, Command, Group
 
 __all__ = ["CORPUS_NAMES", "QUESTION_NAMES", "TRACE_NAMES", "app"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(cls=Group, no_args_is_help=True, add_completion=False,
                   help="Simulate KV-cache and scheduling policies for RAG serving.")
 app.add_typer(trace.app, name="trace")
 app.add_typer(profiles.app, name="profiles")
-app.command()(run.run)
-app.command()(run.systems)
-app.command()(replay.replay)
-app.command()(replay.models)
-app.command()(profiles.profile)
+app.command(cls=run.RunCommand)(run.run)
+app.command(cls=Command)(run.systems)
+app.command(cls=replay.ReplayCommand)(replay.replay)
+app.command(cls=Command)(replay.models)
+app.command(cls=Command)(profiles.profile)

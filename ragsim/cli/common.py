@@ -6,9 +6,13 @@ Kept free of heavy imports (no numpy, pandas, torch): ``ragsim --help`` imports 
 
 from __future__ import annotations
 
+import importlib
 import json
+import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 
@@ -16,9 +20,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
 
 from ragsim.atomic import write_atomically, write_text_atomically
-from ragsim.errors import RagsimInputError
+from ragsim.errors import MissingExtraError, RagsimInputError
 
 out = Console()
 err = Console(stderr=True)
@@ -28,6 +34,46 @@ err = Console(stderr=True)
 TRACE_NAMES = "mmlu, nq, wiki-trivia, wiki-trivia-topics"
 CORPUS_NAMES = "wiki-offline"
 QUESTION_NAMES = "trivia, gsm8k, gpqa"
+
+
+def _quiet_flags(params) -> list:
+    """On/off flags take no value, so help shows no ``<bool>`` after them (typer labels every
+    option with its type; for a flag the label reads as if it wanted one)."""
+    for param in params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every ragsim command: flags without a type label in help, and defaults shown for options
+    whose parameter default is None (see :meth:`help_defaults`)."""
+
+    def get_params(self, ctx):
+        return _quiet_flags(super().get_params(ctx))
+
+    def help_defaults(self) -> dict[str, str]:
+        """Option name -> the default help shows for it. Options default to None where a value
+        is worked out later (a --config file, a preset, a generator's constant), so typer has
+        nothing to show; a command says here what None becomes. Called only for --help, so the
+        modules that know can be imported here without slowing every start."""
+        return {}
+
+    def format_help(self, ctx, formatter) -> None:
+        shown = self.help_defaults()
+        for param in self.params:
+            if param.name in shown and param.help is not None:
+                plain = getattr(param, "_help_without_default", param.help)
+                param._help_without_default = plain
+                param.help = f"{plain} \\[default: {shown[param.name]}]"
+        super().format_help(ctx, formatter)
+
+
+class Group(TyperGroup):
+    """Every ragsim command group (``ragsim``, ``ragsim trace``, ``ragsim profiles``)."""
+
+    def get_params(self, ctx):
+        return _quiet_flags(super().get_params(ctx))
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -44,8 +90,23 @@ def friendly_errors(fn: Callable) -> Callable:
         except ValueError as exc:
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except Terminated:  # SIGTERM outside the part of a job that keeps results
+            err.print("terminated (SIGTERM) before anything was kept", highlight=False)
+            raise typer.Exit(128 + int(signal.SIGTERM)) from None
 
     return wrapper
+
+
+def name_table(name_header: str, names: list[str], *headers: str, **table_args) -> Table:
+    """A table whose first column holds names a user types back (profiles, models, systems): it
+    is as wide as the longest name and never cut short (``a100-llama2-7…``); the other columns
+    wrap instead (in an 80-column terminal or a pipe), and nothing ends in an ellipsis."""
+    table = Table(**table_args)
+    table.add_column(name_header, no_wrap=True, overflow="fold",
+                     min_width=max((len(n) for n in names), default=0))
+    for header in headers:
+        table.add_column(header, overflow="fold")  # wrapped, even inside a word, never cut
+    return table
 
 
 def make_bar(*extra_columns, enabled: bool = True) -> Progress:
@@ -95,13 +156,132 @@ def write_results(out_dir: Path, records, summary: dict) -> None:
                           json.dumps(summary, indent=2, default=str) + "\n")
 
 
-def exit_interrupted(what_ended: str, out_dir: Path | None) -> None:
-    """After Ctrl-C: say what the kept results cover, then exit 130 (the shell's SIGINT code)."""
+def exit_interrupted(what_ended: str, out_dir: Path | None,
+                     signals: StopSignals | None = None) -> None:
+    """After Ctrl-C or SIGTERM: say what the kept results cover, then exit with the shell's code
+    for the signal (130, 143)."""
     kept = f"; their records are in {out_dir}" if out_dir is not None else ""
-    err.print(f"interrupted {what_ended}{kept}", highlight=False)
-    raise typer.Exit(130)
+    how = "terminated (SIGTERM)" if signals is not None and signals.terminated else "interrupted"
+    err.print(f"{how} {what_ended}{kept}", highlight=False, soft_wrap=True)
+    raise typer.Exit(signals.exit_code if signals is not None else 130)
 
 
 def ms(value: float | None) -> str:
     """Seconds shown as milliseconds; ``-`` when there is no value (nothing completed)."""
     return "-" if value is None else f"{value * 1e3:,.1f} ms"
+
+
+# --------------------------------------------------------------------------- results never lost
+def check_out_dir(path: Path, flag: str = "--out") -> None:
+    """Make sure results can be written to the folder ``path`` *before* a long job starts (an
+    unusable --out found after an hour's simulation costs the hour): it is a folder or can be
+    made one, and a file can be written there (one is, and removed, in ``path`` or in the
+    nearest folder above it that exists). Nothing is left behind: a job refused for another
+    reason must not leave an empty folder."""
+    if path.exists() and not path.is_dir():
+        raise RagsimInputError("is a file; give a folder (it is created if missing)",
+                               file=str(path), field=flag)
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RagsimInputError(f"cannot create the folder: {existing} is a file",
+                               file=str(path), field=flag)
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise RagsimInputError(f"cannot write results here: {exc.strerror or exc}",
+                               file=str(path), field=flag) from None
+
+
+def check_out_file(path: Path, flag: str = "--out") -> None:
+    """``check_out_dir`` for a single output file: its folder is usable and it is no folder."""
+    if path.is_dir():
+        raise RagsimInputError("is a folder; give a file name", file=str(path), field=flag)
+    check_out_dir(path.parent if str(path.parent) else Path("."), flag)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``kill``'s stop), raised where Ctrl-C would be so that it takes
+    Ctrl-C's path: the simulation keeps what ended and says it was interrupted."""
+
+
+class StopSignals:
+    """What :func:`sigterm_like_ctrl_c` saw: whether SIGTERM came, and whether it still turns
+    into :class:`Terminated` (``armed``) or is only noted (while results are written)."""
+
+    def __init__(self) -> None:
+        self.terminated = False
+        self.armed = True
+
+    @property
+    def name(self) -> str:
+        """The signal that interrupted the job (Ctrl-C is SIGINT)."""
+        return "SIGTERM" if self.terminated else "SIGINT"
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's code for it: 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+        return 128 + int(signal.SIGTERM if self.terminated else signal.SIGINT)
+
+    def disarm(self) -> None:
+        """From now on a SIGTERM is noted, not raised: the results being written are kept."""
+        self.armed = False
+
+
+@contextmanager
+def sigterm_like_ctrl_c() -> Iterator[StopSignals]:
+    """Route SIGTERM into the Ctrl-C path for the duration; the previous handler comes back
+    afterwards. Only the first SIGTERM while armed raises; later ones are noted, so a second
+    ``kill`` cannot cut the writing of what the first one kept."""
+    seen = StopSignals()
+
+    def on_sigterm(signum, frame) -> None:
+        first = not seen.terminated
+        seen.terminated = True
+        if first and seen.armed:
+            raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+
+
+# --------------------------------------------------------------------------- optional extras
+# the modules each extra of pyproject.toml brings that commands import (data-only packages are
+# checked where they are read)
+EXTRA_MODULES = {
+    "profile": ("torch", "transformers"),
+    "corpus": ("torch", "faiss", "sentence_transformers", "sentencepiece", "tiktoken", "yaml"),
+}
+_TORCH_FIRST = ("install the CPU build of torch first (see docs/install.md: the default build "
+                "brings gigabytes of CUDA libraries), then ")
+
+
+def missing_extra(extra: str, module: str, command: str) -> MissingExtraError:
+    """The one line that says what to install for ``command`` (``torch`` gets its own advice:
+    a plain install pulls the CUDA build, gigabytes a CPU machine does not use)."""
+    advice = (_TORCH_FIRST if module == "torch" else "") + f"pip install 'ragsim[{extra}]'"
+    return MissingExtraError(f"`{command}` needs {module}, which is not installed; {advice}",
+                             module=module, extra=extra)
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Import what ``extra`` provides before the command does any work, so a missing package is
+    one line naming the install command, not a traceback minutes into the job."""
+    for module in EXTRA_MODULES[extra]:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] != module:
+                raise  # the package is there but broken: its own traceback says more
+            raise missing_extra(extra, module, command) from None

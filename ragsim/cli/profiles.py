@@ -9,11 +9,23 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ragsim.cli.common import err, friendly_errors, out, phased_progress, print_json
+from ragsim.cli.common import (
+    Command,
+    Group,
+    check_out_file,
+    err,
+    friendly_errors,
+    name_table,
+    out,
+    phased_progress,
+    print_json,
+    require_extra,
+)
 from ragsim.errors import RagsimInputError
 from ragsim.units import format_bytes
 
-app = typer.Typer(no_args_is_help=True, help="Inspect prefill-cost profiles.")
+app = typer.Typer(cls=Group, no_args_is_help=True,
+                  help="Inspect prefill-cost profiles.")
 
 
 @friendly_errors
@@ -41,6 +53,8 @@ def profile(
     CPU only small models are practical: scale one down with --layers/--hidden (the name and
     the file say so). Interrupted runs resume from OUT.partial.json.
     """
+    require_extra("profile", "ragsim profile")
+    check_out_file(out_file)  # before the measuring: a typo must not cost it
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
 
@@ -69,7 +83,7 @@ def profile(
               f"{v['held_out_batch_median_rel_error']:.1%}", highlight=False)
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The shipped profiles (names follow HARDWARE-MODEL[-tpN])."""
     from ragsim.profiles.profile import load_profile, shipped_profile_names
@@ -83,14 +97,15 @@ def profiles_list(json_output: Annotated[bool, typer.Option("--json")] = False) 
     if json_output:
         print_json({"profiles": rows})
         return
-    table = Table("name", "hardware", "model", "TP", "obtained", "KV space")
+    table = name_table("name", [row["name"] for row in rows], "hardware", "model", "TP",
+                       "obtained", "KV space")
     for row in rows:
         table.add_row(row["name"], row["hardware"], row["model"], str(row["tensor_parallel"]),
                       row["obtained"], format_bytes(row["kv_capacity_bytes"]))
     out.print(table)
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 @friendly_errors
 def profiles_show(name: str,
                   plot: Annotated[Path | None, typer.Option(help="Write curves of T(cached, new) "
@@ -130,7 +145,7 @@ def profiles_show(name: str,
               f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)
 
 
-@app.command("predict")
+@app.command("predict", cls=Command)
 @friendly_errors
 def profiles_predict(name: str,
                      cached: Annotated[float, typer.Option(help="Cached tokens (alpha).")],
@@ -152,7 +167,7 @@ def profiles_predict(name: str,
     out.print(f"{p.name}: T({cached:g} cached, {new:g} new) = {seconds:.6g} s{note}")
 
 
-@app.command("derive")
+@app.command("derive", cls=Command)
 @friendly_errors
 def profiles_derive(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the profile files.")],

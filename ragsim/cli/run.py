@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.progress import TextColumn
 from rich.table import Table
@@ -12,20 +13,43 @@ from rich.table import Table
 from ragsim.atomic import write_text_atomically
 from ragsim.cli.common import (
     TRACE_NAMES,
+    Command,
+    check_out_dir,
     err,
     exit_interrupted,
     friendly_errors,
     generator_settings,
     make_bar,
     ms,
+    name_table,
     out,
     print_json,
+    sigterm_like_ctrl_c,
     write_results,
 )
-from ragsim.units import format_bytes, parse_bytes
+from ragsim.errors import RagsimInputError
+from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, OUTPUT = (
     "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Output")
+
+
+# run's options whose configuration field has another name (the others: the same name). Help
+# shows each field's default and errors name the option, both through this table.
+FIELD_OF_OPTION = {
+    "host_mem": "host_cache_bytes", "gpu_mem": "gpu_kv_bytes", "cache_depth": "max_cached_depth",
+    "block_tokens": "prefix_block_tokens", "reorder_window": "reorder_window_s",
+    "rate": "rate_rps", "fail_gpu_at": "fail_gpu_at_s",
+    "gpu_failure_rate": "gpu_failure_rate_per_h", "gpu_recovery": "gpu_recovery_s",
+    "retry_timeout": "retry_timeout_s", "requests": "n_requests",
+    "drift": "trace_drift_per_1k_requests",
+}
+# what an unset (None) field means, for help
+_UNSET_MEANS = {
+    "n_requests": "the whole trace", "top_k": "the trace's lists",
+    "rate_rps": "the trace's arrival times", "gpu_kv_bytes": "the profile's KV capacity",
+    "max_cached_depth": "every document",
+}
 
 
 def _opt(panel: str | None, help_text: str, *names: str):
@@ -33,21 +57,84 @@ def _opt(panel: str | None, help_text: str, *names: str):
     return typer.Option(*names, help=help_text, rich_help_panel=panel)
 
 
+def _shown(field: str, value) -> str:
+    if value is None:
+        return _UNSET_MEANS.get(field, "none")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if field.endswith("_bytes"):
+        return describe_bytes(value)
+    if isinstance(value, tuple | list):
+        return ", ".join(f"{v:g}" for v in value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def effective_defaults() -> dict[str, str]:
+    """Each configuration field's default as help shows it: the default system's preset over
+    SimConfig's defaults, then the systems that set something else (``192 GiB; vllm, sglang:
+    0``). Read from the code that applies them, so help cannot fall behind."""
+    import dataclasses
+
+    from ragsim.sim.config import SYSTEM_PRESETS, SimConfig
+    from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
+
+    shown = {}
+    for field in dataclasses.fields(SimConfig):
+        name = field.name
+        value = SYSTEM_PRESETS[SimConfig.system].get(name, field.default)
+        others: dict[str, list[str]] = {}
+        for system, settings in SYSTEM_PRESETS.items():
+            if name in settings and settings[name] != value:
+                others.setdefault(_shown(name, settings[name]), []).append(system)
+        shown[name] = "; ".join([_shown(name, value),
+                                 *(f"{', '.join(s)}: {v}" for v, s in others.items())])
+    shown["trace_drift_per_1k_requests"] = (f"{BUILTIN_DRIFT_PER_1K_REQUESTS:g} (synthetic "
+                                            "traces)")
+    return shown
+
+
+class RunCommand(Command):
+    """``run``: its options default to None (a --config file may set them); help shows the
+    effective defaults, read from SimConfig and the presets."""
+
+    def help_defaults(self) -> dict[str, str]:
+        defaults = effective_defaults()
+        return {p.name: defaults[FIELD_OF_OPTION.get(p.name, p.name)] for p in self.params
+                if FIELD_OF_OPTION.get(p.name, p.name) in defaults}
+
+
+def _in_user_words(exc: RagsimInputError, by_flag: set[str], from_file: dict | None,
+                   config_file: Path | None) -> RagsimInputError:
+    """A configuration error about field ``x`` named as the user set it: ``run.x`` in the
+    --config file when the value came from there, else the option (``rate_rps`` -> ``--rate``)."""
+    field = exc.field
+    if field is None or field in ("format", "version", "run"):
+        return exc
+    if from_file is not None and field in from_file and field not in by_flag:
+        return type(exc)(exc.detail, file=str(config_file), row=exc.row, field=f"run.{field}")
+    ctx = click.get_current_context(silent=True)
+    options = {FIELD_OF_OPTION.get(p.name, p.name): p.opts[0]
+               for p in (ctx.command.params if ctx is not None else ()) if p.opts}
+    if field not in options:
+        return exc
+    return type(exc)(exc.detail, row=exc.row, field=options[field])
+
+
 @friendly_errors
 def run(
     config_file: Annotated[Path | None, _opt(
-        None, "TOML configuration ([run] table); flags given here override it.", "--config")
-    ] = None,
+        None, "TOML configuration (its \\[run] table); flags given here override it.",
+        "--config")] = None,
     # workload
     trace: Annotated[str | None, _opt(
-        WORKLOAD, f"Built-in name ({TRACE_NAMES}) or trace path. [default: mmlu]")] = None,
+        WORKLOAD, f"Built-in name ({TRACE_NAMES}) or trace path.")] = None,
     requests: Annotated[int | None, _opt(WORKLOAD, "Simulate only the first N requests.")
                         ] = None,
     seed: Annotated[int | None, _opt(
         WORKLOAD, "Seed (built-in traces, arrivals, synthetic stages).")] = None,
     drift: Annotated[float | None, _opt(
         WORKLOAD, "Synthetic traces: share of popularity ranks that trade documents every "
-        "1,000 requests (default 0.1; 0: stationary).")] = None,
+        "1,000 requests (0: stationary).")] = None,
     rate: Annotated[float | None, _opt(WORKLOAD, "Re-time arrivals at R requests/s.")] = None,
     arrival: Annotated[str | None, _opt(WORKLOAD, "trace, poisson or gamma (with --rate).")
                        ] = None,
@@ -55,10 +142,9 @@ def run(
                   ] = None,
     # engine
     system: Annotated[str | None, _opt(
-        ENGINE, "Preset: vllm, vllm-apc, sglang, ragcache (see `ragsim systems`). "
-        "[default: ragcache]")] = None,
+        ENGINE, "Preset: vllm, vllm-apc, sglang, ragcache (see `ragsim systems`).")] = None,
     profile: Annotated[str | None, _opt(
-        ENGINE, "Cost profile: shipped name or JSON path. [default: a10g-mistral-7b]")] = None,
+        ENGINE, "Cost profile: shipped name or JSON path.")] = None,
     overlap_swap: Annotated[bool | None, _opt(
         ENGINE, "Overlap host->GPU KV loads with compute.", "--overlap-swap/--no-overlap-swap")
     ] = None,
@@ -70,8 +156,7 @@ def run(
     host_mem: Annotated[str | None, _opt(CACHE, "Host memory for cached KV, e.g. 192GiB.")
                         ] = None,
     gpu_mem: Annotated[str | None, _opt(
-        CACHE, "GPU memory for KV (cache and running requests); default: the profile's KV "
-        "capacity.")] = None,
+        CACHE, "GPU memory for KV (cache and running requests), e.g. 20GiB.")] = None,
     cache_depth: Annotated[int | None, _opt(CACHE, "Cache only the first k' documents (top-k').")
                            ] = None,
     block_tokens: Annotated[int | None, _opt(
@@ -132,6 +217,8 @@ def run(
     from ragsim.sim.simulator import run_simulation
     from ragsim.traces import resolve_trace
 
+    if out_dir is not None:
+        check_out_dir(out_dir)  # before the run: a typo must not cost the simulation
     base = load_config_file(config_file) if config_file is not None else None
     flags = {
         "trace": trace, "system": system, "profile": profile,
@@ -153,8 +240,12 @@ def run(
         "max_retries": max_retries,
         "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
     }
-    config = build_config(flags, base=base,
-                          source=str(config_file) if config_file is not None else None)
+    try:
+        config = build_config(flags, base=base,
+                              source=str(config_file) if config_file is not None else None)
+    except RagsimInputError as exc:
+        by_flag = {field for field, value in flags.items() if value is not None}
+        raise _in_user_words(exc, by_flag, base, config_file) from None
     costs = load_profile(config.profile)
     data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests,
                          **generator_settings(config.trace_drift_per_1k_requests))
@@ -163,15 +254,19 @@ def run(
         config = config.replace(trace_drift_per_1k_requests=used_drift)
     progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
-    with progress:
-        result = run_simulation(
-            data, config, costs,
-            lambda done, now: progress.update(task, completed=done,
-                                              simulated=f"{now:,.0f} simulated s"))
-    summary = result.summary
-    if out_dir is not None:
-        write_results(out_dir, result.records, summary)
-        write_text_atomically(out_dir / "config.toml", config.to_toml())
+    with sigterm_like_ctrl_c() as signals:
+        with progress:
+            result = run_simulation(
+                data, config, costs,
+                lambda done, now: progress.update(task, completed=done,
+                                                  simulated=f"{now:,.0f} simulated s"))
+        signals.disarm()  # what ended is kept: a later SIGTERM cannot cut the writing
+        summary = result.summary
+        if summary["interrupted"]:
+            summary["interrupted_by"] = signals.name
+        if out_dir is not None:
+            write_results(out_dir, result.records, summary)
+            write_text_atomically(out_dir / "config.toml", config.to_toml())
     if json_output:
         print_json(summary)
     else:
@@ -179,7 +274,7 @@ def run(
     ended = summary["requests_completed"] + summary["requests_failed"]
     if summary["interrupted"]:
         exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
-                          f"{summary['requests']:,} requests ended", out_dir)
+                         f"{summary['requests']:,} requests ended", out_dir, signals)
     if summary["stalled"]:
         kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
         err.print(f"[red]error:[/] the simulation stalled at {summary['stalled_at_s']:,.1f} "
@@ -222,8 +317,8 @@ def _print_run_summary(s: dict) -> None:
                                          f"{s['speculation_wasted_s']:,.1f} GPU s"),
         ("scheduler overhead", f"{s['scheduler_overhead_ms_per_decision']:.3f} ms/decision"),
         ("GPU failures / retries", f"{s['gpu_failures']} / {s['retries']}"),
-        ("GPU KV / host cache", f"{format_bytes(s['gpu_kv_bytes'])} / "
-                                f"{format_bytes(c['host_cache_bytes'])}"),
+        ("GPU KV / host cache", f"{describe_bytes(s['gpu_kv_bytes'])} / "
+                                f"{describe_bytes(c['host_cache_bytes'])}"),
         ("simulated", f"{s['simulated_s']:,.1f} s in {s['elapsed_s']:.2f} s wall "
                       f"({s['sim_requests_per_wall_s']:,.0f} req/s)"),
     ]
@@ -243,10 +338,9 @@ def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> Non
         print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings}
                      for name, settings in SYSTEM_PRESETS.items()})
         return
-    table = Table(title="systems (`ragsim run --system NAME`; any flag overrides)")
-    table.add_column("system", style="bold")
-    table.add_column("what it models")
-    table.add_column("settings")
+    table = name_table("system", list(SYSTEM_PRESETS), "what it models", "settings",
+                       title="systems (`ragsim run --system NAME`; any flag overrides)")
+    table.columns[0].style = "bold"
     for name, settings in SYSTEM_PRESETS.items():
         table.add_row(name, SYSTEM_DESCRIPTIONS[name],
                       ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else v}"

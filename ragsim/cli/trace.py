@@ -13,18 +13,23 @@ from ragsim.cli.common import (
     CORPUS_NAMES,
     QUESTION_NAMES,
     TRACE_NAMES,
+    Command,
+    Group,
+    check_out_dir,
     err,
     friendly_errors,
     out,
     phased_progress,
     print_json,
+    require_extra,
 )
 from ragsim.errors import RagsimInputError
 
-app = typer.Typer(no_args_is_help=True, help="Create, convert and inspect traces.")
+app = typer.Typer(cls=Group, no_args_is_help=True,
+                  help="Create, convert and inspect traces.")
 
 
-@app.command("import-jsonl")
+@app.command("import-jsonl", cls=Command)
 @friendly_errors
 def trace_import_jsonl(source: Path, destination: Path) -> None:
     """Convert the JSONL interchange format into a trace directory."""
@@ -35,7 +40,7 @@ def trace_import_jsonl(source: Path, destination: Path) -> None:
     _report_written(trace, destination)
 
 
-@app.command("export-jsonl")
+@app.command("export-jsonl", cls=Command)
 @friendly_errors
 def trace_export_jsonl(trace: str, destination: Path,
                        seed: Annotated[int, typer.Option()] = 0,
@@ -48,7 +53,7 @@ def trace_export_jsonl(trace: str, destination: Path,
     err.print(f"wrote {data.n_requests:,} requests to {destination}")
 
 
-@app.command("import-mooncake")
+@app.command("import-mooncake", cls=Command)
 @friendly_errors
 def trace_import_mooncake(source: Path, destination: Path) -> None:
     """Convert a Mooncake trace (512-token hash blocks) into a trace directory."""
@@ -59,19 +64,36 @@ def trace_import_mooncake(source: Path, destination: Path) -> None:
     _report_written(trace, destination)
 
 
-@app.command("generate")
+class GenerateCommand(Command):
+    """``trace generate``: the generator settings' defaults are the built-in specs' own."""
+
+    def help_defaults(self) -> dict[str, str]:
+        from ragsim.traces import BUILTIN_SPECS
+
+        def per_trace(field: str) -> str:
+            values: dict[str, list[str]] = {}
+            for name, spec in BUILTIN_SPECS.items():
+                values.setdefault(f"{getattr(spec, field):g}", []).append(name)
+            if len(values) == 1:
+                return next(iter(values))
+            return "; ".join(f"{', '.join(names)}: {v}" for v, names in values.items())
+
+        return {"drift": per_trace("drift_per_1k_requests"),
+                "co_retrieval": per_trace("co_retrieval_p")}
+
+
+@app.command("generate", cls=GenerateCommand)
 @friendly_errors
 def trace_generate(name: str, destination: Path,
                    requests: Annotated[int | None, typer.Option()] = None,
                    seed: Annotated[int, typer.Option()] = 0,
                    drift: Annotated[float | None, typer.Option(
                        help="Fraction of popularity ranks that trade documents after every "
-                            "1,000 requests (default 0.1, fitted to the paper's policy "
-                            "results; 0: stationary).")] = None,
+                            "1,000 requests (0: stationary).")] = None,
                    co_retrieval: Annotated[float | None, typer.Option(
                        help="Chance that a list's next document is a neighbour of the previous "
-                            "one (default 0.9, fitted on real retrieval; 0: independent "
-                            "draws).")] = None) -> None:
+                            "one (fitted on real retrieval; 0: independent draws).")] = None
+                   ) -> None:
     """Write a built-in synthetic trace (mmlu, nq) to a directory."""
     from ragsim.traces import BUILTIN_SPECS, builtin_trace, write_trace
 
@@ -92,7 +114,7 @@ def trace_generate(name: str, destination: Path,
     _report_written(trace, destination)
 
 
-@app.command("retime")
+@app.command("retime", cls=Command)
 @friendly_errors
 def trace_retime(trace: str, destination: Path,
                  rate: Annotated[float, typer.Option(help="Requests per second.")],
@@ -111,7 +133,7 @@ def trace_retime(trace: str, destination: Path,
     _report_written(data, destination)
 
 
-@app.command("build")
+@app.command("build", cls=Command)
 @friendly_errors
 def trace_build(
     corpus: Annotated[str, typer.Option(help="Passages: a .jsonl/.parquet file (id, text, "
@@ -168,6 +190,8 @@ def trace_build(
     passages.parquet (each document's corpus passages). Embeddings are cached, so rebuilding
     with other index or arrival options does not embed again.
     """
+    require_extra("corpus", "ragsim trace build")
+    check_out_dir(out_dir)  # before the embedding and indexing: a typo must not cost them
     from ragsim.traces.corpus import (
         BuildOptions,
         Chunking,
@@ -240,7 +264,7 @@ def _report_written(trace, destination: Path) -> None:
                   f"mismatch(es), first sizes kept; {trace.info['first_size_mismatch']}")
 
 
-@app.command("stats")
+@app.command("stats", cls=Command)
 @friendly_errors
 def trace_stats_command(
     traces: Annotated[list[str], typer.Argument(

@@ -21,6 +21,12 @@ def packaged_trace_dir(name: str) -> Path:
     return Path(str(resources.files("ragsim.traces") / "data" / name))
 
 
+def _looks_like_path(name: str) -> bool:
+    """A folder separator or a suffix (``traces/x``, ``x.jsonl``): meant as a path, not a name."""
+    path = Path(name)
+    return len(path.parts) > 1 or bool(path.suffix)
+
+
 def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = None,
                   **generator_overrides) -> Trace:
     """A built-in name (``mmlu``, ``nq`` synthetic; ``wiki-trivia``, ``wiki-trivia-topics``
@@ -40,8 +46,10 @@ def resolve_trace(name_or_path: str, *, seed: int = 0, n_requests: int | None = 
         trace = read_trace(packaged_trace_dir(name_or_path))
         trace.info = {**trace.info, "builtin": name_or_path}
     elif not local:
-        raise TraceError(f"no such trace; built-in traces are {list(BUILTIN_TRACES)}",
-                         file=name_or_path)
+        if _looks_like_path(name_or_path):  # a path: the file is missing, whatever built-ins exist
+            raise TraceError("no such file or folder", file=name_or_path)
+        raise TraceError(f"no such trace; built-in traces are {', '.join(BUILTIN_TRACES)}, or "
+                         "give a trace folder or JSONL file", file=name_or_path)
     else:
         trace = read_trace(name_or_path)
     return trace.head(n_requests) if n_requests is not None else trace
