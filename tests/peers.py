@@ -83,3 +83,47 @@ def vllm_prefix_cache_hits(prompts: list[list[int]], usable_blocks: int,
         manager.free(request)
         hits.append(cached)
     return hits
+
+
+def vllm_same_step_prefix_cache_hits(steps: list[list[list[int]]], usable_blocks: int,
+                                     block_size: int = 16) -> list[int]:
+    """As ``vllm_prefix_cache_hits``, but the prompts of each inner list are scheduled in one
+    step, as vLLM's scheduler admits waiting requests in one pass: each gets
+    ``get_computed_blocks`` then ``allocate_slots`` in turn, and ``allocate_slots`` caches the
+    full blocks the step will compute before the next request looks (vLLM v1's
+    ``KVCacheManager.allocate_slots`` -> ``coordinator.cache_blocks``), so a later request of the
+    step hits blocks an earlier one is computing. The step's requests are freed after it."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
+                             dtype=torch.float16)
+    config = KVCacheConfig(num_blocks=usable_blocks + 1, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
+    manager = KVCacheManager(config, max_model_len=1 << 24, scheduler_block_size=block_size,
+                             hash_block_size=block_size, enable_caching=True)
+    hasher = get_request_block_hasher(block_size, sha256)
+    hits = []
+    n = 0
+    for step in steps:
+        running = []
+        for tokens in step:
+            request = Request(str(n), tokens, SamplingParams(max_tokens=1), None,
+                              block_hasher=hasher)
+            n += 1
+            blocks, cached, _ = manager.get_computed_blocks(request)
+            if manager.allocate_slots(request, len(tokens) - cached, cached, blocks) is None:
+                hits.append(-1)
+                continue
+            running.append(request)
+            hits.append(cached)
+        for request in running:
+            request.num_computed_tokens = request.num_tokens
+            manager.free(request)
+    return hits

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from peers import vllm_prefix_cache_hits
+from peers import vllm_prefix_cache_hits, vllm_same_step_prefix_cache_hits
 
 from ragsim.profiles.profile import load_profile
 from ragsim.sim.config import build_config
@@ -122,3 +122,45 @@ def test_under_eviction_hit_tokens_stay_within_three_percent_of_vllm(num_blocks)
     assert theirs.sum() > 0.1 * trace.doc_tokens_flat.sum()  # the cache matters here
     assert ours.sum() / theirs.sum() == pytest.approx(1.0, abs=0.03)
     assert np.mean(ours == theirs) >= 0.95
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=3,
+                                            unique=True), st.integers(0, 40)),
+                         min_size=1, max_size=4), min_size=1, max_size=8),
+       st.integers(0, 40), st.lists(st.integers(1, 90), min_size=6, max_size=6))
+@example([[([0], 5), ([0, 1], 5)]], 0, [40] * 6)  # the second hits what the first computes
+def test_requests_scheduled_in_one_step_hit_what_the_step_computes_as_in_vllm(steps, system,
+                                                                             sizes):
+    """vLLM v1 caches a request's full blocks when it schedules them, so a request admitted
+    later in the same step already hits them (the ``vllm-apc`` preset: batch_kv_sharing).
+    Each inner list arrives at once and is prefilled as one batch; steps are far apart.
+    SGLang and RAGCache insert into their trees after the prefill (a step sees only
+    earlier steps): tests/test_sim_modelling.py."""
+    b = TraceBuilder("vllm-steps")
+    i = 0
+    for g, step in enumerate(steps):
+        for docs, question in step:
+            b.add(i, 1000.0 * g, question, 1, docs, [sizes[d] for d in docs])
+            i += 1
+    trace = b.build({"name": "vllm-steps"})
+    prompts = prompts_of(trace, system)
+    num_blocks = sum(-(-len(p) // BLOCK) for p in prompts)
+    config = build_config({
+        "system": "vllm-apc", "system_prompt_tokens": system,
+        "gpu_kv_bytes": num_blocks * BLOCK * PROFILE.model.kv_bytes_per_token,
+        "max_prefill_bs": 4, "max_batched_tokens": 1 << 20, "stage_source": "none"})
+    columns = run_simulation(trace, config, PROFILE).columns
+    assert (columns["status"] == "completed").all()
+    # one prefill batch per step
+    starts = columns["prefill_start_s"]
+    group = np.repeat(np.arange(len(steps)), [len(s) for s in steps])
+    assert all(len(set(starts[group == g])) == 1 for g in range(len(steps)))
+    ours = columns["cached_tokens"].copy()
+    ours[0] = 0  # nobody has computed the system prompt before the first request in vLLM
+    groups, start = [], 0
+    for step in steps:
+        groups.append(prompts[start:start + len(step)])
+        start += len(step)
+    theirs = vllm_same_step_prefix_cache_hits(groups, num_blocks, BLOCK)
+    assert ours.tolist() == theirs
