@@ -6,21 +6,29 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragsim.errors import ProfileError, RagsimInputError
 from ragsim.profiles.derived import (
     CALIBRATION,
+    RooflineCosts,
     all_derived_profiles,
     anchor_report,
     derive_profile,
     parameter_count,
+    synthetic_batches,
     weight_bytes_read,
 )
 from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.hardware import GPUS
+from ragsim.profiles.heldout import HELDOUT_MAX_TARGET, HELDOUT_MEDIAN_TARGET, relative_errors
 from ragsim.profiles.models import BUILTIN_MODELS, resolve_model
 from ragsim.profiles.profile import (
+    BatchedPrefill,
+    Batches,
     Profile,
-    fit_separable,
+    fit_batched_prefill,
     load_profile,
     shipped_profile_names,
 )
@@ -71,7 +79,8 @@ def _profile_dict() -> dict:
 
 
 @pytest.mark.parametrize("mutate,field", [
-    (lambda d: d.update(version=2), "version"),
+    (lambda d: d.update(version=3), "version"),
+    (lambda d: d.update(version=True), "version"),
     (lambda d: d.update(format="other"), "format"),
     (lambda d: d.pop("decode"), "decode"),
     (lambda d: d.update(extra=1), "extra"),
@@ -85,6 +94,12 @@ def _profile_dict() -> dict:
     (lambda d: d["transfers"].update(host_to_device_bytes_per_s=0), "transfers."
      "host_to_device_bytes_per_s"),
     (lambda d: d["batched_prefill"].update(model="cubic"), "batched_prefill.model"),
+    (lambda d: d["batched_prefill"].update(model="separable"), "batched_prefill.model"),
+    (lambda d: d["batched_prefill"].update(per_extra_request_s="1"),
+     "batched_prefill.per_extra_request_s"),
+    (lambda d: d["batched_prefill"].update(heldout_max_error=-0.1),
+     "batched_prefill.heldout_max_error"),
+    (lambda d: d["batched_prefill"].update(fit=[]), "batched_prefill.fit"),
     (lambda d: d.update(tensor_parallel=1.5), "tensor_parallel"),
     (lambda d: d.update(overhead_s=-1), "overhead_s"),
 ])
@@ -137,16 +152,46 @@ def test_shipped_profiles_are_exactly_what_derive_produces():
     assert {"h800-llama2-70b-tp2", "h800-mixtral-8x7b-tp2"} <= set(shipped)
 
 
+# LLaMA2-7B and Mistral-7B on an A10G by hand, from the architectures (config.json), the A10
+# datasheet (125 TFLOPS dense FP16, 600 GB/s) and the calibration's documented efficiencies
+# (dense 0.65, attention 0.20, weight reads 0.60 of peak; 5 ms per iteration).
+A10G_DENSE_RATE, A10G_ATTENTION_RATE, A10G_READ_RATE = 125e12 * 0.65, 125e12 * 0.20, 600e9 * 0.6
+LLAMA2_LAYER_WEIGHTS = 4 * 4096 * 4096 + 3 * 4096 * 11008  # q, k, v, o + gate, up, down
+MISTRAL_LAYER_WEIGHTS = 2 * 4096 * 4096 + 2 * 4096 * 8 * 128 + 3 * 4096 * 14336  # 8 KV heads
+LM_HEAD_FLOPS = 2 * 4096 * 32000  # once per request in a prefill
+FLOPS_PER_PAIR = 4 * 32 * 32 * 128  # QK^T and PV: 2 x 2 x layers x heads x head_dim
+
+
+def _a10g_prefill_s(layer_weights: int, cached: float, new: float) -> float:
+    dense_s = (new * 2 * 32 * layer_weights + LM_HEAD_FLOPS) / A10G_DENSE_RATE
+    weights_s = (32 * layer_weights + 32000 * 4096) * 2 / A10G_READ_RATE
+    return 0.005 + max(dense_s, weights_s) + new * (cached + new / 2) * FLOPS_PER_PAIR / (
+        A10G_ATTENTION_RATE)
+
+
 def test_derived_profiles_sit_on_the_papers_anchors():
-    """RAGCache, A10G: ~1 s for ~4,000 tokens of a 7B model; a host hit up to 3.9x cheaper than
-    recomputing (calibrated); a cached prefix far cheaper still (paper: up to 11.5x)."""
+    """The A10G anchors worked out by hand. Mistral-7B prefills 4,000 tokens in 0.86 s (RAGCache:
+    about 1 s). LLaMA2-7B recomputes 4,096 tokens in 0.834 s and 96 on 4,000 cached in 49.9 ms:
+    a GPU hit is 16.7x cheaper (paper: up to 11.5x; nothing is fitted to this). The paper's host
+    hit, 3.9x, is an input (it fixes the KV copy speed, so checking that 3.9 comes back would
+    test nothing); what follows from it is checked instead: 4,000 tokens x 512 KiB in
+    0.834 / 3.9 - 0.0499 = 0.164 s is 12.8 GB/s, half the 25 GB/s of measured pinned copies; and
+    a host hit must stay below what the link allows: at PCIe 4.0 x16's 31.5 GB/s, 7.2x."""
+    full = _a10g_prefill_s(LLAMA2_LAYER_WEIGHTS, 0, 4096)
+    cached = _a10g_prefill_s(LLAMA2_LAYER_WEIGHTS, 4000, 96)
+    assert (full, cached) == pytest.approx((0.8339, 0.04986), rel=1e-3)  # the arithmetic above
+    kv_bytes = 4000 * 2 * 32 * 32 * 128 * 2  # K and V, layers, heads, head_dim, fp16
     report = anchor_report()
-    assert 0.7 < report["mistral_7b_prefill_4000_tokens_s"] < 1.2
-    assert report["llama2_7b_host_hit_speedup"] == pytest.approx(3.9, rel=1e-3)
-    assert report["llama2_7b_cached_speedup"] > 3.9
+    assert report["mistral_7b_prefill_4000_tokens_s"] == pytest.approx(
+        _a10g_prefill_s(MISTRAL_LAYER_WEIGHTS, 0, 4000), rel=1e-6)
+    assert report["llama2_7b_cached_speedup"] == pytest.approx(full / cached, rel=1e-6)
+    assert report["kv_copy_bytes_per_s"] == pytest.approx(kv_bytes / (full / 3.9 - cached),
+                                                          rel=1e-3)  # efficiency kept to 4 digits
+    assert 1 < report["llama2_7b_host_hit_speedup"] < full / (cached + kv_bytes / 31.5e9)
     p = load_profile("a10g-mistral-7b")
-    assert 0.7 < p.prefill_s(0, 4000) < 1.2
-    assert 0 < CALIBRATION.kv_copy_efficiency < 1
+    # the grid interpolates the quadratic attention term linearly between 2,048 and 4,096 tokens
+    assert p.prefill_s(0, 4000) == pytest.approx(report["mistral_7b_prefill_4000_tokens_s"],
+                                                  rel=5e-3)
 
 
 def test_derived_profiles_are_physically_sensible():
@@ -171,23 +216,136 @@ def test_derived_profiles_are_physically_sensible():
         a10g.kv_capacity_bytes / a10g.model.kv_bytes_per_token / 3
 
 
-def test_separable_fit_recovers_known_coefficients():
-    rng = np.random.default_rng(1)
-    cached, new, seconds = [], [], []
-    for _ in range(60):
-        n = int(rng.integers(1, 6))
-        a = rng.integers(0, 4000, n).tolist()
-        b = rng.integers(1, 2000, n).tolist()
-        cached.append(a)
-        new.append(b)
-        seconds.append(0.01 + 2e-4 * sum(b) + 3e-8 * sum(y * (x + y / 2) for x, y in
-                                                        zip(a, b, strict=True)))
-    model = fit_separable(cached, new, seconds)
-    assert model.per_iteration_s == pytest.approx(0.01, rel=1e-6)
-    assert model.per_token_s == pytest.approx(2e-4, rel=1e-6)
-    assert model.per_pair_s == pytest.approx(3e-8, rel=1e-6)
-    assert model.fit["max_rel_error"] < 1e-6
-    assert model.iteration_s(cached[0], new[0]) == pytest.approx(seconds[0])
+# -- batched prefill ---------------------------------------------------------------------
+def test_a_batch_is_priced_as_the_request_computing_its_tokens_and_pairs():
+    """Worked by hand on small_grid (T(0..300 cached, 1..11 new))."""
+    model = BatchedPrefill(small_grid())
+    # two requests of 3 new on 100 cached: 6 tokens, 2 x 3 x (100 + 1.5) = 609 pairs, i.e. one
+    # request of 6 new on 609 / 6 - 3 = 98.5 cached. Cell [0, 100] x [1, 11]: along cached
+    # 1 + 0.985 x 2 = 2.97 (1 new) and 2 + 0.985 x 3 = 4.955 (11 new); at 6 new, halfway: 3.9625
+    assert model.iteration_s([100, 100], [3, 3]) == pytest.approx(3.9625)
+    # left padding computes every row as the longest: [0, 100] cached, [1, 3] new is the same
+    padded = BatchedPrefill(small_grid(), padding="left")
+    assert padded.iteration_s([0, 100], [1, 3]) == pytest.approx(3.9625)
+    # two requests of 3 new, nothing cached: 6 tokens but 9 pairs, 9 fewer than one request of 6
+    # new (18), priced as 9 pairs' worth of cached tokens (1.5) taken away:
+    # 2 T(0, 6) - T(1.5, 6) = 2 x 1.5 - (1.03 + 0.5 x 1.015) = 1.4625
+    assert model.iteration_s([0, 0], [3, 3]) == pytest.approx(1.4625)
+    extra = BatchedPrefill(small_grid(), per_extra_request_s=0.1)
+    assert extra.iteration_s([0, 0, 0], [2, 2, 2]) == pytest.approx(
+        model.iteration_s([0, 0, 0], [2, 2, 2]) + 0.2)
+    # never below the costliest member, whatever the fitted term: T(300, 11) = 9
+    assert BatchedPrefill(small_grid(), per_extra_request_s=-5.0).iteration_s(
+        [300, 0], [11, 1]) == pytest.approx(9.0)
+
+
+def test_batch_of_tiny_prefills_pays_the_weight_reads_once():
+    """A10G, Mistral-7B (hand numbers above): any iteration reads 7.1e9 fp16 weights, 39.5 ms at
+    0.6 of 600 GB/s, plus 5 ms. Two 10-token prefills are as weight-bound as one: they cost what
+    one 20-token prefill does, not half of one (the old separable fit said 22 ms)."""
+    p = load_profile("a10g-mistral-7b")
+    weights_s = (32 * MISTRAL_LAYER_WEIGHTS + 32000 * 4096) * 2 / A10G_READ_RATE
+    assert weights_s == pytest.approx(0.0395, rel=1e-2)
+    one = p.prefill_s(0, 10)
+    two = p.batched_prefill.iteration_s([0, 0], [10, 10])
+    assert one >= 0.005 + weights_s
+    assert two >= one
+    assert two == pytest.approx(_a10g_prefill_s(MISTRAL_LAYER_WEIGHTS, 0, 20), rel=1e-3)
+
+
+def test_big_batch_is_compute_bound():
+    """Eight 2,048-token prefills: 16,384 tokens of dense layers (2 x 7.0e9 FLOPs each, 2.82 s at
+    0.65 of 125 TFLOPS), eight LM heads, 8 x 2,048^2 / 2 query-key pairs of attention (0.35 s):
+    3.17 s, far above the weight reads, and 8x the time of one such request minus what the
+    seven others share (7 x 5 ms overhead and nothing of the weights: they are compute-bound)."""
+    p = load_profile("a10g-mistral-7b")
+    dense_s = (16384 * 2 * 32 * MISTRAL_LAYER_WEIGHTS + 8 * LM_HEAD_FLOPS) / A10G_DENSE_RATE
+    attention_s = 8 * 2048 * 1024 * FLOPS_PER_PAIR / A10G_ATTENTION_RATE
+    expected = 0.005 + dense_s + attention_s
+    assert expected == pytest.approx(3.17, rel=1e-2)
+    batch = p.batched_prefill.iteration_s([0] * 8, [2048] * 8)
+    assert batch == pytest.approx(expected, rel=0.01)
+    assert batch == pytest.approx(8 * p.prefill_s(0, 2048) - 7 * 0.005, rel=0.01)
+
+
+def test_shipped_batch_models_hold_their_targets_on_batches_of_a_new_seed():
+    """The roofline formula's own batch time (a second pricing of the same physics, per
+    request-batch and not through the grid) on batches the profile never saw."""
+    for gpu, model, tp in (("a10g", "mistral-7b", 1), ("h800", "mixtral-8x7b", 2),
+                           ("l4", "llama2-7b", 1)):
+        p = load_profile(f"{gpu}-{model}" + ("-tp2" if tp == 2 else ""))
+        b = p.batched_prefill
+        assert b.heldout_median_error <= HELDOUT_MEDIAN_TARGET, p.name
+        assert b.heldout_max_error <= HELDOUT_MAX_TARGET, p.name
+        assert b.per_extra_request_s >= 0 and not p.warnings
+        costs = RooflineCosts(GPUS[gpu], BUILTIN_MODELS[model], tp, CALIBRATION)
+        fresh = synthetic_batches(costs, 100, seed=7, on_grid=False)
+        errors = relative_errors([b.iteration_s(a, n) for a, n in zip(fresh.cached, fresh.new,
+                                                                        strict=True)],
+                                 fresh.seconds)
+        assert np.median(errors) <= HELDOUT_MEDIAN_TARGET and max(errors) <= HELDOUT_MAX_TARGET
+
+
+requests = st.lists(st.tuples(st.integers(0, 30_000), st.integers(1, 2_000)), min_size=1,
+                    max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.tuples(st.integers(0, 30_000), st.integers(1, 2_000)),
+       st.sampled_from(["a10g-mistral-7b", "h100-mixtral-8x7b-tp2", "l4-llama3-8b"]))
+def test_batches_cost_at_least_their_members_and_more_with_more_requests(batch, more, name):
+    model = load_profile(name).batched_prefill
+    cached, new = [a for a, _ in batch], [b for _, b in batch]
+    t = model.iteration_s(cached, new)
+    assert t >= max(model.grid.at(a, b) for a, b in batch)
+    if len(batch) == 1:
+        assert t == model.grid.at(cached[0], new[0])  # a batch of one is the grid, exactly
+    assert model.iteration_s([*cached, more[0]], [*new, more[1]]) >= t * (1 - 1e-9)
+
+
+def test_fit_recovers_a_planted_per_request_cost_and_judges_on_held_out_batches():
+    """Batches timed as the grid's equivalent request plus 0.05 s per extra request: the fit
+    finds 0.05 and predicts held-out batches exactly; planted noise shows in the held-out error."""
+    grid = small_grid()
+    truth = BatchedPrefill(grid)
+    rng = np.random.default_rng(0)
+
+    def batches(count: int, noise: float) -> Batches:
+        timed = Batches([], [], [])
+        while len(timed.seconds) < count:
+            cached = rng.integers(0, 300, int(rng.integers(2, 5))).tolist()
+            new = rng.integers(1, 3, len(cached)).tolist()
+            seconds = truth.equivalent_s(cached, new) + 0.05 * (len(new) - 1)
+            if seconds > max(grid.at(a, b) for a, b in zip(cached, new, strict=True)):
+                timed.cached.append(cached)  # where the costliest member does not decide
+                timed.new.append(new)
+                timed.seconds.append(seconds * (1 + noise))
+        return timed
+
+    fitted = fit_batched_prefill(grid, "none", batches(30, 0.0), batches(10, 0.0),
+                                 fitted_against="t", heldout_against="h")
+    assert fitted.per_extra_request_s == pytest.approx(0.05, rel=1e-9)
+    assert fitted.heldout_max_error == pytest.approx(0.0, abs=1e-12)
+    assert grid.extrapolated_queries == 0
+    noisy = fit_batched_prefill(grid, "none", batches(30, 0.0), batches(10, 0.2),
+                                fitted_against="t", heldout_against="h")
+    assert noisy.heldout_median_error == pytest.approx(0.2 / 1.2, rel=1e-6)
+    assert noisy.fit["heldout_points"] == 10 and noisy.to_dict()["heldout_max_error"] > 0.16
+
+
+def test_version_1_profiles_load_with_the_grid_priced_batch_model(tmp_path):
+    data = _profile_dict()
+    data["version"] = 1
+    data["batched_prefill"] = {"model": "separable", "padding": "left", "per_iteration_s": 0.01,
+                               "per_token_s": 1e-4, "per_pair_s": 1e-9, "fit": {}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = load_profile(str(path))
+    assert old.batched_prefill.padding == "left" and old.batched_prefill.per_extra_request_s == 0
+    assert old.batched_prefill.heldout_median_error is None
+    assert "regenerate" in old.batched_prefill.fit["upgraded_from"]
+    assert old.batched_prefill.iteration_s([0, 0], [10, 10]) >= old.prefill_s(0, 10)
+    assert json.loads(old.save(tmp_path / "new.json").read_text())["version"] == 2
 
 
 def test_tensor_parallel_profiles_pay_for_their_all_reduces():

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ragsim.cli.common import (
@@ -80,7 +81,15 @@ def profile(
     err.print(f"wrote {out_file}")
     out.print(f"held-out prefill points: median error {v['held_out_prefill_median_rel_error']:.1%}"
               f", max {v['held_out_prefill_max_rel_error']:.1%}; held-out batches: median "
-              f"{v['held_out_batch_median_rel_error']:.1%}", highlight=False)
+              f"{v['held_out_batch_median_rel_error']:.1%}, max "
+              f"{v['held_out_batch_max_rel_error']:.1%}", highlight=False)
+    _print_warnings(result.warnings)
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    """A profile that misses its accuracy targets says so where nobody can miss it."""
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 @app.command("list", cls=Command)
@@ -129,6 +138,7 @@ def profiles_show(name: str,
               f"{p.hardware.get('device', '?')}, {p.dtype}, {p.engine}; {p.kind}; "
               f"KV space {format_bytes(p.kv_capacity_bytes)}; overhead {p.overhead_s * 1e3:.1f} ms",
               highlight=False)
+    _print_warnings(p.warnings)
     for key, value in p.obtained.get("sources", {}).items():
         out.print(f"  [dim]{key}[/]: {value}", highlight=False)
     for grid, title in ((p.prefill, "prefill seconds (rows: cached, columns: new tokens)"),
@@ -137,9 +147,7 @@ def profiles_show(name: str,
         for x, row in zip(grid.x_axis, grid.values, strict=True):
             table.add_row(f"{x:g}", *[f"{v:.3g}" for v in row])
         out.print(table)
-    b = p.batched_prefill
-    out.print(f"batched prefill: {b.per_iteration_s * 1e3:.3g} ms + {b.per_token_s * 1e6:.3g} "
-              f"us/token + {b.per_pair_s * 1e9:.3g} ns/pair; fit {b.fit}", highlight=False)
+    out.print(p.batched_prefill.describe(), highlight=False)
     t = p.transfers
     out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
               f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)

@@ -29,11 +29,22 @@ import numpy as np
 
 from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.hardware import GPU, GPUS
+from ragsim.profiles.heldout import heldout_warning
 from ragsim.profiles.models import BUILTIN_MODELS, ModelSpec
-from ragsim.profiles.profile import Profile, Transfers, fit_separable
+from ragsim.profiles.profile import (
+    BatchedPrefill,
+    Batches,
+    Profile,
+    Transfers,
+    fit_batched_prefill,
+)
 
 CACHED_AXIS = [0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-NEW_AXIS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+# fine below 1,024 new tokens: the time of a short prefill bends there (weight reads give way to
+# the dense layers between ~170 and ~440 tokens, depending on the GPU; an MoE touches more experts
+# with every token up to ~16), and a grid too coarse across the bend put single requests off the
+# formula by up to 33% and batches, priced on the grid, by up to 34%
+NEW_AXIS = [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 BATCH_AXIS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 CONTEXT_AXIS = [128, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
@@ -195,22 +206,51 @@ def _grid(fn, name: str, x_name: str, y_name: str, xs: list, ys: list) -> Biline
                         values)
 
 
-def _batch_fit(costs: RooflineCosts, seed: int = 0):
-    """Fit the separable batch model to the formula on 200 mixed batches (fixed seed)."""
+# the simulator's defaults: at most 8 requests and 16,384 new tokens in one prefill iteration
+HELDOUT_BATCH_REQUESTS = 8
+HELDOUT_BATCH_TOKENS = 16384
+_FITTED_NEW = [b for b in NEW_AXIS if 16 <= b <= 2048]
+
+
+def synthetic_batches(costs: RooflineCosts, count: int, seed: int, *, on_grid: bool) -> Batches:
+    """``count`` batches timed by the formula itself (the truth a derived profile approximates).
+
+    ``on_grid``: 1-8 requests with cached and new counts taken from the grid's axes (what the
+    fit sees). Otherwise (held out): 2-8 requests, none cached for a third of them and
+    log-uniform 1-16k cached tokens for the rest, log-uniform 1-4,096 new tokens -- tiny
+    prefills included, where the weight reads dominate -- and at most 16,384 new tokens in all.
+    """
     rng = np.random.default_rng(seed)
     cached, new, seconds = [], [], []
-    for _ in range(200):
-        size = int(rng.integers(1, 9))
-        alphas = [float(rng.choice(CACHED_AXIS[:7])) for _ in range(size)]
-        betas = [float(rng.choice(NEW_AXIS[1:9])) for _ in range(size)]
+    for _ in range(count):
+        if on_grid:
+            size = int(rng.integers(1, HELDOUT_BATCH_REQUESTS + 1))
+            alphas = [float(rng.choice(CACHED_AXIS[:7])) for _ in range(size)]
+            betas = [float(rng.choice(_FITTED_NEW)) for _ in range(size)]
+        else:
+            size = int(rng.integers(2, HELDOUT_BATCH_REQUESTS + 1))
+            alphas = [0.0 if rng.random() < 1 / 3 else float(np.floor(np.exp(
+                rng.uniform(0, np.log(16384))))) for _ in range(size)]
+            betas = [float(np.floor(np.exp(rng.uniform(0, np.log(4096))))) for _ in range(size)]
+            while sum(betas) > HELDOUT_BATCH_TOKENS:
+                betas[int(np.argmax(betas))] //= 2
         cached.append(alphas)
         new.append(betas)
         seconds.append(costs.prefill_batch_s(alphas, betas))
-    model = fit_separable(cached, new, seconds)
-    fit = {**model.fit, "against": "the roofline formula on 200 random batches of 1-8 requests "
-           "(seed 0); the formula's weight-read floor is what the separable model misses"}
-    return type(model)(model.per_iteration_s, model.per_token_s, model.per_pair_s, fit,
-                       model.padding)
+    return Batches(cached, new, seconds)
+
+
+def _batch_fit(costs: RooflineCosts, grid: BilinearGrid) -> BatchedPrefill:
+    """The batch model's one term fitted to 200 batches of the formula (seed 0), judged on 200
+    others (seed 1)."""
+    return fit_batched_prefill(
+        grid, "none", synthetic_batches(costs, 200, 0, on_grid=True),
+        synthetic_batches(costs, 200, 1, on_grid=False),
+        fitted_against="the roofline formula on 200 random batches of 1-8 requests, cached and "
+        "new tokens on the grid's axes (seed 0)",
+        heldout_against="the roofline formula on 200 other batches of 2-8 requests: 0 or "
+        "log-uniform 1-16,384 cached and log-uniform 1-4,096 new tokens each, at most 16,384 "
+        "new in all (seed 1)")
 
 
 def derive_profile(gpu_name: str, model_name: str, tp: int = 1,
@@ -219,6 +259,10 @@ def derive_profile(gpu_name: str, model_name: str, tp: int = 1,
     costs = RooflineCosts(gpu, model, tp, cal)
     name = f"{gpu_name}-{model_name}" + (f"-tp{tp}" if tp > 1 else "")
     copy = costs.kv_copy_bytes_per_s()
+    prefill = _grid(costs.prefill_s, name, "cached_tokens", "new_tokens", CACHED_AXIS, NEW_AXIS)
+    batched = _batch_fit(costs, prefill)
+    warning = heldout_warning("batched prefill", batched.heldout_median_error,
+                              batched.heldout_max_error, measured=False)
     return Profile(
         name=name,
         hardware={"name": gpu.name, "device": gpu.device, "gpus": tp,
@@ -243,12 +287,12 @@ def derive_profile(gpu_name: str, model_name: str, tp: int = 1,
             },
             "sources": {**{f"hardware.{k}": v for k, v in gpu.sources.items()},
                         **{f"calibration.{k}": v for k, v in CALIBRATION_SOURCES.items()}},
+            **({"warnings": [warning]} if warning else {}),
         },
         kv_capacity_bytes=costs.kv_capacity_bytes(),
         overhead_s=cal.overhead_s,
-        prefill=_grid(costs.prefill_s, name, "cached_tokens", "new_tokens", CACHED_AXIS,
-                      NEW_AXIS),
-        batched_prefill=_batch_fit(costs),
+        prefill=prefill,
+        batched_prefill=batched,
         decode=_grid(costs.decode_s, name, "batch_sizes", "context_tokens", BATCH_AXIS,
                      CONTEXT_AXIS),
         transfers=Transfers(host_to_device_bytes_per_s=copy,

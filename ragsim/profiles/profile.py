@@ -1,8 +1,8 @@
-"""Profile format v1: what one (hardware, model, dtype, tensor-parallel degree, engine) costs.
+"""Profile format v2: what one (hardware, model, dtype, tensor-parallel degree, engine) costs.
 
 A profile is one JSON file::
 
-    {"format": "ragsim.profile", "version": 1, "name": "a10g-mistral-7b",
+    {"format": "ragsim.profile", "version": 2, "name": "a10g-mistral-7b",
      "hardware": {"name": "a10g", "device": "NVIDIA A10G", "gpus": 1, ...},
      "model": {...architecture...}, "dtype": "fp16", "tensor_parallel": 1, "engine": "vllm",
      "obtained": {"kind": "derived", "formula": ..., "constants": ..., "sources": ...}
@@ -10,21 +10,27 @@ A profile is one JSON file::
      "kv_capacity_bytes": ...,        # GPU memory left for KV once weights and activations fit
      "overhead_s": ...,               # fixed cost of one engine iteration
      "prefill": {"cached_tokens": [...], "new_tokens": [...], "seconds": [[...]]},
-     "batched_prefill": {"model": "separable", "per_iteration_s": ..., "per_token_s": ...,
-                         "per_pair_s": ..., "fit": {...}},
+     "batched_prefill": {"model": "equivalent_request", "padding": "none",
+                         "per_extra_request_s": ..., "heldout_median_error": ...,
+                         "heldout_max_error": ..., "fit": {...}},
      "decode": {"batch_sizes": [...], "context_tokens": [...], "seconds": [[...]]},
      "transfers": {"host_to_device_bytes_per_s": ..., "host_to_device_latency_s": ...,
                    "device_to_host_bytes_per_s": ..., "device_to_host_latency_s": ...}}
 
 * ``prefill``: T(alpha, beta) of a single request with alpha cached and beta new tokens.
-* ``batched_prefill``: one iteration that prefills several requests at once is predicted by a
-  separable model, ``per_iteration_s + per_token_s * sum(beta_i) + per_pair_s *
-  sum(beta_i * (alpha_i + beta_i / 2))``: the dense layers scale with the tokens of the whole
-  batch, attention with each request's own query-key pairs (causal within the new tokens). It
-  is fitted to measurements, and ``fit`` records its error.
+* ``batched_prefill``: one iteration that prefills several requests at once, priced on the
+  prefill grid as the single request that computes as many tokens and query-key pairs (see
+  ``BatchedPrefill``), plus a fitted term per extra request, never below its costliest member.
+  ``heldout_*_error`` are its relative errors on batches it was not fitted to (fractions).
 * ``decode``: one decode iteration (one token for each of ``batch_size`` requests) as a function
   of batch size and context length per request.
 * ``transfers``: copying KV between host and GPU memory: ``latency + bytes / bandwidth``.
+* ``obtained.warnings`` (optional): sentences saying where the profile misses its accuracy
+  targets (``ragsim.profiles.heldout``); ``ragsim profiles show`` prints them.
+
+Version 1 files (a separable least-squares batch model, which could price a batch below the
+weight reads every iteration pays) still load: their batch model becomes the equivalent-request
+model with no fitted term and no held-out error, and saving writes version 2.
 """
 
 from __future__ import annotations
@@ -35,24 +41,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-
-import numpy as np
+from typing import NamedTuple
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.heldout import median_and_max, relative_errors
 from ragsim.profiles.models import ModelSpec
 
 FORMAT_NAME = "ragsim.profile"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+BATCH_MODEL = "equivalent_request"
 _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_parallel",
              "engine", "obtained", "kv_capacity_bytes", "overhead_s", "prefill",
              "batched_prefill", "decode", "transfers")
 
 
 @dataclass(frozen=True)
-class SeparableBatchModel:
-    """Time of one iteration prefilling several requests (see the module docstring).
+class BatchedPrefill:
+    """Time of one iteration prefilling several requests, priced on the per-request grid.
+
+    A batch computes ``tokens`` new tokens and ``pairs`` query-key pairs (``batch_features``).
+    One request of beta new tokens on alpha cached ones computes beta tokens and
+    ``beta * (alpha + beta / 2)`` pairs, so the batch costs what the grid says for the single
+    request with ``beta = tokens`` and ``alpha = pairs / tokens - tokens / 2``, plus
+    ``per_extra_request_s`` for each request after the first, and never less than its costliest
+    member alone.
+
+    Why the grid and not separate per-token and per-pair rates: every grid point already pays
+    what any iteration pays once whatever its size -- the overhead and reading the weights, the
+    memory floor under small prefills -- and the dense layers and attention at their real
+    efficiency for that many tokens. A linear fit of rates cannot have a floor: it priced two
+    10-token prefills at half of one. Here a batch of one is exactly the grid, a batch of tiny
+    prefills costs what one slightly bigger prefill does, and a big batch reaches the grid's
+    compute-bound columns. ``per_extra_request_s`` (fitted, >= 0) is what each request adds
+    beyond its tokens and pairs: its LM head, per-row work.
+
+    Many short requests compute fewer pairs than one long one (alpha < 0): the missing pairs are
+    priced at the rate of as many cached tokens, ``T(0, beta) - (T(|alpha|, beta) - T(0, beta))``,
+    exact where time is linear in cached tokens (attention is, at a fixed beta).
 
     ``padding`` says what the engine computes: ``"none"`` for varlen kernels (vLLM: each request
     its own tokens and pairs), ``"left"`` for engines that left-pad the batch to its longest
@@ -60,24 +88,53 @@ class SeparableBatchModel:
     what the longest does.
     """
 
-    per_iteration_s: float
-    per_token_s: float
-    per_pair_s: float
-    fit: dict = field(default_factory=dict)
+    grid: BilinearGrid
     padding: str = "none"
+    per_extra_request_s: float = 0.0
+    heldout_median_error: float | None = None
+    heldout_max_error: float | None = None
+    fit: dict = field(default_factory=dict)
 
-    def features(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
-                 ) -> tuple[float, float]:
-        return batch_features(cached_tokens, new_tokens, self.padding)
+    def equivalent_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
+                     ) -> float:
+        """The grid's time for the one request computing the batch's tokens and pairs."""
+        tokens, pairs = batch_features(cached_tokens, new_tokens, self.padding)
+        if tokens <= 0:
+            return 0.0
+        alpha = pairs / tokens - tokens / 2
+        at = self.grid.at
+        if alpha >= 0:
+            return at(alpha, tokens)
+        none_cached = at(0.0, tokens)
+        return max(2 * none_cached - at(-alpha, tokens), 0.0)
 
     def iteration_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]) -> float:
-        tokens, pairs = self.features(cached_tokens, new_tokens)
-        return self.per_iteration_s + self.per_token_s * tokens + self.per_pair_s * pairs
+        at = self.grid.at
+        costliest = max(at(a, b) for a, b in zip(cached_tokens, new_tokens, strict=True))
+        if len(new_tokens) == 1:
+            return costliest
+        batched = self.equivalent_s(cached_tokens, new_tokens) + self.per_extra_request_s * (
+            len(new_tokens) - 1)
+        return max(batched, costliest)
+
+    def describe(self) -> str:
+        """One line for people (``ragsim profiles show``)."""
+        if self.heldout_median_error is None or self.heldout_max_error is None:
+            held = "held-out error not known (no held-out batches: regenerate or remeasure)"
+        else:
+            held = (f"held-out error median {self.heldout_median_error:.1%}, max "
+                    f"{self.heldout_max_error:.1%} over {self.fit.get('heldout_points', '?')} "
+                    f"batches")
+        return (f"batched prefill: the prefill grid's time for one request with the batch's "
+                f"tokens and query-key pairs ({self.padding} padding), + "
+                f"{self.per_extra_request_s * 1e3:.3g} ms per extra request, at least the "
+                f"costliest request alone; {held}")
 
     def to_dict(self) -> dict:
-        return {"model": "separable", "padding": self.padding,
-                "per_iteration_s": self.per_iteration_s, "per_token_s": self.per_token_s,
-                "per_pair_s": self.per_pair_s, "fit": self.fit}
+        return {"model": BATCH_MODEL, "padding": self.padding,
+                "per_extra_request_s": self.per_extra_request_s,
+                "heldout_median_error": self.heldout_median_error,
+                "heldout_max_error": self.heldout_max_error, "fit": self.fit}
 
 
 def batch_features(cached_tokens: Sequence[float], new_tokens: Sequence[float],
@@ -131,7 +188,7 @@ class Profile:
     kv_capacity_bytes: int
     overhead_s: float
     prefill: BilinearGrid
-    batched_prefill: SeparableBatchModel
+    batched_prefill: BatchedPrefill
     decode: BilinearGrid
     transfers: Transfers
 
@@ -149,6 +206,12 @@ class Profile:
     @property
     def kind(self) -> str:
         return str(self.obtained.get("kind", ""))
+
+    @property
+    def warnings(self) -> list[str]:
+        """Where this profile misses its accuracy targets (``obtained.warnings``)."""
+        found = self.obtained.get("warnings", [])
+        return [str(w) for w in found] if isinstance(found, list) else [str(found)]
 
     # -- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -182,9 +245,12 @@ class Profile:
         if data.get("format") != FORMAT_NAME:
             raise ProfileError(f"expected {FORMAT_NAME!r}, got {data.get('format')!r}",
                                file=source, field="format")
-        if data.get("version") != FORMAT_VERSION:
-            raise ProfileError(f"unsupported version {data.get('version')!r}; this ragsim "
-                               f"reads version {FORMAT_VERSION}", file=source, field="version")
+        version = data.get("version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise ProfileError(f"unsupported version {version!r}; this ragsim reads versions "
+                               f"{', '.join(map(str, READABLE_VERSIONS))}: regenerate the file "
+                               f"with this ragsim ('profiles derive' or 'profile')",
+                               file=source, field="version")
         unknown = sorted(set(data) - set(_TOP_KEYS))
         if unknown:
             raise ProfileError(f"unknown key(s) {unknown}", file=source, field=unknown[0])
@@ -194,6 +260,8 @@ class Profile:
         name = str(data["name"])
         model = _model(data["model"], name, source)
         tp = _number(data, "tensor_parallel", source, integer=True, minimum=1)
+        prefill = BilinearGrid.from_dict(data["prefill"], name=name, x_name="cached_tokens",
+                                         y_name="new_tokens", source=source, field="prefill")
         return cls(
             name=name,
             hardware=_object(data, "hardware", source),
@@ -204,10 +272,8 @@ class Profile:
             obtained=_object(data, "obtained", source),
             kv_capacity_bytes=int(_number(data, "kv_capacity_bytes", source, integer=True)),
             overhead_s=_number(data, "overhead_s", source),
-            prefill=BilinearGrid.from_dict(data["prefill"], name=name, x_name="cached_tokens",
-                                           y_name="new_tokens", source=source,
-                                           field="prefill"),
-            batched_prefill=_batched(data["batched_prefill"], source),
+            prefill=prefill,
+            batched_prefill=_batched(data["batched_prefill"], prefill, int(version), source),
             decode=BilinearGrid.from_dict(data["decode"], name=name, x_name="batch_sizes",
                                           y_name="context_tokens", source=source,
                                           field="decode"),
@@ -245,23 +311,34 @@ def _model(data: object, name: str, source: str) -> ModelSpec:
                            field="model") from exc
 
 
-def _batched(data: object, source: str) -> SeparableBatchModel:
+def _batched(data: object, grid: BilinearGrid, version: int, source: str) -> BatchedPrefill:
     if not isinstance(data, dict):
         raise ProfileError("must be an object", file=source, field="batched_prefill")
-    if data.get("model") != "separable":
-        raise ProfileError(f"unknown model {data.get('model')!r}; known: 'separable'",
-                           file=source, field="batched_prefill.model")
-    if data.get("padding", "none") not in ("none", "left"):
-        raise ProfileError(f"unknown padding {data.get('padding')!r}; known: 'none', 'left'",
-                           file=source, field="batched_prefill.padding")
     p = "batched_prefill."
-    return SeparableBatchModel(
-        per_iteration_s=_number(data, "per_iteration_s", source, prefix=p),
-        per_token_s=_number(data, "per_token_s", source, prefix=p),
-        per_pair_s=_number(data, "per_pair_s", source, prefix=p),
-        fit=data.get("fit", {}) if isinstance(data.get("fit", {}), dict) else {},
-        padding=data.get("padding", "none"),
-    )
+    expected = "separable" if version == 1 else BATCH_MODEL
+    if data.get("model") != expected:
+        raise ProfileError(f"unknown model {data.get('model')!r}; version {version} files "
+                           f"have {expected!r}", file=source, field=p + "model")
+    padding = data.get("padding", "none")
+    if padding not in ("none", "left"):
+        raise ProfileError(f"unknown padding {padding!r}; known: 'none', 'left'",
+                           file=source, field=p + "padding")
+    if version == 1:
+        # the rates of the separable model cannot be reused; the grid is the same
+        return BatchedPrefill(grid, padding, fit={
+            "upgraded_from": "format version 1 (separable model): no fitted per-request "
+            "term and no held-out error; regenerate or remeasure the profile for them"})
+    fit = data.get("fit", {})
+    if not isinstance(fit, dict):
+        raise ProfileError("must be an object", file=source, field=p + "fit")
+    errors = {}
+    for key in ("heldout_median_error", "heldout_max_error"):
+        errors[key] = None if data.get(key) is None else _number(data, key, source, prefix=p)
+    return BatchedPrefill(
+        grid, padding,
+        per_extra_request_s=_number(data, "per_extra_request_s", source, prefix=p,
+                                    minimum=-math.inf),
+        fit=fit, **errors)
 
 
 def _transfers(data: object, source: str) -> Transfers:
@@ -310,26 +387,41 @@ def load_profile(name_or_path: str) -> Profile:
     return Profile.from_dict(data, source=source)
 
 
-def fit_separable(cached: Sequence[Sequence[float]], new: Sequence[Sequence[float]],
-                  seconds: Sequence[float], padding: str = "none") -> SeparableBatchModel:
-    """Least-squares fit (non-negative) of the separable batch model to measured iterations.
+class Batches(NamedTuple):
+    """Timed batched-prefill iterations: batch i prefilled ``new[i][r]`` tokens on
+    ``cached[i][r]`` for each request r and took ``seconds[i]``."""
 
-    Each iteration i prefilled requests with ``cached[i][r]`` and ``new[i][r]`` tokens and took
-    ``seconds[i]``. Rows are weighted by 1/seconds so the fit minimises relative error; errors
-    are reported as median and max over the iterations.
+    cached: list[list[float]]
+    new: list[list[float]]
+    seconds: list[float]
+
+
+def fit_batched_prefill(grid: BilinearGrid, padding: str, fitted: Batches, heldout: Batches,
+                        *, fitted_against: str, heldout_against: str) -> BatchedPrefill:
+    """The batch model on ``grid``: its one term fitted to ``fitted``, judged on ``heldout``.
+
+    ``per_extra_request_s`` minimises the relative error of the unclamped model (weighted least
+    squares, closed form, then at least zero); its errors, on both sets, are those of the model
+    as used.
     """
-    from scipy.optimize import nnls
+    before = grid.extrapolated_queries
+    base = BatchedPrefill(grid, padding)
+    extra = [len(b) - 1 for b in fitted.new]
+    gap = [y - base.equivalent_s(a, b) for a, b, y in zip(*fitted, strict=True)]
+    num = sum(g * k / y**2 for g, k, y in zip(gap, extra, fitted.seconds, strict=True))
+    den = sum(k * k / y**2 for k, y in zip(extra, fitted.seconds, strict=True))
+    # >= 0: what a request adds beyond its tokens and pairs (its LM head, its row) is work; a
+    # negative value would fit the grid's interpolation error, not batching
+    model = BatchedPrefill(grid, padding, per_extra_request_s=max(num / den, 0.0) if den else 0.0)
 
-    rows = [(1.0, *batch_features(a, b, padding)) for a, b in zip(cached, new, strict=True)]
-    design = np.asarray(rows)
-    target = np.asarray(seconds, dtype=np.float64)
-    weights = 1.0 / np.maximum(target, 1e-12)
-    coef, _ = nnls(design * weights[:, None], target * weights)
-    predicted = design @ coef
-    rel = np.abs(predicted - target) / np.maximum(target, 1e-12)
-    return SeparableBatchModel(
-        per_iteration_s=float(coef[0]), per_token_s=float(coef[1]), per_pair_s=float(coef[2]),
-        fit={"points": len(target), "median_rel_error": float(np.median(rel)),
-             "max_rel_error": float(np.max(rel))},
-        padding=padding,
-    )
+    def errors(batches: Batches) -> list[float]:
+        return relative_errors([model.iteration_s(a, b) for a, b in
+                                zip(batches.cached, batches.new, strict=True)], batches.seconds)
+
+    fit_median, fit_max = median_and_max(errors(fitted))
+    held_median, held_max = median_and_max(errors(heldout))
+    grid.extrapolated_queries = before  # fitting is not a simulation's lookup
+    return BatchedPrefill(grid, padding, model.per_extra_request_s, held_median, held_max, {
+        "points": len(fitted.seconds), "median_rel_error": fit_median,
+        "max_rel_error": fit_max, "against": fitted_against,
+        "heldout_points": len(heldout.seconds), "heldout_against": heldout_against})

@@ -1,4 +1,4 @@
-"""``ragsim profile``: measure a device into a profile (format v1) with a real model.
+"""``ragsim profile``: measure a device into a profile (format v2) with a real model.
 
 The model is built from its architecture with random weights (transformers, nothing
 downloaded): timing does not depend on the weights. T(alpha, beta) is measured by running a
@@ -9,10 +9,12 @@ a 2-D attention mask, per-row positions), decode runs one token for a batch over
 and transfers copy KV-sized tensors host<->device (pinned memory on CUDA). Every point is warmed
 up, repeated, and stored as its median with the spread (min, max).
 
-Measured medians are made non-decreasing along both grid axes (a running maximum) before they are
-written: the format requires monotone grids; the raw medians stay in ``obtained.raw``. Held-out
-points, not on the grid, are measured at the end and the file records how well the grid and the
-separable batch model predict them.
+Measured medians are made non-decreasing along both grid axes (isotonic regression) before they
+are written: the format requires monotone grids; the raw medians and the timed batches stay in
+``obtained.raw``. Held-out points, not on the grid, and held-out batches are measured at the end
+and the file records how well the grid and the batch model predict them; where they miss the
+targets of ``ragsim.profiles.heldout`` the profile carries a warning saying why that happens and
+what to do (``obtained.warnings``, printed by ``ragsim profile`` and ``ragsim profiles show``).
 
 A run writes ``OUT.partial.json`` after every point and resumes from it when started again with
 the same settings, so an interrupted profile loses at most one point.
@@ -34,8 +36,15 @@ import numpy as np
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.grid import BilinearGrid, monotone_values
+from ragsim.profiles.heldout import (
+    HELDOUT_MAX_TARGET,
+    HELDOUT_MEDIAN_TARGET,
+    heldout_warning,
+    median_and_max,
+    relative_errors,
+)
 from ragsim.profiles.models import ModelSpec
-from ragsim.profiles.profile import Profile, SeparableBatchModel, Transfers, fit_separable
+from ragsim.profiles.profile import Batches, Profile, Transfers, fit_batched_prefill
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -380,6 +389,11 @@ def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: in
     return ProfilePlan(**{**asdict(plan), "batch_sizes": batches})
 
 
+def _batches(timed: list[dict]) -> Batches:
+    return Batches([b["cached"] for b in timed], [b["new"] for b in timed],
+                   [b["seconds"] for b in timed])
+
+
 def _random_batch(rng: np.random.Generator, plan: ProfilePlan) -> tuple[list[int], list[int]]:
     rows = int(rng.integers(2, 5))
     cached = [int(rng.choice(plan.cached_tokens)) for _ in range(rows)]
@@ -404,20 +418,18 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
     decode = BilinearGrid(name, "batch_sizes", "context_tokens",
                           [float(b) for b in plan.batch_sizes],
                           [float(c) for c in plan.context_tokens], monotone_values(raw_decode))
-    batched = fit_separable([b["cached"] for b in state.batches],
-                            [b["new"] for b in state.batches],
-                            [b["seconds"] for b in state.batches], padding="left")
-    held_batch_errors = [abs(batched.iteration_s(b["cached"], b["new"]) - b["seconds"])
-                         / b["seconds"] for b in state.held_out_batches]
-    held_errors = [abs(prefill.at(h["cached"], h["new"]) - h["seconds"]) / h["seconds"]
-                   for h in state.held_out]
-    batched = SeparableBatchModel(batched.per_iteration_s, batched.per_token_s,
-                                  batched.per_pair_s,
-                                  {**batched.fit, "held_out_batches": len(held_batch_errors),
-                                   "held_out_median_rel_error": float(np.median(
-                                       held_batch_errors)) if held_batch_errors else None,
-                                   "held_out_max_rel_error": float(max(held_batch_errors))
-                                   if held_batch_errors else None}, batched.padding)
+    batched = fit_batched_prefill(
+        prefill, "left", _batches(state.batches), _batches(state.held_out_batches),
+        fitted_against=f"{len(state.batches)} measured batches of 2-4 requests",
+        heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests")
+    held_errors = relative_errors([prefill.at(h["cached"], h["new"]) for h in state.held_out],
+                                  [h["seconds"] for h in state.held_out])
+    prefill_median, prefill_max = median_and_max(held_errors)
+    warnings = [w for w in (
+        heldout_warning("prefill points", prefill_median, prefill_max, measured=True,
+                        threads=threads),
+        heldout_warning("batches", batched.heldout_median_error, batched.heldout_max_error,
+                        measured=True, threads=threads)) if w]
     copies = {}
     for direction in ("h2d", "d2h"):
         sizes = plan.copy_bytes
@@ -449,18 +461,21 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                          "grids made non-decreasing by isotonic regression along each axis "
                          "(raw medians and min/max spread below)",
             "raw": {"prefill": state.prefill, "decode": state.decode,
-                    "copies": state.copies},
+                    "copies": state.copies, "batches": state.batches,
+                    "held_out_batches": state.held_out_batches},
             "validation": {
                 "held_out_prefill": [{**h, "predicted": prefill.at(h["cached"], h["new"])}
                                      for h in state.held_out],
                 "held_out_prefill_points": len(held_errors),
-                "held_out_prefill_median_rel_error": float(np.median(held_errors))
-                if held_errors else None,
-                "held_out_prefill_max_rel_error": float(max(held_errors))
-                if held_errors else None,
-                "held_out_batches": len(held_batch_errors),
-                "held_out_batch_median_rel_error": batched.fit["held_out_median_rel_error"],
+                "held_out_prefill_median_rel_error": prefill_median,
+                "held_out_prefill_max_rel_error": prefill_max,
+                "held_out_batches": len(state.held_out_batches),
+                "held_out_batch_median_rel_error": batched.heldout_median_error,
+                "held_out_batch_max_rel_error": batched.heldout_max_error,
+                "targets": {"median_rel_error": HELDOUT_MEDIAN_TARGET,
+                            "max_rel_error": HELDOUT_MAX_TARGET},
             },
+            **({"warnings": warnings} if warnings else {}),
         },
         kv_capacity_bytes=int(kv_capacity_bytes),
         overhead_s=float(prefill.values[0][0]),
