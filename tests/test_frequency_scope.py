@@ -6,6 +6,8 @@ implementation), never read back from the tree.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -273,3 +275,47 @@ def test_the_simulator_counts_in_simulated_time(small_trace):
     keys = ("token_hit_rate_gpu", "token_hit_rate_host", "ttft_mean_s")
     assert [window[k] for k in keys] == [lifetime[k] for k in keys]
     assert [short[k] for k in keys] != [lifetime[k] for k in keys]
+
+
+def test_the_policies_command_lists_every_policy_and_scope():
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["policies", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert [row["name"] for row in data["policies"]] == list(POLICY_NAMES)
+    assert data["frequency_scopes"] == ["admission", "lifetime", "window"]
+    table = CliRunner().invoke(app, ["policies"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "pgdsf-no-size" in table.output
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--frequency-scope", "window"], "--frequency-scope"),
+    (["--frequency-scope", "weekly"], "--frequency-scope"),
+    (["--frequency-window", "60"], "--frequency-window"),
+    (["--frequency-scope", "window", "--frequency-window", "60", "--flat"],
+     "--frequency-scope"),
+])
+def test_replay_refuses_a_bad_scope_in_the_users_words(args, flag):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["replay", "--requests", "50", *args])
+    assert result.exit_code == 2
+    assert flag in result.output
+
+
+def test_run_and_replay_record_the_scope_they_used():
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    window = ["--frequency-scope", "window", "--frequency-window", "30", "--json"]
+    for command in (["replay", "--policy", "lfu"], ["run", "--policy", "lfu", "--no-speculate"]):
+        result = CliRunner().invoke(app, [*command, "--requests", "100", *window])
+        assert result.exit_code == 0, result.output
+        config = json.loads(result.output)["config"]
+        assert (config["frequency_scope"], config["frequency_window_s"]) == ("window", 30.0)

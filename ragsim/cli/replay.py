@@ -47,8 +47,15 @@ class ReplayCommand(Command):
 def replay(
     trace: Annotated[str, typer.Option(
         help=f"Built-in name ({TRACE_NAMES}) or trace path.")] = "mmlu",
-    policy: Annotated[str, typer.Option(help="pgdsf, gdsf, lru, lfu, fifo or belady "
-                                             "(offline bound).")] = "pgdsf",
+    policy: Annotated[str, typer.Option(
+        help="pgdsf, gdsf, lru, lfu, fifo, belady (offline bound), or an ablation "
+             "(pgdsf-const-cost, pgdsf-no-size); see `ragsim policies`.")] = "pgdsf",
+    frequency_scope: Annotated[str, typer.Option(
+        help="How every frequency policy counts retrievals: admission (restarts when a node "
+             "leaves the cache), lifetime (whole trace), window (last --frequency-window "
+             "seconds of trace time; not with --flat).")] = "lifetime",
+    frequency_window: Annotated[float | None, typer.Option(
+        help="The window scope's width, seconds of trace time.")] = None,
     model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
                      ] = "mistral-7b",
     gpu_mem: Annotated[str, typer.Option(help="GPU memory for cached KV.")] = REPLAY_GPU_MEM,
@@ -93,6 +100,7 @@ def replay(
         raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
     if requests is not None and requests <= 0:
         raise RagsimInputError("must be > 0", field="--requests")
+    _check_frequency_scope(frequency_scope, frequency_window, flat)
     config = ReplayConfig(
         trace=trace,
         policy=policy.lower(),
@@ -106,6 +114,8 @@ def replay(
         max_cached_depth=cache_depth,
         n_requests=requests,
         seed=seed,
+        frequency_scope=frequency_scope,
+        frequency_window_s=frequency_window,
     )
     from ragsim.cache.policies import POLICY_NAMES
 
@@ -139,6 +149,25 @@ def replay(
                          "requests", out_dir, signals)
 
 
+def _check_frequency_scope(scope: str, window_s: float | None, flat: bool) -> None:
+    from ragsim.cache.tree import FREQUENCY_SCOPES
+
+    if scope not in FREQUENCY_SCOPES:
+        raise RagsimInputError(f"unknown scope {scope!r}; choose one of "
+                               f"{', '.join(FREQUENCY_SCOPES)}", field="--frequency-scope")
+    if scope == "window" and window_s is None:
+        raise RagsimInputError("the window scope needs --frequency-window SECONDS",
+                               field="--frequency-scope")
+    if scope != "window" and window_s is not None:
+        raise RagsimInputError("applies only to --frequency-scope window",
+                               field="--frequency-window")
+    if window_s is not None and not window_s > 0:
+        raise RagsimInputError("must be > 0", field="--frequency-window")
+    if flat and scope == "window":
+        raise RagsimInputError("the window scope needs the knowledge tree: use admission or "
+                               "lifetime with --flat", field="--frequency-scope")
+
+
 def _print_replay_summary(s: dict) -> None:
     c = s["config"]
     table = Table(title=f"replay: {c['trace']} · {c['policy']}{' (flat)' if c['flat'] else ''}"
@@ -150,6 +179,8 @@ def _print_replay_summary(s: dict) -> None:
         ("GPU / host memory", f"{describe_bytes(c['gpu_capacity_bytes'])} / "
                               f"{describe_bytes(c['host_capacity_bytes'])}"),
         ("KV bytes per token", f"{c['kv_bytes_per_token']:,}"),
+        ("frequency counted", c["frequency_scope"] + (
+            f" ({c['frequency_window_s']:g} s)" if c["frequency_window_s"] else "")),
         ("document tokens", f"{s['doc_tokens']:,}"),
         ("token hit rate", f"{s['token_hit_rate']:.2%}"),
         ("  in GPU", f"{s['token_hit_rate_gpu']:.2%}"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.progress import TextColumn
 from rich.table import Table
@@ -42,13 +41,13 @@ FIELD_OF_OPTION = {
     "rate": "rate_rps", "fail_gpu_at": "fail_gpu_at_s",
     "gpu_failure_rate": "gpu_failure_rate_per_h", "gpu_recovery": "gpu_recovery_s",
     "retry_timeout": "retry_timeout_s", "requests": "n_requests",
-    "drift": "trace_drift_per_1k_requests",
+    "drift": "trace_drift_per_1k_requests", "frequency_window": "frequency_window_s",
 }
 # what an unset (None) field means, for help
 _UNSET_MEANS = {
     "n_requests": "the whole trace", "top_k": "the trace's lists",
     "rate_rps": "the trace's arrival times", "gpu_kv_bytes": "the profile's KV capacity",
-    "max_cached_depth": "every document",
+    "max_cached_depth": "every document", "frequency_window_s": "none (window scope: required)",
 }
 
 
@@ -112,12 +111,23 @@ def _in_user_words(exc: RagsimInputError, by_flag: set[str], from_file: dict | N
         return exc
     if from_file is not None and field in from_file and field not in by_flag:
         return type(exc)(exc.detail, file=str(config_file), row=exc.row, field=f"run.{field}")
-    ctx = click.get_current_context(silent=True)
-    options = {FIELD_OF_OPTION.get(p.name, p.name): p.opts[0]
-               for p in (ctx.command.params if ctx is not None else ()) if p.opts}
-    if field not in options:
+    flag = _option_of_field().get(field)
+    if flag is None:  # settable in a --config file only (reorder_scan, ...)
         return exc
-    return type(exc)(exc.detail, row=exc.row, field=options[field])
+    return type(exc)(exc.detail, row=exc.row, field=flag)
+
+
+def _option_of_field() -> dict[str, str]:
+    """Configuration field -> the option that sets it (``rate_rps`` -> ``--rate``), read from
+    ``run``'s parameters as typer reads them."""
+    from typer.utils import get_params_from_function
+
+    options = {}
+    for name, meta in get_params_from_function(run).items():
+        declared = getattr(meta.default, "param_decls", ())
+        flag = declared[0].split("/")[0] if declared else "--" + name.replace("_", "-")
+        options[FIELD_OF_OPTION.get(name, name)] = flag
+    return options
 
 
 @friendly_errors
@@ -149,8 +159,15 @@ def run(
         ENGINE, "Overlap host->GPU KV loads with compute.", "--overlap-swap/--no-overlap-swap")
     ] = None,
     # cache
-    policy: Annotated[str | None, _opt(CACHE, "Replacement policy: pgdsf, gdsf, lru, lfu, fifo.")
-                      ] = None,
+    policy: Annotated[str | None, _opt(
+        CACHE, "Replacement policy: pgdsf, gdsf, lru, lfu, fifo, or an ablation "
+        "(pgdsf-const-cost, pgdsf-no-size); see `ragsim policies`.")] = None,
+    frequency_scope: Annotated[str | None, _opt(
+        CACHE, "How every frequency policy counts retrievals: admission (restarts when a "
+        "node leaves the cache), lifetime (whole run), window (last --frequency-window s).")
+    ] = None,
+    frequency_window: Annotated[float | None, _opt(
+        CACHE, "The window scope's width, seconds of simulated time.")] = None,
     cache: Annotated[bool | None, _opt(
         CACHE, "Cross-request KV reuse (off: vLLM v0.3).", "--cache/--no-cache")] = None,
     host_mem: Annotated[str | None, _opt(CACHE, "Host memory for cached KV, e.g. 192GiB.")
@@ -223,6 +240,7 @@ def run(
     flags = {
         "trace": trace, "system": system, "profile": profile,
         "policy": policy.lower() if policy else None, "cache": cache,
+        "frequency_scope": frequency_scope, "frequency_window_s": frequency_window,
         "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem else None,
         "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
         "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
