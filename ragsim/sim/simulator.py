@@ -127,6 +127,10 @@ class Simulation(EngineHooks):
         self._active_spec: dict[int, Job] = {}  # request -> its live speculative job
         self._next_key = 0
         self.ended = 0
+        self.arrived = 0
+        self.unseen_failures = 0  # rate failures of an already failed, empty system (counted)
+        # set while the background sleeps until the next arrival (nothing else can happen)
+        self._arrival_wakeup: simpy.Event | None = None
         self.all_ended = self.env.event()
         self.spec_wasted_tokens = 0
         self.retries = 0
@@ -175,7 +179,12 @@ class Simulation(EngineHooks):
         for i, t in enumerate(self.arrival_s.tolist()):
             if t > env.now:
                 yield env.timeout(t - env.now)
+            self.arrived += 1
             env.process(self._request(i))
+            wakeup = self._arrival_wakeup
+            if wakeup is not None:
+                self._arrival_wakeup = None
+                wakeup.succeed()
 
     def _request(self, i: int):
         env = self.env
@@ -238,7 +247,18 @@ class Simulation(EngineHooks):
         scheduled, no request can ever end (the pool, the engine and the searches are all waiting
         on nothing), and it stops instead of ticking forever; ``run`` then reports a stall. (A
         second process for the given failure times kept the queue alive, and injected failures
-        after a stall.)"""
+        after a stall.)
+
+        It never steps through empty time: a trace whose next request comes a day (or 1e308 s)
+        later costs nothing. While no request is in the system and the engine waits, the cache
+        cannot change, so once a replica tick in that state has copied and evicted nothing,
+        every later tick would do the same: the process sleeps until the next arrival and then
+        resumes the ticks on their grid (results are those of ticking through). Rate failures
+        of an empty system that has already failed in this stretch would change nothing but
+        the failure count, unless one falls within a recovery time of the next arrival; as a
+        Poisson process has no memory, the failure clock restarts there instead of stepping
+        through the stretch; the failures skipped are counted (drawn, Poisson) in
+        ``gpu_failures``, not simulated."""
         env = self.env
         config = self.config
         rng = np.random.default_rng([config.seed, 0xFA17])
@@ -246,12 +266,32 @@ class Simulation(EngineHooks):
         failures = config.gpu_failure_rate_per_h > 0
         mean_failure_gap_s = 3600.0 / config.gpu_failure_rate_per_h if failures else math.inf
         replicas = bool(config.host_replicas and self.tree.host_capacity_bytes)
+        every_s = config.replicate_every_s
         next_failure = env.now + float(rng.exponential(mean_failure_gap_s)) if failures \
             else math.inf
-        next_replica = env.now + config.replicate_every_s if replicas else math.inf
+        next_replica = env.now + every_s if replicas else math.inf
+        settled = False  # the last replica tick found an empty system and changed nothing
+        failed_empty_at = -1  # arrivals so far when an empty system last failed (this stretch)
+        recovery_s = 0.0  # how long that failure kept the GPU down
         while True:
             next_given = given_failures_s[0] if given_failures_s else math.inf
-            wake_s = min(next_given, next_failure, next_replica)
+            more = self.arrived < self.n
+            next_arrival = self.arrival_s[self.arrived] if more else math.inf
+            if failed_empty_at == self.arrived and self.ended == self.arrived and more:
+                restart_s = next_arrival - recovery_s
+                if next_failure < restart_s:
+                    # counted, not simulated: the one due, and those after it before the restart
+                    mean_more = (restart_s - next_failure) / mean_failure_gap_s
+                    self.unseen_failures += 1 + (int(rng.poisson(mean_more)) if mean_more < 1e12
+                                                 else round(mean_more))
+                    next_failure = restart_s + float(rng.exponential(mean_failure_gap_s))
+            wake_s = min(next_given, next_failure, math.inf if settled else next_replica)
+            if settled and more and wake_s >= next_arrival:
+                self._arrival_wakeup = env.event()
+                yield self._arrival_wakeup
+                settled = False
+                next_replica = _tick_at_or_after(next_replica, every_s, env.now)
+                continue
             if wake_s == math.inf:
                 return  # nothing (more) happens to the system in this run
             yield env.timeout(max(0.0, wake_s - env.now))
@@ -270,10 +310,25 @@ class Simulation(EngineHooks):
                 next_failure = env.now + float(rng.exponential(mean_failure_gap_s))
                 failed = True
             if failed:
+                if settled:  # the cache changed: ticks resume where the grid is now
+                    settled = False
+                    next_replica = _tick_at_or_after(next_replica, every_s, env.now)
+                if self.ended == self.arrived:
+                    yield env.timeout(0)  # the engine takes the failure: its recovery is known
+                    failed_empty_at = self.arrived
+                    recovery_s = max(self.engine.down_until_s - env.now, 0.0)
                 continue  # the engine handles its failure first; a replica due now follows
             if env.now >= next_replica:
-                self.tree.replicate_upper_nodes(config.host_replicas)
-                next_replica = env.now + config.replicate_every_s
+                tree = self.tree
+                before = (tree.evictions_host, tree.host_used_bytes)
+                copied = tree.replicate_upper_nodes(config.host_replicas)
+                next_replica = env.now + every_s
+                # the engine waits for work (nothing in its pool, nothing running) and no
+                # request is in the system: nothing but an arrival or a failure changes the
+                # cache, so a tick that changed nothing will change nothing until then
+                # (the engine's wake-up event exists only while it waits for work)
+                settled = (not copied and before == (tree.evictions_host, tree.host_used_bytes)
+                           and self.ended == self.arrived and self.engine._wakeup is not None)
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
@@ -406,6 +461,20 @@ class Simulation(EngineHooks):
                 (cols["finish_s"] - cols["first_token_s"]) / np.maximum(decode_tokens, 1),
                 np.nan)
         return cols
+
+
+def _tick_at_or_after(tick_s: float, every_s: float, now_s: float) -> float:
+    """The first tick of the periodic grid ``tick_s, tick_s + every_s, ...`` at or after
+    ``now_s``, summed one period at a time as the ticking loop sums it (so the ticks after a
+    sleep fall exactly where they would have); past a million periods, or where a period no
+    longer moves the clock (times near 1e308), the grid's phase is kept by a remainder."""
+    if tick_s >= now_s:
+        return tick_s
+    if (now_s - tick_s) / every_s > 1e6 or tick_s + every_s == tick_s:
+        return now_s + (tick_s - now_s) % every_s
+    while tick_s < now_s:
+        tick_s += every_s
+    return tick_s
 
 
 def run_simulation(trace: Trace, config: SimConfig, profile: Profile,

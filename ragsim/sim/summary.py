@@ -129,13 +129,16 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
         "iterations_decode": int(engine.iterations_decode),
         "gpu_busy_fraction": engine.busy_s / simulated_s if simulated_s > 0 else 0.0,
         "swap_in_s": float(engine.swap_in_s),
-        "gpu_failures": int(engine.gpu_failures),
+        # with those of an already failed, empty system that were counted, not simulated
+        "gpu_failures": int(engine.gpu_failures) + int(sim.unseen_failures),
         "gpu_failure_lost_bytes": int(engine.lost_bytes),
         "retries": int(sim.retries),
         "cost_extrapolations": int(sim.profile.extrapolated_queries - sim.extrapolated_before),
         "simulated_s": simulated_s,
         "elapsed_s": elapsed_s,
-        "sim_requests_per_wall_s": sim.n / elapsed_s if elapsed_s > 0 else float("inf"),
+        # over the requests that ended: an interrupted run did not simulate the rest
+        "sim_requests_per_wall_s": (n_done + n_failed) / elapsed_s if elapsed_s > 0
+        else float("inf"),
         "sim_s_per_wall_s": simulated_s / elapsed_s if elapsed_s > 0 else float("inf"),
         "stage_source": sim.search.source,
         "kv_bytes_per_token": int(sim.kv),
