@@ -263,14 +263,15 @@ EXTRA_MODULES = {
     "profile": ("torch", "transformers"),
     "corpus": ("torch", "faiss", "sentence_transformers", "sentencepiece", "tiktoken", "yaml"),
 }
-_TORCH_FIRST = ("install the CPU build of torch first (see docs/install.md: the default build "
+_TORCH_FIRST = ("install the CPU build of torch first (docs/install.md: the default build "
                 "brings gigabytes of CUDA libraries), then ")
 
 
 def missing_extra(extra: str, module: str, command: str) -> MissingExtraError:
     """The one line that says what to install for ``command`` (``torch`` gets its own advice:
     a plain install pulls the CUDA build, gigabytes a CPU machine does not use)."""
-    advice = (_TORCH_FIRST if module == "torch" else "") + f"pip install 'ragsim[{extra}]'"
+    advice = ((_TORCH_FIRST if module == "torch" else "")
+              + f"ragsim's '{extra}' extra: pip install '.[{extra}]' in ragsim's checkout")
     return MissingExtraError(f"`{command}` needs {module}, which is not installed; {advice}",
                              module=module, extra=extra)
 
