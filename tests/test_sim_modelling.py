@@ -125,3 +125,15 @@ def test_the_window_is_seconds_and_starts_when_a_request_is_the_oldest():
     # head to the next one from that moment
     pool.discard("Q2", now_s=6.0)
     assert pool.window_started_s("Q3") == 6.0
+
+
+def test_the_reorder_ablation_script_prints_both_tables():
+    from test_benchmark_scripts import run_script
+
+    out = run_script("reorder_ablation.py", "--quick", "--requests", "100")
+    assert "mmlu at 2.5 req/s" in out and "nq at 1.4 req/s" in out
+    rows = [line.split() for line in out.splitlines()
+            if line.strip().startswith(("2.5 ", "3.5 ", "5.0 ", "1.4 ", "4.0 "))]
+    assert len(rows) == 6  # three rates per trace
+    for row in rows:  # TTFTs positive, gains as ratios, forced shares as percentages
+        assert float(row[1]) > 0 and row[3].endswith("x") and row[4].endswith("%")
