@@ -278,7 +278,11 @@ def trace_stats_command(
     requests: Annotated[int | None, typer.Option(help="Use the first N requests of every "
                                                       "trace.")] = None,
 ) -> None:
-    """Requests, documents, tokens, top-k and retrieval skew of one or more traces.
+    """Requests, documents, tokens, top-k, retrieval skew and popularity drift of traces.
+
+    Drift (top10_turnover*): the share of the 10 most frequent leading documents that changes
+    between consecutive windows of 1,000 requests, corrected with the same trace shuffled
+    (about 0: stationary; 1: replaced every window).
 
     With --plot, also the paper's skew analysis: cumulative share of retrievals against the top
     fraction of documents (Figure 5) and the sizes of the retrieved documents (Figure 3), one
