@@ -67,11 +67,11 @@ def describe_bytes(n_bytes: int) -> str:
     """A size echoed in the unit it was most likely written in, so a reader sees what was
     understood: ``192 GiB``; decimal sizes with their binary value beside, because the two are
     easily confused (``--host-mem 32GB`` is ``32 GB (29.80 GiB)``, not 32 GiB). The largest
-    unit, of either kind, that divides the size exactly wins; anything else is shown as
-    :func:`format_bytes` does."""
+    unit, of either kind, that divides the size exactly into fewer than 10,000 wins; anything
+    else (a profile's 6,043,326,464 bytes) is shown as :func:`format_bytes` does."""
     n_bytes = int(n_bytes)
     exact = [(size, unit) for unit, size in (*_BINARY, *_DECIMAL)
-             if n_bytes >= size and n_bytes % size == 0]
+             if n_bytes >= size and n_bytes % size == 0 and n_bytes // size < 10_000]
     if not exact:
         return format_bytes(n_bytes)
     size, unit = max(exact)
