@@ -88,6 +88,13 @@ def main() -> None:
               f"{fit.spec.n_documents:,} documents, leading top-3% share "
               f"{fit.spec.target_top3_share:.3f}, {args.seeds} seeds), corrected turnover at "
               f"each drift: {curve}")
+    # the check: the built-in traces at their default drift show what was measured
+    for name in ("mmlu", "nq"):
+        values = [popularity_drift(resolve_trace(name, seed=seed))["top10_turnover_corrected"]
+                  for seed in range(4)]
+        print(f"\nbuilt-in {name} at drift {BUILTIN_DRIFT_PER_1K_REQUESTS:g} (seeds 0-3): "
+              f"corrected turnover {sum(values) / len(values):+.3f} "
+              f"({', '.join(f'{v:+.3f}' for v in values)})")
     if "wiki-trivia-topics" in fits:
         print(f"\nbuilt-in default (wiki-trivia-topics fit, 2 decimals): "
               f"{round(fits['wiki-trivia-topics'].drift_per_1k_requests, 2)}; "

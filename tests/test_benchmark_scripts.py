@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -32,7 +34,8 @@ def test_paper_comparison_policy_table_with_drift():
 def test_policy_seeds_prints_a_row_per_seed_and_the_ranges():
     out = run_script("policy_seeds.py", "--synthetic", "nq", "--seeds", "2", "--requests",
                      "300", "--host-gib", "8")
-    per_seed = [line for line in out.splitlines() if line.startswith("| nq (drift 0.1) |")]
+    label = f"| nq (drift {BUILTIN_DRIFT_PER_1K_REQUESTS:g}) |"  # the built-in default
+    per_seed = [line for line in out.splitlines() if line.startswith(label)]
     assert len(per_seed) == 2
     ranges = [line for line in out.splitlines() if line.startswith("| 8 GiB |")]
     assert len(ranges) == 1

@@ -218,11 +218,12 @@ def test_popularity_drift_is_recorded_calibrated_and_changes_what_is_popular():
     from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
     still = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.0)
-    default = shared_trace("mmlu", 20_000)
+    slow = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.1)
     moving = shared_trace("mmlu", 20_000, drift_per_1k_requests=0.3)
+    default = shared_trace("mmlu", 20_000)
     assert still.info["parameters"]["drift_per_1k_requests"] == 0.0
     assert default.info["parameters"]["drift_per_1k_requests"] == BUILTIN_DRIFT_PER_1K_REQUESTS
-    for trace in (default, moving):  # the skew is calibrated with the drift in place
+    for trace in (default, slow, moving):  # the skew is calibrated with the drift in place
         assert trace_stats(trace)["top_3pct_share"] == pytest.approx(0.60, abs=0.02)
 
     def top(trace, lo, hi):
@@ -231,9 +232,9 @@ def test_popularity_drift_is_recorded_calibrated_and_changes_what_is_popular():
 
     # the 50 hottest documents of the first and last 2,000 requests
     overlap = {name: len(top(t, 0, 2000) & top(t, 18_000, 20_000))
-               for name, t in (("still", still), ("default", default), ("moving", moving))}
+               for name, t in (("still", still), ("slow", slow), ("moving", moving))}
     assert overlap["still"] > 35 and overlap["moving"] < 10, overlap
-    assert overlap["moving"] < overlap["default"] < overlap["still"], overlap
+    assert overlap["moving"] < overlap["slow"] < overlap["still"], overlap
 
 
 def test_drift_is_where_frequency_alone_stops_winning():
@@ -249,7 +250,7 @@ def test_drift_is_where_frequency_alone_stops_winning():
 
 
 def test_on_drifting_nq_pgdsf_keeps_the_paper_margins_over_every_baseline():
-    """Fast drift (30% of the ranks per 1,000 requests, three times the built-in rate) on
+    """Drift of 30% of the ranks per 1,000 requests (the built-in traces: 78%) on
     ``nq``, in ``replay`` (GPU 4 GiB + host 32 GiB, seeded): PGDSF 14.5% against GDSF 12.4%, LRU
     11.4%, LFU 9.8% -- 1.17x, 1.28x, 1.49x, each above the paper's lower end."""
     rate = token_hit_rates("nq", n_requests=20_000, drift_per_1k_requests=0.3)
