@@ -318,15 +318,16 @@ def _print_run_summary(s: dict) -> None:
                                            if s["requests_pending"] else "")),
         ("TTFT mean / p50 / p90 / p99", " / ".join(ms(s[f"ttft_{k}_s"])
                                                    for k in ("mean", "p50", "p90", "p99"))),
-        ("  search wait / search / queue / prefill",
+        ("  search wait / search / queue / swap-in / prefill",
          " / ".join(ms(s[f"ttft_{k}_mean_s"]) for k in ("search_wait", "search", "queue",
-                                                         "prefill"))),
+                                                         "swap_in", "prefill"))),
         ("TPOT mean", ms(s["tpot_mean_s"])),
         ("end-to-end mean / p99", f"{ms(s['e2e_mean_s'])} / {ms(s['e2e_p99_s'])}"),
         ("throughput", f"{s['throughput_rps']:.3f} req/s, {s['throughput_tokens_s']:,.1f} tok/s"),
         ("token hit rate (GPU + host)", f"{s['token_hit_rate']:.1%} ({s['token_hit_rate_gpu']:.1%}"
                                         f" + {s['token_hit_rate_host']:.1%})"),
         ("request hit rate", f"{s['request_hit_rate']:.1%}"),
+        ("hits on own speculation (not above)", f"{s['speculative_self_hit_rate']:.1%}"),
         ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
                              f"{format_bytes(s['swap_out_bytes'])}"),
         ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
