@@ -6,7 +6,10 @@ Expected values are worked out by hand (tiny traces) or by a second, set-based i
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +126,20 @@ def test_the_fit_recovers_the_drift_a_trace_was_generated_with(true_drift):
 def test_the_fit_refuses_a_trace_shorter_than_two_windows():
     with pytest.raises(ValueError, match="two windows of 1000 requests"):
         fit_drift(trace_of([[1]] * 1999))
+
+
+def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_row():
+    """benchmarks/measure_drift.py with its defaults (the Mooncake copy in tests/data), without
+    the fit: the shuffled real trace shows no drift, the topically ordered one a lot."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_drift.py"
+    result = subprocess.run([sys.executable, str(script), "--no-fit"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split(" | ")[0].removeprefix("| "): line.strip("| ").split(" | ")
+            for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"trace", "wiki-trivia-topics", "wiki-trivia",
+                         "mooncake (mooncake_synthetic_trace.jsonl.xz)"}
+    corrected = {name: float(cells[5]) for name, cells in rows.items() if name != "trace"}
+    assert abs(corrected["wiki-trivia"]) < 0.15
+    assert corrected["wiki-trivia-topics"] > 0.5
+    assert rows["mooncake (mooncake_synthetic_trace.jsonl.xz)"][1] == "3,993"
