@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch  # noqa: F401 - [profile] in [dev]: missing is a broken set-up, not a skip
 import transformers  # noqa: F401
 from typer.testing import CliRunner
 
 from ragsim.cli import app
+from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
-from ragsim.profiles.profile import load_profile
-from ragsim.profiles.profiler import ProfilePlan, run_profile
+from ragsim.profiles.profile import BatchedPrefill, load_profile
+from ragsim.profiles.profiler import ProfilePlan, TorchEngine, run_profile
 
 runner = CliRunner()
 
 
-# The targets, 10% (single requests) and 15% (batches) median held-out error, are a property of
-# a quiet machine: `ragsim profile` reports them in its validation, and the README quotes what it
-# printed. On a shared two-core CI machine one profile measured 25% / 48% under load and 4% / 2%
-# when quiet, so a test can only catch systematic errors (a wrong axis, a units slip: errors far
-# above 100%), not check the targets. Hence one measurement and a wide bound.
-PREFILL_TOLERANCE, BATCH_TOLERANCE = 0.60, 0.80
+# What a shared two-core CI machine can hold. Absolute accuracy cannot be tested here: the same
+# quick profile measured 4% / 2% held-out error on a quiet machine and 51% / 31% with other test
+# suites running (load average 6 on 2 cores), because the grid and the held-out points are timed
+# minutes apart under different load; `ragsim profile` reports that error and warns above the
+# targets (10% median, 25% max). What can be tested is a ratio: a prediction from points timed in
+# the same sweeps as the thing predicted (same load), so noise cancels and a wrong model does not.
+# In one sweep every point is timed once; the median of five sweeps is kept, and an attempt whose
+# ratio falls outside the bound is measured again (up to three attempts) before failing.
+SAME_RUN_RATIO_BOUND = 1.25
+ATTEMPTS = 3
 
 
 def _profile_into(path) -> dict:
@@ -48,14 +54,121 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     assert p.model.num_layers == 2 and p.model.hidden_size == 256
     assert p.obtained["libraries"]["torch"]
     v = p.obtained["validation"]
-    assert v["held_out_prefill_median_rel_error"] < PREFILL_TOLERANCE, v
-    assert v["held_out_batch_median_rel_error"] < BATCH_TOLERANCE, v
+    # the stored errors and the warnings follow from the stored measurements (no timing here)
+    held = v["held_out_prefill"]
+    errors = [abs(h["predicted"] - h["seconds"]) / h["seconds"] for h in held]
+    assert v["held_out_prefill_median_rel_error"] == pytest.approx(float(np.median(errors)))
+    assert [h["predicted"] for h in held] == [p.prefill_s(h["cached"], h["new"]) for h in held]
+    raw = p.obtained["raw"]
+    batch_errors = [abs(p.batched_prefill.iteration_s(b["cached"], b["new"]) - b["seconds"])
+                    / b["seconds"] for b in raw["held_out_batches"]]
+    assert p.batched_prefill.heldout_max_error == pytest.approx(max(batch_errors))
+    missed = {"prefill points": (np.median(errors), max(errors)),
+              "batches": (np.median(batch_errors), max(batch_errors))}
+    for what, (median, worst) in missed.items():
+        expected = median > 0.10 or worst > 0.25
+        assert any(w.startswith(f"held-out {what}:") for w in p.warnings) == expected, what
+    assert all("idle machine" in w for w in p.warnings)
     # physics: more tokens cost more, a cached prefix makes the same request cheaper
     assert p.prefill_s(0, 1024) > p.prefill_s(0, 64)
     assert p.prefill_s(0, 1024 + 1024) > p.prefill_s(1024, 1024)
     assert p.decode_s(16, 2048) > p.decode_s(1, 128)
     assert p.transfers.host_to_device_bytes_per_s > 1e8
     assert p.batched_prefill.padding == "left"
+
+
+@pytest.fixture(scope="module")
+def small_engine():
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=2, hidden=256).with_dtype("fp32")
+    return TorchEngine(spec, "cpu", "fp32", threads=1, seed=0)
+
+
+def _same_sweeps(engine, batches: list[tuple[list[int], list[int]]],
+                 points: list[tuple[int, int]]) -> tuple[list[float], dict]:
+    """Every batch and single-request point timed once per sweep; medians of 5 sweeps (after
+    one to warm up), so a slow spell of the machine lands on all of them alike."""
+    batch_times: list[list[float]] = [[] for _ in batches]
+    point_times: dict = {pt: [] for pt in points}
+    for _ in range(6):
+        for times, (cached, new) in zip(batch_times, batches, strict=True):
+            times.append(engine.prefill_batch(cached, new, 0, 1).median_s)
+        for (a, b), times in point_times.items():
+            times.append(engine.prefill(a, b, 0, 1).median_s)
+    return ([float(np.median(t[1:])) for t in batch_times],
+            {pt: float(np.median(t[1:])) for pt, t in point_times.items()})
+
+
+def _grid_of(points: list[tuple[int, int]], seconds: dict) -> BilinearGrid:
+    xs, ys = sorted({a for a, _ in points}), sorted({b for _, b in points})
+    return BilinearGrid("t", "cached_tokens", "new_tokens", xs, ys, monotone_values(
+        [[seconds[(a, b)] for b in ys] for a in xs]))
+
+
+# Held-out single requests and the grid corners around them (on the quick plan's axes).
+HELD_OUT_POINTS = [((300, 200), [256, 512], [128, 256]),
+                   ((700, 90), [512, 1024], [64, 128]),
+                   ((50, 40), [1, 128], [16, 64])]
+
+
+def test_grid_predicts_held_out_requests_from_corners_timed_with_them(small_engine):
+    """Bilinear interpolation (the paper's Algorithm 1) on real timings: each held-out request
+    against the four grid points around it, all in the same sweeps."""
+    for (a, b), xs, ys in HELD_OUT_POINTS:
+        corners = [(x, y) for x in xs for y in ys]
+        ratios = []
+        for _ in range(ATTEMPTS):
+            _, seconds = _same_sweeps(small_engine, [], [(a, b), *corners])
+            ratios.append(_grid_of(corners, seconds).at(a, b) / seconds[(a, b)])
+            if 1 / SAME_RUN_RATIO_BOUND <= ratios[-1] <= SAME_RUN_RATIO_BOUND:
+                break
+        else:
+            pytest.fail(f"T({a}, {b}) predicted / measured {ratios}")
+
+
+# Batches and the single requests their price looks up, worked out by hand (left padding: every
+# row computes the longest new segment on the longest cached prefix; a request of b new on a
+# cached computes b(a + b/2) query-key pairs):
+BATCHES = [
+    # tiny prefills, one iteration's fixed cost paid once: 2 x 8 padded tokens, 2 x 8 x 4 = 64
+    # pairs, i.e. 16 new on 64/16 - 8 = -4 cached: 2 T(0, 16) - T(4, 16); the member T(0, 8)
+    ([0, 0], [8, 8], [(0, 16), (4, 16), (0, 8)]),
+    # 128 tokens, 4 x 32 x 16 = 2,048 pairs: 128 new on -48: 2 T(0, 128) - T(48, 128)
+    ([0, 0, 0, 0], [32, 32, 32, 32], [(0, 128), (48, 128), (0, 32)]),
+    # 256 tokens, 2 x 128 x 576 pairs: 256 new on 576 - 128 = 448 cached
+    ([512, 512], [128, 128], [(448, 256), (512, 128)]),
+    # padded to 3 x 128 on 256 cached: 384 tokens, 3 x 128 x 320 pairs: 384 new on 128 cached
+    ([256, 0, 256], [64, 128, 64], [(128, 384), (256, 64), (0, 128)]),
+]
+
+
+def test_batch_model_predicts_real_batches_from_single_requests_timed_with_them(small_engine):
+    """Each batch priced on a grid of exactly the single requests it looks up, all timed in the
+    same sweeps, with the per-request term fitted to the other batches (leave one out): the
+    error is the model's, not the machine's. On this CPU a row costs ~1-3 ms beyond its tokens
+    and pairs; without the term a batch of four 32-token rows is under-predicted by ~30%."""
+    cases = [(cached, new, [(a, b) for a in sorted({a for a, _ in looked_up})
+                            for b in sorted({b for _, b in looked_up})])
+             for cached, new, looked_up in BATCHES]
+    points = sorted({pt for *_, cartesian in cases for pt in cartesian})
+    ratios = []
+    for _ in range(ATTEMPTS):
+        measured, seconds = _same_sweeps(small_engine, [(c, n) for c, n, _ in cases], points)
+        models = [BatchedPrefill(_grid_of(cartesian, seconds), padding="left")
+                  for *_, cartesian in cases]
+        # per_extra_request_s by hand: least squares on the relative error, at least zero
+        gap = [(y - m.equivalent_s(c, n), len(n) - 1, y)
+               for m, (c, n, _), y in zip(models, cases, measured, strict=True)]
+        ratios = []
+        for i, (m, (cached, new, _)) in enumerate(zip(models, cases, strict=True)):
+            others = gap[:i] + gap[i + 1:]
+            per_request = max(sum(g * k / y**2 for g, k, y in others)
+                              / sum(k * k / y**2 for _, k, y in others), 0.0)
+            fitted = BatchedPrefill(m.grid, "left", per_extra_request_s=per_request)
+            ratios.append(fitted.iteration_s(cached, new) / measured[i])
+            assert m.grid.extrapolated_queries == 0  # every look-up was a point timed here
+        if all(1 / SAME_RUN_RATIO_BOUND <= r <= SAME_RUN_RATIO_BOUND for r in ratios):
+            return
+    pytest.fail(f"predicted / measured batch times {ratios} (last attempt of {ATTEMPTS})")
 
 
 def test_replay_accepts_a_measured_profile(quick_profile):
