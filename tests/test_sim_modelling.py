@@ -5,6 +5,8 @@ reordering window in seconds, and which requests of one prefill batch see each o
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_sim import KV, PROFILE, SEARCH_S, make_trace, quiet, simulate
 
 COMPONENTS = ("ttft_search_wait_mean_s", "ttft_search_mean_s", "ttft_queue_mean_s",
@@ -137,3 +139,66 @@ def test_the_reorder_ablation_script_prints_both_tables():
     assert len(rows) == 6  # three rates per trace
     for row in rows:  # TTFTs positive, gains as ratios, forced shares as percentages
         assert float(row[1]) > 0 and row[3].endswith("x") and row[4].endswith("%")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), min_size=0, max_size=6),
+       st.integers(0, 6), st.integers(0, 60), st.sampled_from([1, 16]), st.integers(0, 30))
+def test_own_hit_tokens_equal_a_token_by_token_count(nodes, n_gpu, system, block, query):
+    """Second implementation: lay the prefix out token by token (system prompt, GPU hits,
+    host hits), keep what ``engine_reuse`` reuses of it, count the own tokens per tier."""
+    from ragsim.cache.reuse import engine_reuse, own_hit_tokens
+
+    n_gpu = min(n_gpu, len(nodes))
+    tokens = [t for t, _ in nodes]
+    hit_gpu, hit_host = sum(tokens[:n_gpu]), sum(tokens[n_gpu:])
+    cached = system + hit_gpu + hit_host
+    u = engine_reuse(cached, query, hit_gpu, hit_host, 0, block)
+    layout = [("sys", False)] * system
+    for j, (t, mine) in enumerate(nodes):
+        layout += [("gpu" if j < n_gpu else "host", mine)] * t
+    reused = layout[:u.cached_tokens]
+    expected = (sum(1 for tier, mine in reused if tier == "gpu" and mine),
+                sum(1 for tier, mine in reused if tier == "host" and mine))
+    assert sum(1 for tier, _ in reused if tier == "gpu") == u.hit_tokens_gpu
+    assert own_hit_tokens(tokens, [m for _, m in nodes], u.hit_tokens_gpu, hit_gpu,
+                          u.hit_tokens_host) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "take", "drop"]),
+                          st.floats(0, 2, allow_nan=False), st.integers(0, 9)),
+                max_size=60),
+       st.sampled_from([0.0, 0.5, 2.0]))
+def test_the_oldest_request_is_never_passed_over_longer_than_the_window(ops, window):
+    """From the log alone (not the pool's state): whenever a decision takes another request,
+    the oldest waiting one became the oldest less than the window ago."""
+    from ragsim.cache.reorder import RequestPool
+
+    pool = RequestPool(reorder=True, window_s=window)
+    waiting: list[int] = []  # arrival order, as the log sees it
+    oldest_since = {}
+    now, next_key = 0.0, 0
+    lengths = {}
+    for op, dt, cached in ops:
+        now += dt
+        if op == "add":
+            pool.add(next_key, next_key, now_s=now)
+            lengths[next_key] = (cached, 10 - cached)
+            if not waiting:
+                oldest_since[next_key] = now
+            waiting.append(next_key)
+            next_key += 1
+        elif waiting:
+            if op == "take":
+                key = pool.peek(lengths.get, now_s=now)[0]
+                pool.take(key, now_s=now)
+                if key != waiting[0]:
+                    assert now - oldest_since[waiting[0]] < window
+            else:  # a speculation terminated while waiting
+                key = waiting[len(waiting) // 2]
+                pool.discard(key, now_s=now)
+            was_oldest = key == waiting[0]
+            waiting.remove(key)
+            if was_oldest and waiting:
+                oldest_since[waiting[0]] = max(now, oldest_since.get(waiting[0], now))
