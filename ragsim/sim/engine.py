@@ -13,8 +13,17 @@ whole KV footprint to fit in what pinned nodes and other reservations leave (con
 shared, already-pinned prefix is counted again). Output KV is reserved up front, so a running
 request is never preempted.
 
+What a request of a batch finds cached: the tree places computed documents in GPU at admission,
+so a later request of the same batch would see them. ``batch_kv_sharing`` says whether the
+engine lets it (vLLM v1: yes, it caches blocks when it schedules them; SGLang and RAGCache: no,
+their trees take KV after the prefill): without it the hit prefix stops at the first document a
+batch mate is computing, and the request computes it too (docs/model.md, section 1). Hits on
+documents the request's own earlier speculation computed are counted apart from cross-request
+hits (``self_hit_tokens``).
+
 Host-tier hits are copied host->GPU before the prefill (``overlap_swap=False``, the default) or
-while it computes (``overlap_swap=True``: the iteration takes the longer of the two). Swap-outs
+while it computes (``overlap_swap=True``: the iteration takes the longer of the two); every
+request of the batch waits for the copy (``swap_in_s``, the TTFT's swap-in component). Swap-outs
 (GPU->host on eviction) run on the other PCIe direction, asynchronously; their bytes are counted.
 
 Decode bookkeeping is O(finished requests) per iteration, not O(batch): a running request knows
