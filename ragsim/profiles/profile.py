@@ -47,7 +47,7 @@ from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
-from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.models import DTYPE_BYTES, ModelSpec
 
 FORMAT_NAME = "ragsim.profile"
 FORMAT_VERSION = 2
@@ -260,8 +260,8 @@ class Profile:
         name = str(data["name"])
         model = _model(data["model"], name, source)
         tp = _number(data, "tensor_parallel", source, integer=True, minimum=1)
-        prefill = BilinearGrid.from_dict(data["prefill"], name=name, x_name="cached_tokens",
-                                         y_name="new_tokens", source=source, field="prefill")
+        prefill = _grid(data["prefill"], name=name, x_name="cached_tokens",
+                        y_name="new_tokens", source=source, field="prefill")
         return cls(
             name=name,
             hardware=_object(data, "hardware", source),
@@ -270,15 +270,24 @@ class Profile:
             tensor_parallel=int(tp),
             engine=str(data["engine"]),
             obtained=_object(data, "obtained", source),
-            kv_capacity_bytes=int(_number(data, "kv_capacity_bytes", source, integer=True)),
+            # bytes are summed in 64-bit integers: an exbibyte of KV is past any GPU
+            kv_capacity_bytes=int(_number(data, "kv_capacity_bytes", source, integer=True,
+                                          maximum=2**60)),
             overhead_s=_number(data, "overhead_s", source),
             prefill=prefill,
             batched_prefill=_batched(data["batched_prefill"], prefill, int(version), source),
-            decode=BilinearGrid.from_dict(data["decode"], name=name, x_name="batch_sizes",
-                                          y_name="context_tokens", source=source,
-                                          field="decode"),
+            decode=_grid(data["decode"], name=name, x_name="batch_sizes",
+                         y_name="context_tokens", source=source, field="decode"),
             transfers=_transfers(data["transfers"], source),
         )
+
+
+def _grid(data: object, *, source: str, field: str, **names: str) -> BilinearGrid:
+    try:
+        return BilinearGrid.from_dict(data, source=source, field=field, **names)
+    except OverflowError as exc:  # a JSON integer past a float's range: its checks raise this
+        raise ProfileError(f"holds a number past a float's range ({exc})", file=source,
+                           field=field) from exc
 
 
 def _object(data: dict, key: str, source: str) -> dict:
@@ -289,21 +298,46 @@ def _object(data: dict, key: str, source: str) -> dict:
 
 
 def _number(data: dict, key: str, source: str, *, integer: bool = False,
-            minimum: float = 0.0, prefix: str = "") -> float:
+            minimum: float = 0.0, maximum: float = math.inf, prefix: str = "") -> float:
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-            integer and not float(value).is_integer()):
-        kind = "an integer" if integer else "a number"
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProfileError(f"must be {kind}, got {value!r}", file=source, field=prefix + key)
-    if not math.isfinite(value) or value < minimum:
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer past a float's range
+        number = math.inf
+    if integer and math.isfinite(number) and not number.is_integer():
+        raise ProfileError(f"must be {kind}, got {value!r}", file=source, field=prefix + key)
+    if number > maximum:
+        raise ProfileError(f"must be <= {maximum:g}, got {value!r}", file=source,
+                           field=prefix + key)
+    if not math.isfinite(number) or number < minimum:
         raise ProfileError(f"must be finite and >= {minimum:g}, got {value!r}", file=source,
                            field=prefix + key)
-    return float(value)
+    return number
+
+
+# a model's sizes: positive integers (a string or a list once loaded, sizing KV as text)
+_MODEL_SIZES = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+                "intermediate_size", "vocab_size", "num_experts", "experts_per_token")
 
 
 def _model(data: object, name: str, source: str) -> ModelSpec:
     if not isinstance(data, dict):
         raise ProfileError("must be an object", file=source, field="model")
+    for key in _MODEL_SIZES:
+        if key in data and not (isinstance(data[key], int) and not isinstance(data[key], bool)
+                                and 1 <= data[key] < 2**31):
+            raise ProfileError(f"must be a positive integer, got {data[key]!r}", file=source,
+                               field=f"model.{key}")
+    for key in ("name", "dtype"):
+        if key in data and not isinstance(data[key], str):
+            raise ProfileError(f"must be a string, got {data[key]!r}", file=source,
+                               field=f"model.{key}")
+    if data.get("dtype", "fp16") not in DTYPE_BYTES:
+        raise ProfileError(f"unknown dtype {data['dtype']!r}; known: {sorted(DTYPE_BYTES)}",
+                           file=source, field="model.dtype")
     try:
         return ModelSpec(**{k: v for k, v in data.items() if k != "kv_bytes_per_token"})
     except TypeError as exc:
@@ -372,7 +406,11 @@ def load_profile(name_or_path: str) -> Profile:
     """A shipped profile by name (``a10g-mistral-7b``) or a JSON file by path."""
     path = Path(name_or_path)
     if path.exists():
-        text, source = path.read_text(), str(path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"not readable as JSON text: {exc}", file=source) from exc
     elif name_or_path in shipped_profile_names():
         text = (_data_folder() / f"{name_or_path}.json").read_text()
         source = name_or_path

@@ -21,7 +21,7 @@ import tomli_w
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
-from ragsim.errors import ConfigError
+from ragsim.errors import ConfigError, RagsimInputError
 from ragsim.units import parse_bytes
 
 GiB = 2**30
@@ -166,10 +166,23 @@ def build_config(overrides: dict, *, base: dict | None = None, source: str | Non
     if given.get("rate_rps") is not None and "arrival" not in given:
         given["arrival"] = "poisson"  # a rate without a process: Poisson, the paper's choice
     system = given.get("system", SimConfig.system)
+    if not isinstance(system, str) or system not in SYSTEM_PRESETS:  # named with the file
+        raise ConfigError(f"unknown system {system!r}; known: {', '.join(SYSTEM_PRESETS)}",
+                          file=source, field="system")
     values = {**preset(system), **given}
     for name in _BYTES_FIELDS:
-        if values.get(name) is not None and not isinstance(values[name], int):
-            values[name] = parse_bytes(values[name], field=name)
+        value = values.get(name)
+        if value is not None and not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, str | float) or (
+                    isinstance(value, float) and not math.isfinite(value)):
+                raise ConfigError(f"must be a size such as 4GiB or a number of bytes, got "
+                                  f"{value!r}", file=source, field=name)
+            try:
+                values[name] = parse_bytes(value, field=name)
+            except RagsimInputError as exc:  # the same message, with the file that said it
+                raise ConfigError(exc.detail, file=source, field=name) from exc
+            except OverflowError as exc:  # digits past a float's range
+                raise ConfigError(f"too large: {value!r}", file=source, field=name) from exc
     if "fail_gpu_at_s" in values:
         times = values["fail_gpu_at_s"]
         values["fail_gpu_at_s"] = tuple(times) if isinstance(times, list | tuple) else (times,)

@@ -15,7 +15,13 @@ import pyarrow.parquet as pq
 from ragsim.atomic import write_atomically
 from ragsim.errors import TraceError
 from ragsim.traces.schema import Trace
-from ragsim.traces.validate import check_version, trace_from_tables
+from ragsim.traces.validate import (
+    MAX_ID,
+    MAX_TOKENS,
+    MIN_ID,
+    check_version,
+    trace_from_tables,
+)
 
 REQUESTS_FILE = "requests.parquet"
 DOCUMENTS_FILE = "documents.parquet"
@@ -153,34 +159,61 @@ def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
             yield line_no, obj
 
 
+def _short(value: object) -> str:
+    """A value for an error message, cut short (a 400-digit integer helps nobody)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int_field(obj: dict, key: str, src: str, row: int, *, minimum: int | None = 0,
-               default: int | None = None) -> int:
+               maximum: int = MAX_TOKENS, default: int | None = None) -> int:
     if key not in obj:
         if default is not None:
             return default
         raise TraceError("missing", file=src, row=row, field=key)
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceError(f"must be an integer, got {value!r}", file=src, row=row, field=key)
+        raise TraceError(f"must be an integer, got {_short(value)}", file=src, row=row,
+                         field=key)
     if minimum is not None and value < minimum:
-        raise TraceError(f"must be >= {minimum}, got {value}", file=src, row=row, field=key)
+        raise TraceError(f"must be >= {minimum}, got {_short(value)}", file=src, row=row,
+                         field=key)
+    if value > maximum:
+        raise TraceError(f"must be <= {maximum:,}, got {_short(value)}", file=src, row=row,
+                         field=key)
     return value
 
 
-def _int_list(obj: dict, key: str, src: str, row: int, *, minimum: int | None = None
-              ) -> list[int]:
+def _int_list(obj: dict, key: str, src: str, row: int, *, minimum: int = MIN_ID,
+              maximum: int = MAX_ID) -> list[int]:
     value = obj.get(key)
     if not isinstance(value, list):
-        raise TraceError(f"must be a list of integers, got {value!r}", file=src, row=row,
+        raise TraceError(f"must be a list of integers, got {_short(value)}", file=src, row=row,
                          field=key)
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise TraceError(f"must hold integers, found {item!r}", file=src, row=row,
+            raise TraceError(f"must hold integers, found {_short(item)}", file=src, row=row,
                              field=key)
-        if minimum is not None and item < minimum:
-            raise TraceError(f"entries must be >= {minimum}, found {item}", file=src, row=row,
-                             field=key)
+        if not minimum <= item <= maximum:
+            raise TraceError(f"entries must lie in [{minimum}, {maximum}], found "
+                             f"{_short(item)}", file=src, row=row, field=key)
     return value
+
+
+def _seconds(value: object, src: str, row: int, key: str, unit: str) -> float:
+    """A finite, non-negative number of ``unit`` as a float (an integer too large for a float
+    is refused here, where ``math.isfinite`` raised OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TraceError(f"must be a number of {unit}, got {_short(value)}", file=src, row=row,
+                         field=key)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise TraceError(f"must be a finite number of {unit} >= 0, got {_short(value)}",
+                         file=src, row=row, field=key)
+    return number
 
 
 JSONL_FIELDS = {"arrival_s", "query_tokens", "output_tokens", "doc_ids", "doc_tokens"}
@@ -202,28 +235,22 @@ def read_jsonl(path: str | os.PathLike) -> Trace:
             raise TraceError(f"unknown field(s) {sorted(unknown)}; allowed: "
                              f"{sorted(JSONL_FIELDS)}", file=src, row=row,
                              field=sorted(unknown)[0])
-        t = obj.get("arrival_s")
-        if isinstance(t, bool) or not isinstance(t, int | float):
-            raise TraceError(f"must be a number of seconds, got {t!r}", file=src, row=row,
-                             field="arrival_s")
-        if not math.isfinite(t) or t < 0:
-            raise TraceError(f"must be finite and >= 0, got {t}", file=src, row=row,
-                             field="arrival_s")
+        t = _seconds(obj.get("arrival_s"), src, row, "arrival_s", "seconds")
         if t < last_time:
             raise TraceError(f"arrival time goes backwards ({t} after {last_time}); ragsim "
                              "refuses unsorted traces: sort the lines by arrival_s",
                              file=src, row=row, field="arrival_s")
-        last_time = float(t)
+        last_time = t
         docs = _int_list(obj, "doc_ids", src, row)
         if not docs:
             raise TraceError("empty document list", file=src, row=row, field="doc_ids")
         sizes = None
         if "doc_tokens" in obj:
-            sizes = _int_list(obj, "doc_tokens", src, row, minimum=1)
+            sizes = _int_list(obj, "doc_tokens", src, row, minimum=1, maximum=MAX_TOKENS)
             if len(sizes) != len(docs):
                 raise TraceError(f"has {len(sizes)} entries for {len(docs)} documents",
                                  file=src, row=row, field="doc_tokens")
-        builder.add(row, float(t), _int_field(obj, "query_tokens", src, row),
+        builder.add(row, t, _int_field(obj, "query_tokens", src, row),
                     _int_field(obj, "output_tokens", src, row), docs, sizes)
     if not builder.doc_lists:
         raise TraceError("no requests in file", file=src)
@@ -270,13 +297,9 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
     p = Path(path)
     src = str(p)
     builder = TraceBuilder(src)
-    last_ms = 0
+    last_ms = 0.0
     for row, obj in iter_json_objects(p):
-        ts = obj.get("timestamp")
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
-                or ts < 0:
-            raise TraceError(f"must be a number of milliseconds >= 0, got {ts!r}", file=src,
-                             row=row, field="timestamp")
+        ts = _seconds(obj.get("timestamp"), src, row, "timestamp", "milliseconds")
         if ts < last_ms:
             raise TraceError(f"timestamp goes backwards ({ts} after {last_ms})", file=src,
                              row=row, field="timestamp")

@@ -23,6 +23,12 @@ from ragsim.traces.schema import (
     Trace,
 )
 
+# Token counts: no model reads 2**31 tokens, and sums of such counts over a trace stay far
+# inside int64 (a JSON integer has no bound: one past 64 bits ended in an OverflowError).
+MAX_TOKENS = 2**31 - 1
+# Ids: anything an int64 column holds (a uint64 column may hold more).
+MIN_ID, MAX_ID = -(2**63), 2**63 - 1
+
 
 def check_version(schema: pa.Schema, source: str) -> None:
     meta = schema.metadata or {}
@@ -58,7 +64,26 @@ def _integer_column(table: pa.Table, name: str, source: str) -> np.ndarray:
     if column.null_count:
         row = _first_bad(column.is_null().to_numpy(zero_copy_only=False))
         raise TraceError("missing value", file=source, row=row, field=name)
-    return column.to_numpy().astype(np.int64, copy=False)
+    values = column.to_numpy()
+    _fits_int64(values, source, name)
+    return values.astype(np.int64, copy=False)
+
+
+def _fits_int64(values: np.ndarray, source: str, name: str, row_of=None) -> None:
+    """uint64 values past int64's range would wrap to negative numbers when converted."""
+    if values.dtype == np.uint64 and len(values):
+        bad = _first_bad(values > np.uint64(MAX_ID))
+        if bad is not None:
+            row = bad if row_of is None else row_of(bad)
+            raise TraceError(f"{values[bad]} is past the int64 range", file=source, row=row,
+                             field=name)
+
+
+def _at_most(values: np.ndarray, maximum: int, source: str, name: str) -> None:
+    row = _first_bad(values > maximum)
+    if row is not None:
+        raise TraceError(f"must be <= {maximum:,}, got {values[row]}", file=source, row=row,
+                         field=name)
 
 
 def _integer_list_column(table: pa.Table, name: str, source: str) -> tuple[np.ndarray,
@@ -79,7 +104,10 @@ def _integer_list_column(table: pa.Table, name: str, source: str) -> tuple[np.nd
         pos = _first_bad(values.is_null().to_numpy(zero_copy_only=False))
         row = int(np.searchsorted(offsets, pos + offsets[0], side="right") - 1)
         raise TraceError("missing id inside the list", file=source, row=row, field=name)
-    return offsets - offsets[0], values.to_numpy().astype(np.int64)
+    flat = values.to_numpy()
+    _fits_int64(flat, source, name,
+                lambda pos: int(np.searchsorted(offsets, pos + offsets[0], side="right") - 1))
+    return offsets - offsets[0], flat.astype(np.int64)
 
 
 def documents_from_table(table: pa.Table, source: str) -> tuple[np.ndarray, np.ndarray,
@@ -91,6 +119,7 @@ def documents_from_table(table: pa.Table, source: str) -> tuple[np.ndarray, np.n
     if row is not None:
         raise TraceError(f"document size must be > 0 tokens, got {tokens[row]}", file=source,
                          row=row, field="tokens")
+    _at_most(tokens, MAX_TOKENS, source, "tokens")
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     dup = _first_bad(sorted_ids[1:] == sorted_ids[:-1])
@@ -141,6 +170,7 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
         row = _first_bad(values < 0)
         if row is not None:
             raise TraceError(f"must be >= 0, got {values[row]}", file=src, row=row, field=name)
+        _at_most(values, MAX_TOKENS, src, name)
     doc_offsets, doc_ids = _integer_list_column(requests, "doc_ids", src)
     has_history = None
     if "has_history" in requests.column_names:
