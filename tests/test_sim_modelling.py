@@ -202,3 +202,22 @@ def test_the_oldest_request_is_never_passed_over_longer_than_the_window(ops, win
             waiting.remove(key)
             if was_oldest and waiting:
                 oldest_since[waiting[0]] = max(now, oldest_since.get(waiting[0], now))
+
+
+def test_reordering_does_not_count_a_batch_mates_documents_as_cached():
+    """Doc 2 is cached; P = [2, 3], Q = [2, 3, 4] and R = [2] (700 query tokens) wait while a
+    long prefill runs. Priorities: P 1000/610, R 1000/700, Q 1000/1010: P goes first and
+    computes doc 3. Q would then look 1600/410, but in SGLang and RAGCache it cannot use doc 3
+    before P's prefill ends, so R completes the batch of two and Q hits doc 3 in the next one.
+    Where the engine shares a batch's KV (vLLM v1), Q is taken next and hits it at once."""
+    rows = [(0.0, [2], 10, 1), (5.0, [1], 3000, 1), (5.01, [2, 3], 10, 1),
+            (5.02, [2, 3, 4], 10, 1), (5.03, [2], 700, 1)]
+    trace = make_trace(rows)
+    config = quiet(reorder=True, max_prefill_bs=2, gpu_kv_bytes=10**12)
+    after, _ = simulate(trace, config)
+    p, q, r = 2, 3, 4
+    assert after.prefill_start_s[p] == after.prefill_start_s[r] < after.prefill_start_s[q]
+    assert after.hit_tokens_gpu[q] == 1600
+    shared, _ = simulate(trace, config.replace(batch_kv_sharing=True))
+    assert shared.prefill_start_s[p] == shared.prefill_start_s[q] < shared.prefill_start_s[r]
+    assert shared.hit_tokens_gpu[q] == 1600

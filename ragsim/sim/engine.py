@@ -239,10 +239,24 @@ class Engine:
 
     # ------------------------------------------------------------------ scheduling
     def _lengths(self, job: Job) -> tuple[int, int]:
-        """(cached, to compute) tokens of the job's context now: reordering's two lengths."""
-        cached = self.tree.cached_prefix_tokens(job.docs, job.doc_tokens)
+        """(cached, to compute) tokens of the job's context now: reordering's two lengths.
+        Documents a batch mate is computing count as cached only where the engine would let
+        the job use them (``batch_kv_sharing``), so the ordering sees what the prefill will."""
+        matched = self._visible_matched(job.docs)
+        cached = self.tree.system_prompt_tokens + sum(job.doc_tokens[:matched])
         context = self.tree.system_prompt_tokens + sum(job.doc_tokens) + job.query_tokens
         return cached, context - cached
+
+    def _visible_matched(self, docs: list) -> int:
+        """Documents of ``docs`` cached now that the job could use in the batch being formed."""
+        matched = self.tree.match_prefix(docs)[0]
+        if matched and self._batch_computed and not self.batch_kv_sharing:
+            node = self.tree.root
+            for depth in range(matched):  # the cached path's nodes, as match_prefix found them
+                node = node.children[docs[depth]]
+                if node in self._batch_computed:
+                    return depth
+        return matched
 
     def _admit(self) -> list[Job]:
         """Take requests from the pool into one prefill batch (None fits: an empty list)."""
