@@ -387,3 +387,28 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_refuses(text):
     with pytest.raises(RagsimInputError):
         parse_bytes(text)
+
+
+def test_profiles_show_prints_held_out_errors_and_warnings(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["profiles", "show", "a10g-mistral-7b", "--json"])
+    assert shown.exit_code == 0, shown.output
+    batched = json.loads(shown.stdout)["batched_prefill"]
+    stored = load_profile("a10g-mistral-7b").batched_prefill
+    assert batched["heldout_median_error"] == stored.heldout_median_error < 0.10
+    assert batched["heldout_max_error"] == stored.heldout_max_error < 0.25
+    human = runner.invoke(app, ["profiles", "show", "a10g-mistral-7b"])
+    assert f"median {stored.heldout_median_error:.1%}" in " ".join(human.output.split())
+    data = _profile_dict()
+    data["obtained"]["warnings"] = ["held-out batches: median error 34.2% [noisy]"]
+    path = tmp_path / "warned.json"
+    path.write_text(json.dumps(data))
+    warned = runner.invoke(app, ["profiles", "show", str(path)])
+    assert warned.exit_code == 0, warned.output
+    assert "warning: held-out batches: median error 34.2% [noisy]" in " ".join(
+        warned.output.split())
+
