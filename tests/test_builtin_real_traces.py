@@ -69,23 +69,35 @@ def test_simulator_default_convergence_is_the_fit_on_wiki_trivia():
     assert SimConfig().stage_converge_p == pytest.approx(fitted, abs=0.01)
 
 
+@pytest.mark.parametrize("scope", ["lifetime", "admission"])
 @pytest.mark.parametrize("host_gib", [2, 8])
-def test_pgdsf_beats_lru_and_lfu_when_topics_drift(host_gib):
-    """On real retrieval whose topics move (questions in their lists' order), PGDSF keeps more
-    than LRU and clearly more than LFU, whose old counts pin stale topics."""
-    hit = token_hit_rates("wiki-trivia-topics", host_capacity_bytes=host_gib * GiB)
-    assert hit["pgdsf"] >= hit["lru"], hit
-    assert hit["pgdsf"] > 1.1 * hit["lfu"], hit
+def test_pgdsf_beats_lru_and_lfu_when_topics_drift(host_gib, scope):
+    """On real retrieval whose topics move (questions in their lists' order), with every policy
+    counting by the same rule, PGDSF keeps more than LRU and more than LFU, whose counts pin
+    stale topics (replay, GPU 4 GiB: 32.1% against 31.0% and 28.3% at 2 GiB, 34.5% against
+    33.5% and 32.3% at 8 GiB, lifetime counts; from admission LFU drops to 25.3% and 29.5%).
+    What does it is the greedy-dual aging, not the prefix-aware cost: with a constant cost
+    per token PGDSF keeps within 0.4 points of itself (32.2%, 34.6%)."""
+    hit = token_hit_rates("wiki-trivia-topics", host_capacity_bytes=host_gib * GiB,
+                          frequency_scope=scope,
+                          policies=("pgdsf", "lru", "lfu", "pgdsf-const-cost"))
+    assert hit["pgdsf"] > hit["lru"], hit
+    assert hit["pgdsf"] > 1.05 * hit["lfu"], hit
+    assert abs(hit["pgdsf"] - hit["pgdsf-const-cost"]) < 0.005, hit
 
 
-def test_pgdsf_matches_lfu_on_stationary_real_retrieval():
+@pytest.mark.parametrize("scope", ["lifetime", "admission"])
+def test_lfu_keeps_the_most_on_stationary_real_retrieval(scope):
     """The other side, kept visible: shuffled questions make popularity stationary, LFU's best
-    case (counting every retrieval is the best estimate of the future). PGDSF, whose counts
-    survive eviction, keeps as much as LFU there (within 1%), and more than GDSF and LRU;
-    when its counts restarted at each eviction it kept 5% less (README, findings)."""
-    hit = token_hit_rates("wiki-trivia", host_capacity_bytes=8 * GiB)
-    assert abs(hit["pgdsf"] - hit["lfu"]) < 0.01 * hit["lfu"], hit
-    assert hit["pgdsf"] > max(hit["gdsf"], hit["lru"]), hit
+    case (counting every retrieval is the best estimate of the future). Under one counting
+    rule LFU keeps more than PGDSF (replay, 8 GiB: 26.4% against 24.3% counting over the
+    lifetime, 24.3% against 23.3% from admission); PGDSF and GDSF keep within 0.3 points of
+    each other, both above LRU (21.3%). The tie with LFU reported before compared PGDSF's
+    lifetime counts with LFU's counts from admission."""
+    hit = token_hit_rates("wiki-trivia", host_capacity_bytes=8 * GiB, frequency_scope=scope)
+    assert hit["lfu"] > hit["pgdsf"] > hit["lru"], hit
+    assert abs(hit["pgdsf"] - hit["gdsf"]) < 0.003, hit
+    assert hit["gdsf"] > hit["lru"], hit
 
 
 def _pairs_trace(pairs: list[tuple[int, int]]) -> Trace:

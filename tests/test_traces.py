@@ -237,42 +237,56 @@ def test_popularity_drift_is_recorded_calibrated_and_changes_what_is_popular():
     assert overlap["moving"] < overlap["slow"] < overlap["still"], overlap
 
 
-def test_drift_is_where_frequency_alone_stops_winning():
-    """Stationary Zipf is LFU's best case, where PGDSF (counts plus the GDS clock's aging) comes
-    within a few percent of it; when topics move, the aging wins by a wide margin (seeded).
-    PGDSF keeps more than GDSF and LRU on both."""
-    still = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.0)
-    moving = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.3)
+@pytest.mark.parametrize("scope", ["lifetime", "admission"])
+def test_drift_is_where_frequency_alone_stops_winning(scope):
+    """Stationary Zipf is LFU's best case: counting every retrieval is the best estimate of the
+    future, and PGDSF's greedy-dual clock spends memory on recency. Under one counting rule
+    LFU keeps the most there (replay, 20,000 mmlu requests: 41.5% against PGDSF's 38.3%
+    counting over the lifetime, 38.8% against 34.7% from admission). When topics move (0.3
+    of the ranks per 1,000 requests), LFU's counts pin stale documents and the aging wins
+    (46.1% against 38.2%; 44.6% against 30.6%). PGDSF keeps more than GDSF and LRU on both."""
+    still = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.0,
+                            frequency_scope=scope)
+    moving = token_hit_rates("mmlu", n_requests=20_000, drift_per_1k_requests=0.3,
+                             frequency_scope=scope)
     for rate in (still, moving):
         assert rate["pgdsf"] > max(rate["gdsf"], rate["lru"]), rate
-    assert still["lfu"] * 0.97 < still["pgdsf"] < still["lfu"], still
-    assert moving["pgdsf"] > 1.3 * moving["lfu"], moving
+    assert still["pgdsf"] < 0.95 * still["lfu"], still
+    assert moving["pgdsf"] > 1.15 * moving["lfu"], moving
 
 
-def test_on_drifting_nq_pgdsf_keeps_the_paper_margins_over_every_baseline():
-    """Drift of 30% of the ranks per 1,000 requests (the built-in traces: 78%) on
-    ``nq``, in ``replay`` (GPU 4 GiB + host 32 GiB, seeded): PGDSF 14.5% against GDSF 12.4%, LRU
-    11.4%, LFU 9.8% -- 1.17x, 1.28x, 1.49x, each above the paper's lower end."""
-    rate = token_hit_rates("nq", n_requests=20_000, drift_per_1k_requests=0.3)
-    assert rate["pgdsf"] > 1.1 * rate["gdsf"]
-    assert rate["pgdsf"] > 1.2 * rate["lru"]
-    assert rate["pgdsf"] > 1.3 * rate["lfu"]
+@pytest.mark.parametrize("scope", ["lifetime", "admission"])
+def test_on_drifting_nq_pgdsf_keeps_the_most_under_either_shared_rule(scope):
+    """Drift of 30% of the ranks per 1,000 requests (the built-in traces: 78%) on ``nq``, in
+    ``replay`` (GPU 4 GiB + host 32 GiB, seeded), every policy counting by the same rule:
+    PGDSF keeps the most, above the paper's lower ends (1.02x GDSF, 1.06x LRU and LFU).
+    Counting over the lifetime: 14.5% against GDSF 13.9%, LRU 11.4%, LFU 12.9% (1.04x,
+    1.28x, 1.13x); from admission: 13.2% against 12.4%, 11.4%, 9.8% (1.06x, 1.16x, 1.36x).
+    The 1.17x and 1.49x reported before set PGDSF's lifetime counts against GDSF's and
+    LFU's counts from admission."""
+    rate = token_hit_rates("nq", n_requests=20_000, drift_per_1k_requests=0.3,
+                           frequency_scope=scope)
+    assert rate["pgdsf"] > 1.02 * rate["gdsf"], rate
+    assert rate["pgdsf"] > 1.06 * rate["lru"], rate
+    assert rate["pgdsf"] > 1.06 * rate["lfu"], rate
 
 
-def test_on_long_traces_the_winner_is_decided_by_drift():
-    """The README's regime map (benchmarks/policy_regimes.py), at its two ends on 100,000 ``nq``
-    requests, GPU 4 GiB + host 32 GiB, seeded: stationary, LFU's counts converge and it keeps
-    more than PGDSF (7.9% against 7.3%: the GDS clock spends memory on recency); with only 1%
-    of the popularity ranks moving per 1,000 requests PGDSF keeps the most (8.6% against LFU's
-    7.8%), LFU's old counts pinning stale documents."""
+@pytest.mark.parametrize("scope", ["lifetime", "admission"])
+def test_on_long_slowly_moving_traces_lfu_keeps_the_most(scope):
+    """The regime map (benchmarks/policy_regimes.py) on 100,000 ``nq`` requests, GPU 4 GiB +
+    host 32 GiB, seeded, every policy counting by the same rule: stationary, and with 1% of
+    the popularity ranks moving per 1,000 requests, LFU's counts converge and it keeps the
+    most (lifetime: 10.0% and 10.2% against PGDSF's 7.3% and 8.6%; from admission: 7.9% and
+    7.8% against 4.1% and 5.7%): the GDS clock spends memory on recency that slow traffic
+    does not reward. PGDSF keeps more than GDSF and LRU. (PGDSF first at 1% drift, reported
+    before, set its lifetime counts against LFU's counts from admission; PGDSF is first when
+    topics move fast: test_drift_is_where_frequency_alone_stops_winning.)"""
     host = 32 * 2**30
-    still = token_hit_rates("nq", n_requests=100_000, drift_per_1k_requests=0.0,
-                            host_capacity_bytes=host)
-    slow = token_hit_rates("nq", n_requests=100_000, drift_per_1k_requests=0.01,
-                           host_capacity_bytes=host)
-    assert still["lfu"] > 1.05 * still["pgdsf"], still
-    assert still["pgdsf"] > 1.05 * max(still["gdsf"], still["lru"]), still
-    assert slow["pgdsf"] > 1.05 * max(slow["gdsf"], slow["lru"], slow["lfu"]), slow
+    for drift in (0.0, 0.01):
+        rate = token_hit_rates("nq", n_requests=100_000, drift_per_1k_requests=drift,
+                               host_capacity_bytes=host, frequency_scope=scope)
+        assert rate["lfu"] > 1.1 * rate["pgdsf"], (drift, rate)
+        assert rate["pgdsf"] > max(rate["gdsf"], rate["lru"]), (drift, rate)
 
 
 @pytest.mark.parametrize("looked_up_first", [False, True])
