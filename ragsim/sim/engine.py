@@ -4,7 +4,7 @@ Each iteration is either a *prefill* iteration (requests taken from the pool, th
 tokens computed in one batch) or a *decode* iteration (one token for every running request);
 waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends. Iteration
 times come from the cost profile: a single prefill from the bilinear T(alpha, beta) grid, a
-batch from the separable batched-prefill model, a decode step from the decode grid.
+batch from the batched-prefill model (priced on that grid), a decode step from the decode grid.
 
 Memory: the knowledge tree owns the GPU's KV space. A request admitted to a batch pins its
 cached path, places its computed documents in the tree, and reserves the rest of its KV (query,
