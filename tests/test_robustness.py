@@ -72,6 +72,9 @@ def test_far_future_arrivals_finish_with_the_default_system(arrivals):
     summary = run_in_child(arrivals)  # ragcache: host replicas every 10 s
     assert summary["requests_completed"] == len(arrivals)
     assert not summary["stalled"]
+    # 1e308 s is representable, but durations vanish next to it: the summary says so
+    coarse = [w for w in summary["warnings"] if "float64" in w]
+    assert bool(coarse) == (max(arrivals) > 1e10)
 
 
 def test_far_future_arrivals_finish_with_rate_failures():
@@ -159,3 +162,84 @@ def test_ticks_after_a_huge_sleep_keep_the_grid_phase(tick, every, now):
     """Past a million periods the phase is kept by a remainder: within one period after now."""
     resumed = _tick_at_or_after(tick, every, now)
     assert now <= resumed <= now + every
+
+
+# --------------------------------------------------------------------------- warnings
+def test_overload_is_said_with_both_rates():
+    """mmlu offered at 8 req/s to an A10G that serves about 4: the queue grows for the whole
+    trace, and the summary says so with both rates; at 0.5 req/s it says nothing of the kind."""
+    trace = resolve_trace("mmlu", n_requests=1500)
+    heavy = run_simulation(trace, build_config({"rate_rps": 8.0}), PROFILE).summary
+    [line] = [w for w in heavy["warnings"] if w.startswith("overloaded")]
+    offered = float(line.split("arrive at ")[1].split(" req/s")[0])
+    served = float(line.split("completes ")[1].split(" req/s")[0])
+    assert offered == pytest.approx(8.0, rel=0.1)  # Poisson arrivals at the asked rate
+    assert served == pytest.approx(heavy["throughput_rps"], rel=1e-3) and served < offered
+    light = run_simulation(trace, build_config({"rate_rps": 0.5}), PROFILE).summary
+    assert not [w for w in light["warnings"] if w.startswith("overloaded")]
+
+
+@pytest.fixture(scope="module")
+def mooncake_head(mooncake_sample):
+    from ragsim.traces import read_mooncake
+
+    return read_mooncake(mooncake_sample).head(150)
+
+
+def test_a_trace_without_retrieval_gets_no_search_unless_asked(mooncake_head):
+    """Mooncake's prefix blocks had synthetic search stages and speculation by default."""
+    s = run_simulation(mooncake_head, build_config({}), PROFILE).summary
+    assert (s["config"]["retrieval"], s["config"]["speculate"]) == ("off", False)
+    assert s["ttft_search_wait_mean_s"] == s["ttft_search_mean_s"] == 0.0
+    assert s["speculations_started"] == 0 and s["stage_source"] == "none"
+    assert any("no vector search" in w for w in s["warnings"])
+    # asking for a search (a search setting, or speculation) models one
+    asked = run_simulation(mooncake_head, build_config({"search_s": 0.02}), PROFILE).summary
+    assert asked["config"]["retrieval"] == "on" and asked["config"]["speculate"]
+    assert asked["ttft_search_mean_s"] == pytest.approx(0.02)
+    assert not any("no vector search" in w for w in asked["warnings"])
+    assert build_config({"speculate": True}).retrieval == "on"
+    assert build_config({"speculate": False}).retrieval == "auto"
+    # what a run used reruns the same: retrieval "off" is explicit, so no warning about it
+    again = run_simulation(mooncake_head, build_config({}, base=s["config"]), PROFILE).summary
+    assert again["config"]["retrieval"] == "off"
+    assert not any("no vector search" in w for w in again["warnings"])
+
+
+def test_extrapolated_costs_are_in_the_warnings(mooncake_head):
+    s = run_simulation(mooncake_head, build_config({}), PROFILE).summary
+    assert s["cost_extrapolations"] > 0
+    assert any(w.startswith(f"{s['cost_extrapolations']:,} cost lookups") for w in s["warnings"])
+    quiet = run_simulation(resolve_trace("mmlu", n_requests=200), build_config({}), PROFILE)
+    assert quiet.summary["cost_extrapolations"] == 0
+    assert not any("cost lookups" in w for w in quiet.summary["warnings"])
+
+
+def test_a_synthetic_trace_longer_than_its_corpus_was_sized_for_is_noted():
+    from ragsim.sim.notices import synthetic_length
+    from ragsim.traces.synthetic import SyntheticSpec, builtin_trace
+
+    info = builtin_trace("nq", n_requests=300).info
+    assert synthetic_length(info) is None
+    longer = {**info, "parameters": {**info["parameters"], "n_requests": 1_000_000}}
+    note = synthetic_length(longer)
+    assert note is not None and "1,000,000 requests" in note
+    assert f"{SyntheticSpec.n_documents:,} documents" in note
+
+
+def test_the_cli_prints_warnings_on_stderr_and_in_json(tmp_path, mooncake_sample):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+    from ragsim.traces import read_mooncake, write_trace
+
+    folder = write_trace(read_mooncake(mooncake_sample).head(60), tmp_path / "mc")
+    result = CliRunner().invoke(app, ["run", "--trace", str(folder), "--json",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["warnings"]
+    for line in summary["warnings"]:
+        assert line[:40] in " ".join(result.stderr.split())
+    # config.toml holds what ran (retrieval decided), so a rerun models the same
+    assert 'retrieval = "off"' in (tmp_path / "out" / "config.toml").read_text()

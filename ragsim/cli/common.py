@@ -147,6 +147,12 @@ def print_json(data: dict) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def print_warnings(summary: dict) -> None:
+    """A run's or replay's warnings on stderr, with --json too (its object holds them)."""
+    for line in summary.get("warnings", ()):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
+
+
 def write_results(out_dir: Path, records, summary: dict) -> None:
     """Per-request records (Parquet) and the summary (JSON) of a run or replay."""
     out_dir.mkdir(parents=True, exist_ok=True)

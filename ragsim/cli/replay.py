@@ -21,6 +21,7 @@ from ragsim.cli.common import (
     name_table,
     out,
     print_json,
+    print_warnings,
     sigterm_like_ctrl_c,
     write_results,
 )
@@ -144,6 +145,7 @@ def replay(
         print_json(summary)
     else:
         _print_replay_summary(summary)
+    print_warnings(summary)
     if summary["interrupted"]:
         exit_interrupted(f"after the first {summary['requests']:,} of {data.n_requests:,} "
                          "requests", out_dir, signals)
@@ -195,9 +197,6 @@ def _print_replay_summary(s: dict) -> None:
     for row in rows:
         table.add_row(*row)
     out.print(table)
-    if s.get("cost_extrapolations"):
-        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost queries fell "
-                  f"outside the grids of profile {c['profile']} and were extrapolated")
 
 
 def models(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:

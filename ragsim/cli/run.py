@@ -23,6 +23,7 @@ from ragsim.cli.common import (
     name_table,
     out,
     print_json,
+    print_warnings,
     sigterm_like_ctrl_c,
     write_results,
 )
@@ -210,6 +211,10 @@ def run(
     search_time_scale: Annotated[float | None, _opt(
         RETRIEVAL, "Multiply measured stage times (a larger index than the one measured).")
     ] = None,
+    retrieval: Annotated[str | None, _opt(
+        RETRIEVAL, "Model the vector search: auto (when the trace's documents were retrieved, "
+        "not for prefix blocks such as Mooncake's; a search option or --speculate means on), "
+        "on, off. [default: auto]")] = None,
     # faults
     fail_gpu_at: Annotated[list[float] | None, _opt(
         FAULTS, "Fail the GPU at T seconds (repeatable).")] = None,
@@ -250,7 +255,7 @@ def run(
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
         "stage_converge_p": stage_converge_p, "search_latency": search_latency,
-        "search_time_scale": search_time_scale,
+        "search_time_scale": search_time_scale, "retrieval": retrieval,
         "rate_rps": rate, "arrival": arrival, "cv": cv,
         "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
         "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
@@ -284,11 +289,13 @@ def run(
             summary["interrupted_by"] = signals.name
         if out_dir is not None:
             write_results(out_dir, result.records, summary)
-            write_text_atomically(out_dir / "config.toml", config.to_toml())
+            # what ran: the run decides what the config left to the trace (retrieval)
+            write_text_atomically(out_dir / "config.toml", result.config.to_toml())
     if json_output:
         print_json(summary)
     else:
         _print_run_summary(summary)
+    print_warnings(summary)
     ended = summary["requests_completed"] + summary["requests_failed"]
     if summary["interrupted"]:
         exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
@@ -344,9 +351,6 @@ def _print_run_summary(s: dict) -> None:
     for name, value in rows:
         table.add_row(name, value)
     out.print(table)
-    if s["cost_extrapolations"]:
-        err.print(f"[yellow]warning:[/] {s['cost_extrapolations']:,} cost lookups fell outside "
-                  "the profile's grid (extrapolated)")
 
 
 def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:

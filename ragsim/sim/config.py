@@ -27,6 +27,11 @@ from ragsim.units import parse_bytes
 GiB = 2**30
 ARRIVALS = ("trace", "poisson", "gamma")
 STAGE_SOURCES = ("auto", "trace", "synthetic", "none")
+RETRIEVALS = ("auto", "on", "off")
+# settings that only mean something with a vector search: giving one asks for it
+SEARCH_SETTINGS = ("search_workers", "search_s", "search_stages", "stage_source",
+                   "stage_converge_p", "stage_keeps_d1_p", "stage_other_found_p",
+                   "search_latency", "search_time_scale")
 SEARCH_LATENCIES = ("fixed", "trace")
 CONFIG_VERSION = 1
 
@@ -91,6 +96,10 @@ class SimConfig:
     stage_other_found_p: float = 0.777
     search_latency: str = "fixed"  # fixed: search_s in equal stages; trace: measured times
     search_time_scale: float = 1.0  # multiplies the trace's measured stage times
+    # model the vector search (and speculation on it)? auto: when the trace's documents were
+    # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
+    # search setting or speculate=true given explicitly means on. A run records what it used.
+    retrieval: str = "auto"
     speculate: bool = True
     # engine
     overlap_swap: bool = False  # host->GPU KV loads overlapped with the prefill's compute
@@ -163,6 +172,9 @@ def build_config(overrides: dict, *, base: dict | None = None, source: str | Non
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}", file=source,
                           field=unknown[0])
+    if "retrieval" not in given and (given.get("speculate") is True
+                                     or any(k in given for k in SEARCH_SETTINGS)):
+        given["retrieval"] = "on"  # asked for a search: model one whatever the trace
     if given.get("rate_rps") is not None and "arrival" not in given:
         given["arrival"] = "poisson"  # a rate without a process: Poisson, the paper's choice
     system = given.get("system", SimConfig.system)
@@ -267,6 +279,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.reorder_window_start in WINDOW_STARTS, "reorder_window_start",
            f"must be one of {', '.join(WINDOW_STARTS)}", source)
     _check(c.search_time_scale > 0, "search_time_scale", "must be > 0", source)
+    _check(c.retrieval in RETRIEVALS, "retrieval", f"must be one of {', '.join(RETRIEVALS)}",
+           source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",
                  "max_batched_tokens", "reorder_scan", "prefix_block_tokens"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)

@@ -20,6 +20,7 @@ from ragsim.cache.reuse import engine_reuse_columns
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, KnowledgeTree, check_frequency_scope
 from ragsim.profiles.profile import Profile
 from ragsim.sim.gc_pause import cyclic_gc_paused
+from ragsim.sim.notices import replay_warnings
 from ragsim.traces.schema import Trace
 
 Progress = Callable[[int], None]  # called with the number of requests done so far
@@ -239,4 +240,7 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         "config": asdict(config),
         "trace_info": trace.info,
     }
+    summary["warnings"] = replay_warnings(
+        extrapolations=summary["cost_extrapolations"],
+        profile=profile.name if profile is not None else None, trace_info=trace.info or {})
     return ReplayResult(config=config, columns=records, summary=summary)

@@ -54,7 +54,10 @@ class SimResult:
 class Simulation(EngineHooks):
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile,
                  progress: Progress | None = None) -> None:
-        self.config = config
+        asked = config.retrieval
+        self.config = config = resolve_retrieval(config, trace)
+        self.retrieval = config.retrieval == "on"
+        self.retrieval_turned_off = asked == "auto" and not self.retrieval  # said in warnings
         self.trace = trace
         self.profile = profile
         # the profile's grids count extrapolations over their lifetime; this run reports its own
@@ -93,7 +96,8 @@ class Simulation(EngineHooks):
         self._query = trace.query_tokens.tolist()
         self._output = trace.output_tokens.tolist()
         self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
-                                   search_s=config.search_s, source=config.stage_source,
+                                   search_s=config.search_s,
+                                   source=config.stage_source if self.retrieval else "none",
                                    seed=config.seed, converge_p=config.stage_converge_p,
                                    keeps_d1_p=config.stage_keeps_d1_p,
                                    other_found_p=config.stage_other_found_p,
@@ -189,6 +193,10 @@ class Simulation(EngineHooks):
     def _request(self, i: int):
         env = self.env
         config = self.config
+        if not self.retrieval:  # no search behind the trace's documents: straight to the pool
+            self.r_search_start[i] = self.r_search_end[i] = env.now
+            self._submit(self._new_job(i, self._final_docs(i), speculative=False))
+            return
         with self.workers.request() as worker:
             yield worker
             self.r_search_start[i] = env.now
@@ -461,6 +469,28 @@ class Simulation(EngineHooks):
                 (cols["finish_s"] - cols["first_token_s"]) / np.maximum(decode_tokens, 1),
                 np.nan)
         return cols
+
+
+def trace_has_retrieval(trace: Trace) -> bool:
+    """Whether a vector search chose the trace's documents. Mooncake's traces carry prefix
+    blocks of conversations (``hash_ids``), with no search behind them: their importer marks
+    them (``retrieval: false`` in the trace info; traces imported before that are known by
+    their source)."""
+    info = trace.info or {}
+    return info.get("retrieval", True) is not False and info.get("source") != "mooncake"
+
+
+def resolve_retrieval(config: SimConfig, trace: Trace) -> SimConfig:
+    """The configuration with ``retrieval`` decided (``auto``: on if the trace's documents were
+    retrieved), and speculation off where there is no search to speculate on. Without this a
+    Mooncake trace got synthetic search stages and speculative prefills of lists no search
+    produced (255 GPU-s wasted at 0.8 req/s); the run records what it used."""
+    retrieval = config.retrieval
+    if retrieval == "auto":
+        retrieval = "on" if trace_has_retrieval(trace) else "off"
+    if retrieval == "off" and config.speculate:
+        return config.replace(retrieval=retrieval, speculate=False)
+    return config if retrieval == config.retrieval else config.replace(retrieval=retrieval)
 
 
 def _tick_at_or_after(tick_s: float, every_s: float, now_s: float) -> float:

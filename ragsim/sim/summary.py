@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.cache.hit_rates import hit_rate_fields
+from ragsim.sim.notices import run_warnings
 
 if TYPE_CHECKING:
     from ragsim.sim.simulator import Simulation
@@ -77,7 +78,7 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
     output_tokens = int(cols["output_tokens"][completed].sum())
     reasons = Counter(str(r) for r in cols["fail_reason"][cols["status"] == "failed"])
     spec_requests = cols["speculations"] > 0
-    return {
+    summary = {
         "requests": int(sim.n),
         "requests_completed": n_done,
         "requests_failed": n_failed,
@@ -147,3 +148,9 @@ def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
         "config": sim.config.to_dict(),
         "trace_info": sim.trace.info,
     }
+    summary["warnings"] = run_warnings(
+        arrival_s=cols["arrival_s"], finish_s=cols["finish_s"], completed=n_done,
+        simulated_s=simulated_s, extrapolations=summary["cost_extrapolations"],
+        profile=sim.profile.name, retrieval_turned_off=sim.retrieval_turned_off,
+        trace_info=sim.trace.info or {})
+    return summary

@@ -318,5 +318,6 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
         builder.add(row, ts / 1000.0, 0, output_length, blocks, sizes)
     if not builder.doc_lists:
         raise TraceError("no requests in file", file=src)
+    # prefix blocks of conversations, not retrieved documents: no vector search chose them
     return builder.build({"source": "mooncake", "file": p.name,
-                          "block_tokens": MOONCAKE_BLOCK_TOKENS})
+                          "block_tokens": MOONCAKE_BLOCK_TOKENS, "retrieval": False})

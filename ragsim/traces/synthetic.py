@@ -35,6 +35,16 @@ recur less than the fit on real retrieval says (``stats.co_retrieval``, 10,000 `
 13%, 32%, 26% against 15%, 38%, 31% without drift). A drift that moved whole neighbourhoods
 (topics) would keep the pairs.
 
+The corpus is fixed: 30,000 documents (``n_documents``) whatever the number of requests. A
+knowledge base does not grow with the traffic that queries it, so a longer trace is a longer
+period of the same service: it revisits the same documents more, and its hit rates are higher
+(``ragsim replay --trace mmlu --requests N``: 56.0% of document tokens at 10,000 requests,
+61.9% at 100,000).
+Scaling the corpus with the request count would keep hit rates level but make every length a
+different knowledge base; instead the run summary notes a synthetic trace longer than the
+10,000 requests the corpus was sized with (``ragsim.sim.notices``), so that runs of different
+lengths are not compared as if they were one workload.
+
 Documents are co-retrieved as in real retrieval: similar passages come together, so the same
 ordered pair [D1, D2] recurs (what a prefix tree caches). With probability ``co_retrieval_p`` a
 list's next document is one of the previous document's ``neighbours`` (a fixed list per
