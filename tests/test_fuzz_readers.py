@@ -370,3 +370,10 @@ def test_config_values_name_the_file_and_field(run, field):
     with pytest.raises(RagsimInputError) as info:
         build_config({}, base=load_config_file(file), source=str(file))
     assert (info.value.file, info.value.field) == (str(file), field)
+
+
+def test_a_mooncake_file_read_as_a_trace_says_how_to_import_it():
+    path = _write_lines([GOOD_MOONCAKE], "mooncake.jsonl")
+    with pytest.raises(RagsimInputError, match="import-mooncake") as info:
+        read_jsonl(path)
+    assert (info.value.file, info.value.row) == (str(path), 1)

@@ -232,8 +232,10 @@ def read_jsonl(path: str | os.PathLike) -> Trace:
     for row, obj in iter_json_objects(p):
         unknown = set(obj) - JSONL_FIELDS
         if unknown:
+            hint = ("; this looks like a Mooncake trace: convert it with 'ragsim trace "
+                    "import-mooncake'" if {"timestamp", "hash_ids"} <= unknown else "")
             raise TraceError(f"unknown field(s) {sorted(unknown)}; allowed: "
-                             f"{sorted(JSONL_FIELDS)}", file=src, row=row,
+                             f"{sorted(JSONL_FIELDS)}{hint}", file=src, row=row,
                              field=sorted(unknown)[0])
         t = _seconds(obj.get("arrival_s"), src, row, "arrival_s", "seconds")
         if t < last_time:
