@@ -154,12 +154,26 @@ def test_mooncake_import_of_the_shared_sample(mooncake_sample):
     trace = read_mooncake(mooncake_sample)
     lines = [json.loads(x) for x in mooncake_sample.read_text().splitlines() if x.strip()]
     assert trace.n_requests == len(lines)
-    first = lines[0]
-    docs = trace.docs_of(0).tolist()
-    assert docs == first["hash_ids"]
-    sizes = trace.doc_tokens_flat[: len(docs)].tolist()
-    assert sizes[:-1] == [512] * (len(docs) - 1)
-    assert sum(sizes) == first["input_length"] or trace.info.get("document_size_mismatches")
+    # every request's blocks and sizes worked out from the raw rows: 512-token blocks, the last
+    # one the rest of input_length; a block met again keeps its first size, a different size
+    # counts as a mismatch
+    first_size: dict[int, int] = {}
+    mismatches = 0
+    expected_ids, expected_sizes = [], []
+    for line in lines:
+        blocks = line["hash_ids"]
+        own = [512] * (len(blocks) - 1) + [line["input_length"] - 512 * (len(blocks) - 1)]
+        for block, size in zip(blocks, own, strict=True):
+            first_size.setdefault(block, size)
+            mismatches += first_size[block] != size
+            expected_ids.append(block)
+            expected_sizes.append(first_size[block])
+    assert trace.doc_ids.tolist() == expected_ids
+    assert trace.doc_tokens_flat.tolist() == expected_sizes
+    assert trace.info.get("document_size_mismatches", 0) == mismatches
+    # the first row by hand: 40,160 tokens in 79 blocks, 78 of 512 and the last of 224
+    assert len(lines[0]["hash_ids"]) == 79 and lines[0]["input_length"] == 40_160
+    assert trace.doc_tokens_flat[:79].tolist() == [512] * 78 + [224]
     assert trace.query_tokens.sum() == 0
     assert trace.arrival_s[-1] == pytest.approx(lines[-1]["timestamp"] / 1000)
 
