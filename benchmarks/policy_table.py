@@ -26,7 +26,8 @@ Traces: the built-in synthetic ``mmlu`` and ``nq`` (their default drift), the re
 ``.jsonl.xz``, or a folder written by ``ragsim trace import-mooncake``): long shared prefixes
 of 512-token blocks.
 
-``--cost-study``: PGDSF against its two ablations (lifetime counts) across profiles -- the
+``--cost-study`` (replay, with A10G Mistral-7B's memory for every profile, so only the
+prefill costs differ): PGDSF against its two ablations (lifetime counts) across profiles -- the
 derived A10G Mistral-7B, a large model on H800 (Llama-2-70B, TP2), and the measured CPU
 profile -- on mmlu, mmlu with eight documents per request (``mmlu-top8``: long prefixes),
 nq, wiki-trivia (short documents) and Mooncake, to find where the prefix-aware cost changes
@@ -57,17 +58,22 @@ MOONCAKE_EXTRA_HOST_GIB = (512, 2048)
 # --cost-study's extra trace: mmlu with eight documents per request (prefixes four times longer)
 LONG_LISTS = {"mmlu-top8": ("mmlu", 8)}
 COST_TRACES = ("mmlu", "mmlu-top8", "nq", "wiki-trivia")
+SYNTHETIC = ("mmlu", "nq")
 TIE_POINTS = 0.1  # hit rates this close (in points) are printed as a tie
 
 
-def load_trace(name: str, n_requests: int | None, seed: int):
-    """A built-in trace (synthetic ones generated with ``n_requests``), or Mooncake's."""
+def load_trace(name: str, n_requests: int | None, seed: int, drift: float | None = None):
+    """A built-in trace (synthetic ones generated with ``n_requests`` and, if given, ``drift``
+    per 1,000 requests), or Mooncake's."""
     from ragsim.traces import read_mooncake, resolve_trace
 
     path = Path(name)
+    generator = {} if drift is None else {"drift_per_1k_requests": drift}
     if name in LONG_LISTS:  # a synthetic trace retrieving more documents: longer prefixes
         base, top_k = LONG_LISTS[name]
-        return resolve_trace(base, seed=seed, n_requests=n_requests, top_k=top_k)
+        return resolve_trace(base, seed=seed, n_requests=n_requests, top_k=top_k, **generator)
+    if name in SYNTHETIC:
+        return resolve_trace(name, seed=seed, n_requests=n_requests, **generator)
     if path.suffix == ".xz":
         with tempfile.TemporaryDirectory() as tmp:
             plain = Path(tmp) / path.stem
@@ -83,7 +89,7 @@ def load_trace(name: str, n_requests: int | None, seed: int):
 def requests_of(name: str, args: argparse.Namespace) -> int | None:
     """Synthetic traces are generated with ``--requests``; recorded ones are used whole unless
     ``--requests`` is below the setting's 10,000 (``--quick``)."""
-    if name in ("mmlu", "nq", *LONG_LISTS):
+    if name in (*SYNTHETIC, *LONG_LISTS):
         return args.requests
     return None if args.requests >= 10_000 else args.requests
 
@@ -105,10 +111,15 @@ def window_s(trace, window_requests: int, mode: str) -> float:
 
 
 def hit_rate(trace, label: str, policy: str, scope: str, window: float | None, host_gib: int,
-             mode: str, profile_name: str, seed: int) -> float:
+             mode: str, profile_name: str, seed: int, memory_profile: str | None = None
+             ) -> float:
+    """One cell's token hit rate. ``memory_profile`` (replay only) takes the KV bytes per
+    token and GPU KV space from another profile than the costs, so that only the cost's
+    shape differs between profiles."""
     from ragsim.profiles.profile import load_profile
 
     profile = load_profile(profile_name)
+    memory = load_profile(memory_profile or profile_name)
     if mode == "run":
         from ragsim.sim.config import build_config
         from ragsim.sim.simulator import run_simulation
@@ -122,16 +133,16 @@ def hit_rate(trace, label: str, policy: str, scope: str, window: float | None, h
     from ragsim.sim.replay import ReplayConfig, run_replay
 
     config = ReplayConfig(
-        trace=label, policy=policy, model=profile.model.name,
-        kv_bytes_per_token=profile.model.kv_bytes_per_token,
-        gpu_capacity_bytes=profile.kv_capacity_bytes, host_capacity_bytes=host_gib * GiB,
+        trace=label, policy=policy, model=memory.model.name,
+        kv_bytes_per_token=memory.model.kv_bytes_per_token,
+        gpu_capacity_bytes=memory.kv_capacity_bytes, host_capacity_bytes=host_gib * GiB,
         profile=profile_name, seed=seed, frequency_scope=scope, frequency_window_s=window)
     return run_replay(trace, config, profile).summary["token_hit_rate"]
 
 
 def equal_terms_cell(name: str, label: str, host_gib: int, args: argparse.Namespace) -> dict:
     """Every counting policy under every scope, and LRU, at one host size (one process)."""
-    trace = load_trace(name, requests_of(name, args), args.seed)
+    trace = load_trace(name, requests_of(name, args), args.seed, args.drift)
     window = window_s(trace, args.window_requests, args.mode)
     rates = {}
     for scope in SCOPES:
@@ -147,9 +158,10 @@ def equal_terms_cell(name: str, label: str, host_gib: int, args: argparse.Namesp
 
 def cost_cell(name: str, label: str, profile_name: str, host_gib: int,
               args: argparse.Namespace) -> dict:
-    trace = load_trace(name, requests_of(name, args), args.seed)
-    rates = {policy: hit_rate(trace, label, policy, "lifetime", None, host_gib, args.mode,
-                              profile_name, args.seed) for policy in COST_POLICIES}
+    trace = load_trace(name, requests_of(name, args), args.seed, args.drift)
+    rates = {policy: hit_rate(trace, label, policy, "lifetime", None, host_gib, "replay",
+                              profile_name, args.seed, memory_profile=PROFILE)
+             for policy in COST_POLICIES}
     return {"trace": label, "profile": profile_name, "host": host_gib, "rates": rates}
 
 
@@ -186,8 +198,22 @@ def print_equal_terms(results: list[dict], args: argparse.Namespace) -> None:
                       + f" | {best} | {gain:+.2f} |", flush=True)
 
 
+def prefix_factor(profile_name: str) -> float:
+    """How much a 4,000-token cached prefix raises the prefill time of 500 new tokens: 1 for
+    a cost that ignores the prefix (where PGDSF's cost per token cannot tell nodes apart by
+    position)."""
+    from ragsim.profiles.profile import load_profile
+
+    cost = load_profile(profile_name).prefill.at
+    return cost(4000, 500) / cost(0, 500)
+
+
 def print_cost_study(results: list[dict], args: argparse.Namespace) -> None:
-    print(f"\n### Prefix-aware cost: lifetime counts, {args.mode}\n")
+    print(f"\n### Prefix-aware cost: lifetime counts, replay, memory of {PROFILE} (GPU KV "
+          "space, KV bytes per token) for every profile, so only the costs differ\n")
+    for name in COST_PROFILES:
+        print(f"- {name}: T(4000, 500) / T(0, 500) = {prefix_factor(name):.2f}")
+    print()
     print("| trace | profile | host | " + " | ".join(COST_POLICIES)
           + " | pgdsf - const-cost (points) | pgdsf - no-size (points) |")
     print("|---" * (len(COST_POLICIES) + 5) + "|")
@@ -211,6 +237,9 @@ def main() -> None:
                         help="requests of the synthetic traces (recorded ones: whole, or "
                              "fewer if this is smaller)")
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--drift", type=float, default=None,
+                        help="synthetic traces: popularity drift per 1,000 requests (default: "
+                             "the built-in traces')")
     parser.add_argument("--window-requests", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
@@ -225,8 +254,9 @@ def main() -> None:
     traces = [(name, name) for name in names]
     if args.mooncake:
         traces.append((args.mooncake, "mooncake"))
+    drift = "built-in" if args.drift is None else f"{args.drift:g}"
     print(f"policy_table.py: mode {args.mode}, seed {args.seed}, host "
-          f"{', '.join(map(str, args.host_gib))} GiB")
+          f"{', '.join(map(str, args.host_gib))} GiB, synthetic traces' drift {drift}")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         if args.cost_study:
             futures = [pool.submit(cost_cell, name, label, profile, host, args)
