@@ -314,18 +314,25 @@ class Engine:
                     n_hit = depth
                     break
         u = engine_reuse(cached, new, hit_gpu, r.hit_tokens_host, recomputed, self.block)
-        hit_path = path[:n_hit]
         own = self._speculated
-        own_gpu, own_host = own_hit_tokens(
-            [n.tokens for n in hit_path], [own.get(n) == job.request for n in hit_path],
-            u.hit_tokens_gpu, hit_gpu, u.hit_tokens_host)
-        for n in path[n_hit:]:  # computed by this job
-            self._batch_computed.add(n)
+        own_gpu = own_host = 0
+        if own and n_hit:  # (no speculation, no lookups)
+            hit_path = path[:n_hit]
+            mine = [own.get(n) == job.request for n in hit_path]
+            if True in mine:
+                own_gpu, own_host = own_hit_tokens([n.tokens for n in hit_path], mine,
+                                                   u.hit_tokens_gpu, hit_gpu, u.hit_tokens_host)
+        computed = path[n_hit:]
+        if computed:
+            if not self.batch_kv_sharing:
+                self._batch_computed.update(computed)
             if job.speculative:
-                own[n] = job.request
-                self._speculated_by.setdefault(job.request, []).append(n)
-            else:
-                own.pop(n, None)
+                for n in computed:
+                    own[n] = job.request
+                self._speculated_by.setdefault(job.request, []).extend(computed)
+            elif own:
+                for n in computed:
+                    own.pop(n, None)
         job.path = path
         job.alpha, job.beta = u.cached_tokens, u.new_tokens
         job.hit_gpu, job.hit_host = u.hit_tokens_gpu - own_gpu, u.hit_tokens_host - own_host

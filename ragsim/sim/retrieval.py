@@ -45,6 +45,8 @@ it (``--search-s``); a trace built with ``ragsim trace build`` can bring its own
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pyarrow.compute as pc
 
@@ -148,21 +150,24 @@ class StagedSearch:
     def _draw_wrong(self, i: int, final: list) -> list:
         """Request ``i``'s wrong list (see the module's docstring), from its own seeded stream
         so that it does not depend on which other requests drew one."""
-        rng = np.random.default_rng([self._seed, 0x5EA7C4, i])
+        # Python's generator: seeding it costs a third of numpy's, and a wrong list needs a
+        # few draws (random() only: its sequence for an int seed is stable across versions)
+        draw = random.Random((self._seed << 64) ^ (0x5EA7C4 << 32) ^ i).random
         k = len(final)
-        if rng.random() < self._keeps_d1_p:
-            found = [True] + [bool(x) for x in rng.random(k - 1) < self._other_found_p]
+        if draw() < self._keeps_d1_p:
+            found = [True] + [draw() < self._other_found_p for _ in range(k - 1)]
             if all(found):
-                found[1 + int(rng.integers(k - 1)) if k > 1 else 0] = False
+                found[1 + int(draw() * (k - 1)) if k > 1 else 0] = False
         else:
-            found = [False] + [bool(x) for x in rng.random(k - 1) < self._other_found_p]
+            found = [False] + [draw() < self._other_found_p for _ in range(k - 1)]
         kept = [d for d, f in zip(final, found, strict=True) if f]
         documents = self._documents
+        n_documents = len(documents)
         others: list = []
         for _ in range(8 * k):  # other documents of the corpus; tiny corpora may run out
             if len(kept) + len(others) == k:
                 break
-            other = int(documents[rng.integers(len(documents))])
+            other = int(documents[int(draw() * n_documents)])
             if other not in final and other not in others:
                 others.append(other)
         wrong = kept + others
