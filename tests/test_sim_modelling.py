@@ -221,3 +221,14 @@ def test_reordering_does_not_count_a_batch_mates_documents_as_cached():
     shared, _ = simulate(trace, config.replace(batch_kv_sharing=True))
     assert shared.prefill_start_s[p] == shared.prefill_start_s[q] < shared.prefill_start_s[r]
     assert shared.hit_tokens_gpu[q] == 1600
+
+
+def test_an_old_config_with_a_window_in_decisions_is_told_what_replaced_it(tmp_path):
+    from ragsim.errors import ConfigError
+    from ragsim.sim.config import build_config, load_config_file
+
+    path = tmp_path / "config.toml"
+    path.write_text('format = "ragsim.config"\nversion = 1\n[run]\nreorder_window = 32\n')
+    with pytest.raises(ConfigError, match="reorder_window_s") as error:
+        build_config({}, base=load_config_file(path), source=str(path))
+    assert str(path) in str(error.value)

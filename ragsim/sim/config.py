@@ -169,6 +169,10 @@ def build_config(overrides: dict, *, base: dict | None = None, source: str | Non
     """
     given = {**(base or {}), **{k: v for k, v in overrides.items() if v is not None}}
     unknown = sorted(set(given) - set(_FIELDS))
+    if "reorder_window" in unknown:  # a config.toml written before the window was seconds
+        raise ConfigError("the reordering window is now seconds: replace reorder_window "
+                          "(scheduling decisions) with reorder_window_s", file=source,
+                          field="reorder_window")
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}", file=source,
                           field=unknown[0])
