@@ -15,7 +15,9 @@ Every number the README quotes about ``ragsim run`` against the paper comes from
 3. Token hit rate of PGDSF, GDSF, LRU and LFU across host-memory sizes from 8 to 128 GiB (the
    paper: PGDSF 1.02-1.32x GDSF, 1.06-1.62x LRU, 1.06-1.75x LFU), ragcache without speculation,
    with PGDSF's ratio to each. ``--drift`` sets how fast a synthetic trace's topics move (the
-   generator's ``drift_per_1k_requests``; the built-in traces' 0.1 by default, 0: stationary).
+   generator's ``drift_per_1k_requests``; the built-in traces' measured drift by default, 0:
+   stationary). Every policy counts retrievals by the same rule, the default frequency scope
+   (lifetime); ``policy_table.py`` prints each rule, LRU and PGDSF's ablations.
 
 Simulated numbers are deterministic for a seed; only the wall time varies between machines.
 """
