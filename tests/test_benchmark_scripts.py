@@ -1,15 +1,28 @@
-"""The benchmark scripts the README quotes still run (tiny sizes; their numbers are not checked
-here: the ordering tests in test_sim_paper_results.py and friends do that)."""
+"""The benchmark scripts the README quotes run, print every row and column they promise, and
+print what another route computes for the same cell: ``ragsim run``/``ragsim replay`` through
+the CLI with the settings the script documents, the helpers a script wraps called here, a
+second implementation (the static bound), or a case worked by hand. Tiny sizes; which policy
+wins at full size is checked by test_sim_paper_results.py and friends."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+from ragsim.profiles.profile import load_profile
+from ragsim.traces import resolve_trace
 from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+POLICIES = ("pgdsf", "gdsf", "lru", "lfu")
+GiB = 2**30
+runner = CliRunner()
 
 
 def run_script(name: str, *args: str) -> str:
@@ -19,51 +32,159 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
-def test_paper_comparison_policy_table_with_drift():
+def cli_json(*args: str) -> dict:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def rows_of(out: str, first_cell: str) -> list[list[str]]:
+    """The cells of every Markdown table row whose first cell is ``first_cell``."""
+    return [line.strip().strip("| ").split(" | ") for line in out.splitlines()
+            if line.startswith(f"| {first_cell} |")]
+
+
+def number(cell: str) -> float:
+    return float(cell.strip().removesuffix("%").removesuffix("x").replace(",", ""))
+
+
+def ratio_fits(ratio: str, numerator: str, denominator: str, decimals: int = 2) -> bool:
+    """Whether a printed ratio can be the ratio of the true values behind two percentages
+    printed to 0.1 point: each is within 0.05 points of what it shows, the ratio within half
+    its last digit of what it shows."""
+    a, b, r = number(numerator), number(denominator), number(ratio)
+    half = 0.5 * 10**-decimals + 1e-12
+    return (a - 0.05) / (b + 0.05) - half <= r <= (a + 0.05) / (b - 0.05) + half
+
+
+def fixed_contents_bound(trace, capacity_tokens: float) -> float:
+    """The static frequency bound (``ragsim.cache.bounds``) by a second route: a node is a
+    prefix of a request's list, kept as a tuple; keeping a node of ``s`` tokens retrieved ``f``
+    times saves ``(f - 1) * s`` tokens, so the fractional knapsack fills the room with the
+    most retrieved nodes first (order within equal counts does not change the value)."""
+    count: Counter[tuple[int, ...]] = Counter()
+    size: dict[tuple[int, ...], int] = {}
+    for r in range(trace.n_requests):
+        docs = trace.docs_of(r).tolist()
+        start = int(trace.doc_offsets[r])
+        for depth in range(len(docs)):
+            node = tuple(docs[:depth + 1])
+            count[node] += 1
+            size[node] = int(trace.doc_tokens_flat[start + depth])
+    room, saved = capacity_tokens, 0.0
+    for node in sorted((n for n in count if count[n] > 1), key=lambda n: -count[n]):
+        taken = min(size[node], room)
+        saved += (count[node] - 1) * taken
+        room -= taken
+        if room <= 0:
+            break
+    return saved / int(trace.doc_tokens_flat.sum())
+
+
+def test_paper_comparison_policy_table_is_what_ragsim_run_gives_for_each_cell():
     out = run_script("paper_comparison.py", "--policies-only", "--requests", "400",
                      "--drift", "0.3")
-    rows = [line for line in out.splitlines() if line.startswith("| ") and "GiB" in line]
-    assert [row.split("|")[1].strip() for row in rows] == ["8 GiB", "32 GiB", "128 GiB"]
-    for row in rows:  # four hit rates, three ratios
-        cells = [c.strip() for c in row.strip("| \n").split("|")[1:]]
-        assert all(0 < float(c.removesuffix("%")) <= 100 for c in cells[:4])
-        assert all(0 < float(c.removesuffix("x")) < 10 for c in cells[4:])
-    assert "drift_per_1k_requests 0.3" in out and "pgdsf / lfu (paper 1.06-1.75x)" in out
+    assert "mmlu, drift_per_1k_requests 0.3, co_retrieval_p 0.9, 400 requests" in out
+    assert ("| host memory | pgdsf | gdsf | lru | lfu | pgdsf / gdsf (paper 1.02-1.32x) "
+            "| pgdsf / lru (paper 1.06-1.62x) | pgdsf / lfu (paper 1.06-1.75x) |") in out
+    rows = {r[0]: r[1:] for r in (line.strip().strip("| ").split(" | ")
+                                  for line in out.splitlines() if " GiB |" in line)}
+    assert list(rows) == ["8 GiB", "32 GiB", "128 GiB"]
+
+    def run_cell(policy: str, host: str) -> float:
+        # the settings the script documents: ragcache without speculation, Poisson 0.8 req/s
+        return cli_json("run", "--trace", "mmlu", "--requests", "400", "--drift", "0.3",
+                        "--seed", "0", "--rate", "0.8", "--no-speculate", "--policy", policy,
+                        "--host-mem", host)["token_hit_rate"]
+
+    at_8 = {policy: run_cell(policy, "8GiB") for policy in POLICIES}
+    assert rows["8 GiB"][:4] == [f"{at_8[p]:.1%}" for p in POLICIES]
+    assert rows["8 GiB"][4:] == [f"{at_8['pgdsf'] / at_8[p]:.2f}x" for p in POLICIES[1:]]
+    assert rows["32 GiB"][2] == f"{run_cell('lru', '32GiB'):.1%}"
+    assert rows["128 GiB"][3] == f"{run_cell('lfu', '128GiB'):.1%}"
+    for cells in rows.values():
+        assert len(cells) == 7
+        for ratio, baseline in zip(cells[4:], cells[1:4], strict=True):
+            assert ratio_fits(ratio, cells[0], baseline), cells
 
 
-def test_policy_seeds_prints_a_row_per_seed_and_the_ranges():
+def test_policy_seeds_rows_match_ragsim_run_and_a_second_bound_and_the_ranges_the_rows():
+    # 1,000 requests and 1 GiB of host memory: the room (GPU KV space and host memory) limits
+    # the bound (seed 1: 20.4%; 25.5% with room for every repeated node, 10.8% with the host
+    # memory alone)
     out = run_script("policy_seeds.py", "--synthetic", "nq", "--seeds", "2", "--requests",
-                     "300", "--host-gib", "8")
-    label = f"| nq (drift {BUILTIN_DRIFT_PER_1K_REQUESTS:g}) |"  # the built-in default
-    per_seed = [line for line in out.splitlines() if line.startswith(label)]
-    assert len(per_seed) == 2
-    ranges = [line for line in out.splitlines() if line.startswith("| 8 GiB |")]
-    assert len(ranges) == 1
-    for cell in ranges[0].strip("| ").split(" | ")[1:]:  # "0.98-1.03x"
+                     "1000", "--host-gib", "1")
+    label = f"nq (drift {BUILTIN_DRIFT_PER_1K_REQUESTS:g})"  # the built-in default
+    per_seed = rows_of(out, label)
+    assert [(r[1], r[2]) for r in per_seed] == [("0", "1 GiB"), ("1", "1 GiB")]
+    # seed 1 by other routes: each policy through `ragsim run` with the script's settings
+    # (ragcache without speculation, Poisson 0.8 req/s), the bound by fixed_contents_bound with
+    # all of the GPU's KV space and the host memory
+    hit = {p: cli_json("run", "--trace", "nq", "--requests", "1000", "--seed", "1", "--rate",
+                       "0.8", "--no-speculate", "--policy", p, "--host-mem", "1GiB"
+                       )["token_hit_rate"] for p in POLICIES}
+    profile = load_profile("a10g-mistral-7b")
+    capacity_tokens = (profile.kv_capacity_bytes + 1 * GiB) / profile.model.kv_bytes_per_token
+    bound = fixed_contents_bound(resolve_trace("nq", seed=1, n_requests=1000), capacity_tokens)
+    assert per_seed[1][3:] == [
+        f"{hit['pgdsf'] / hit['gdsf']:.3f}", f"{hit['pgdsf'] / hit['lru']:.3f}",
+        f"{hit['pgdsf'] / hit['lfu']:.3f}", f"{bound:.1%}", f"{hit['pgdsf'] / bound:.3f}",
+        f"{hit['lfu'] / bound:.3f}"]
+    # the range row: each column's smallest and largest over the seeds (printed to 0.001
+    # there, to 0.01 here)
+    ranges = rows_of(out, "1 GiB")
+    assert len(ranges) == 1 and len(ranges[0]) == 6
+    columns = [[number(r[i]) for r in per_seed] for i in (3, 4, 5, 7, 8)]
+    for cell, values in zip(ranges[0][1:], columns, strict=True):
         low, high = (float(v) for v in cell.removesuffix("x").split("-"))
-        assert 0 < low <= high < 10
+        assert abs(low - min(values)) <= 0.0055 and abs(high - max(values)) <= 0.0055, (
+            cell, values)
 
 
-def test_vllm_prefix_cache_prints_the_ratio_and_the_identical_share():
-    out = run_script("vllm_prefix_cache.py", "--requests", "200", "--blocks", "400")
-    row = [line for line in out.splitlines() if line.startswith("| 6,400 |")]
-    assert len(row) == 1
-    ratio, same = row[0].strip("| ").split(" | ")[1:]
-    assert 0.9 < float(ratio.removesuffix("x")) < 1.1 and 0 < float(same.removesuffix("%")) <= 100
+def test_vllm_prefix_cache_rows_are_the_helpers_it_wraps_and_agree_with_room_for_all():
+    out = run_script("vllm_prefix_cache.py", "--requests", "60", "--blocks", "400", "100000")
+    assert "| KV tokens | ragsim / vLLM hit tokens | requests with the same prefix |" in out
+    rows = [line.strip().strip("| ").split(" | ") for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [r[0] for r in rows] == ["6,400", "1,600,000"]  # 16-token blocks
+    # under eviction: the differential test's helpers, called here on the same 60 requests
+    from test_vllm_prefix_cache import ragsim_hits, vllm_hits
+
+    trace = resolve_trace("mmlu", n_requests=60)
+    ours, theirs = ragsim_hits(trace, 400, 37), vllm_hits(trace, 400, 37)
+    assert rows[0][1:] == [f"{ours.sum() / theirs.sum():.3f}x", f"{(ours == theirs).mean():.1%}"]
+    assert rows[0] != ["6,400", "1.000x", "100.0%"]  # eviction makes them differ here
+    # with room for everything the two agree request by request (tests/test_vllm_prefix_cache)
+    assert rows[1][1:] == ["1.000x", "100.0%"]
 
 
-def test_policy_regimes_prints_every_cell_and_names_the_best_baseline():
+def test_policy_regimes_cells_are_what_ragsim_replay_gives():
+    # drift 1 at 32 GiB: GDSF, not LFU, is the best baseline there, so the two ratios differ
     out = run_script("policy_regimes.py", "--traces", "nq", "--requests", "1500", "--drifts",
-                     "0", "0.3", "--host-gib", "8", "32", "--workers", "1")
-    rows = [line.strip("| ").split(" | ") for line in out.splitlines()
-            if line.startswith("| nq |")]
-    assert [(r[2], r[3]) for r in rows] == [("0", "8 GiB"), ("0", "32 GiB"),
-                                            ("0.3", "8 GiB"), ("0.3", "32 GiB")]
+                     "0", "1", "--host-gib", "8", "32", "--workers", "1")
+    assert ("| trace | requests | drift | host | pgdsf | gdsf | lru | lfu | best baseline "
+            "| pgdsf / best baseline | pgdsf / lfu |") in out
+    rows = rows_of(out, "nq")
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("1,500", "0", "8 GiB"), ("1,500", "0", "32 GiB"),
+        ("1,500", "1", "8 GiB"), ("1,500", "1", "32 GiB")]
+
+    def replay(policy: str, drift: str, host: str) -> float:
+        # the script's setting: replay, GPU 4 GiB (replay's default), seed 0
+        return cli_json("replay", "--trace", "nq", "--requests", "1500", "--drift", drift,
+                        "--host-mem", host, "--seed", "0", "--policy", policy
+                        )["token_hit_rate"]
+
+    rate = {p: replay(p, "1", "32GiB") for p in POLICIES}
+    best = max(POLICIES[1:], key=rate.__getitem__)
+    assert rows[3][4:] == [*(f"{rate[p]:.1%}" for p in POLICIES), best,
+                           f"{rate['pgdsf'] / rate[best]:.2f}x",
+                           f"{rate['pgdsf'] / rate['lfu']:.2f}x"]
+    assert rows[0][4] == f"{replay('pgdsf', '0', '8GiB'):.1%}"
+    assert rows[0][7] == f"{replay('lfu', '0', '8GiB'):.1%}"
     for r in rows:
-        rates = dict(zip(("pgdsf", "gdsf", "lru", "lfu"),
-                         (float(c.removesuffix("%")) for c in r[4:8]), strict=True))
+        printed = dict(zip(POLICIES, r[4:8], strict=True))
         assert r[8] in ("gdsf", "lru", "lfu")
-        assert rates[r[8]] == max(rates["gdsf"], rates["lru"], rates["lfu"])
-        # the ratios are of the unrounded rates; the printed ones are rounded to 0.1 point
-        assert abs(float(r[9].removesuffix("x")) - rates["pgdsf"] / rates[r[8]]) < 0.02
-        assert abs(float(r[10].removesuffix("x")) - rates["pgdsf"] / rates["lfu"]) < 0.02
+        assert number(printed[r[8]]) == max(number(printed[p]) for p in POLICIES[1:]), r
+        assert ratio_fits(r[9], printed["pgdsf"], printed[r[8]]), r
+        assert ratio_fits(r[10], printed["pgdsf"], printed["lfu"]), r
