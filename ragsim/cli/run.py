@@ -159,6 +159,9 @@ def run(
     overlap_swap: Annotated[bool | None, _opt(
         ENGINE, "Overlap host->GPU KV loads with compute.", "--overlap-swap/--no-overlap-swap")
     ] = None,
+    batch_kv_sharing: Annotated[bool | None, _opt(
+        ENGINE, "A request hits KV a batch mate is computing (vLLM v1: yes; SGLang, RAGCache: "
+        "no).", "--batch-kv-sharing/--no-batch-kv-sharing")] = None,
     # cache
     policy: Annotated[str | None, _opt(
         CACHE, "Replacement policy: pgdsf, gdsf, lru, lfu, fifo, or an ablation "
@@ -251,6 +254,7 @@ def run(
         "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
         "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
         "reorder_window_s": reorder_window, "speculate": speculate, "overlap_swap": overlap_swap,
+        "batch_kv_sharing": batch_kv_sharing,
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
