@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from ragsim.errors import RagsimInputError
@@ -22,6 +23,8 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
+# past this a size is a typo, and int64 byte counters would overflow downstream
+MAX_SIZE_BYTES = 2**60
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -46,7 +49,11 @@ def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
         raise RagsimInputError(f"unknown size unit {unit!r} in {text!r}", field=field)
     if value < 0:
         raise RagsimInputError(f"a size cannot be negative: {text!r}", field=field)
-    return round(value * _UNITS[unit])
+    n_bytes = value * _UNITS[unit]
+    if not math.isfinite(n_bytes) or n_bytes > MAX_SIZE_BYTES:
+        raise RagsimInputError(f"{text!r} is larger than any memory ragsim models "
+                               f"(at most {MAX_SIZE_BYTES:,} bytes, 1 EiB)", field=field)
+    return round(n_bytes)
 
 
 def format_bytes(n_bytes: float) -> str:

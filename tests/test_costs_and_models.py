@@ -383,7 +383,8 @@ def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["-1GiB", "4 parsecs", "GiB", ""])
+@pytest.mark.parametrize("text", ["-1GiB", "4 parsecs", "GiB", "", "9" * 400, "2048EiB",
+                                  "1048577TiB", float("nan"), float("inf")])
 def test_parse_bytes_refuses(text):
     with pytest.raises(RagsimInputError):
         parse_bytes(text)
