@@ -129,16 +129,61 @@ def test_the_window_is_seconds_and_starts_when_a_request_is_the_oldest():
     assert pool.window_started_s("Q3") == 6.0
 
 
-def test_the_reorder_ablation_script_prints_both_tables():
-    from test_benchmark_scripts import run_script
+def test_the_reorder_ablation_script_prints_what_ragsim_run_gives_for_its_cells(tmp_path):
+    """Every table and row, and cells of both tables against ``ragsim run`` with the same
+    settings (the window from arrival through a config file: it has no flag). A 0.05 s window,
+    so the window forces decisions and its two starts differ even on 100 requests."""
+    from test_benchmark_scripts import cli_json, run_script
 
-    out = run_script("reorder_ablation.py", "--quick", "--requests", "100")
-    assert "mmlu at 2.5 req/s" in out and "nq at 1.4 req/s" in out
-    rows = [line.split() for line in out.splitlines()
-            if line.strip().startswith(("2.5 ", "3.5 ", "5.0 ", "1.4 ", "4.0 "))]
-    assert len(rows) == 6  # three rates per trace
-    for row in rows:  # TTFTs positive, gains as ratios, forced shares as percentages
-        assert float(row[1]) > 0 and row[3].endswith("x") and row[4].endswith("%")
+    out = run_script("reorder_ablation.py", "--quick", "--requests", "100", "--window", "0.05")
+    paper, sweep = out.split("\n2. ")
+    labels = ["no reorder", "reorder (window from head)", "reorder (window from arrival)"]
+    table = {}  # (trace, label) -> cells of section 1
+    for line in paper.splitlines():
+        for name in ("mmlu", "nq"):
+            if line.startswith(f"{name} at "):
+                trace = name
+        for label in labels:
+            if line.strip().startswith(label):
+                table[trace, label] = line.strip()[len(label):].split()
+    assert "mmlu at 2.5 req/s" in paper and "nq at 1.4 req/s" in paper
+    assert list(table) == [(t, label) for t in ("mmlu", "nq") for label in labels]
+    mmlu_part, nq_part = sweep.split("\nnq\n")
+    rows = {(trace, r.split()[0]): r.split() for trace, part in
+            (("mmlu", mmlu_part), ("nq", nq_part))
+            for r in part.splitlines() if r.strip()[:1].isdigit()}
+    assert list(rows) == [("mmlu", "2.5"), ("mmlu", "3.5"), ("mmlu", "5.0"),
+                          ("nq", "1.4"), ("nq", "2.5"), ("nq", "4.0")]
+    from_arrival = tmp_path / "arrival.toml"
+    from_arrival.write_text('[run]\nreorder_window_start = "arrival"\n')
+
+    def run(trace: str, rate: str, variant: str) -> dict:
+        flags = {"off": ["--no-reorder"], "head": ["--reorder", "--reorder-window", "0.05"],
+                 "arrival": ["--reorder", "--reorder-window", "0.05",
+                             "--config", str(from_arrival)]}[variant]
+        s = cli_json("run", "--trace", trace, "--requests", "100", "--seed", "0", "--rate",
+                     rate, "--system", "ragcache", *flags)
+        decisions = max(s["scheduler_decisions"], 1)
+        s["reorder"] = s["reordered_decisions"] / decisions
+        s["forced"] = s["window_forced_decisions"] / decisions
+        return s
+
+    mmlu = {v: run("mmlu", "2.5", v) for v in ("off", "head", "arrival")}
+    assert mmlu["arrival"]["config"]["reorder_window_start"] == "arrival"
+    for variant, label in zip(mmlu, labels, strict=True):
+        s = mmlu[variant]
+        gain = [] if variant == "off" else [f"{mmlu['off']['ttft_mean_s'] / s['ttft_mean_s']:.2f}x"]
+        assert table["mmlu", label] == [
+            f"{s['ttft_mean_s']:.2f}", f"{s['ttft_p99_s']:.2f}", *gain,
+            f"{s['token_hit_rate']:.1%}", f"{s['throughput_rps']:.2f}", f"{s['reorder']:.1%}",
+            f"{s['forced']:.1%}"], variant
+    # nq at 4.0 req/s, where the queue builds and the TTFTs of the variants differ
+    off, head, late = (run("nq", "4.0", v) for v in ("off", "head", "arrival"))
+    assert rows["nq", "4.0"][1:] == [
+        f"{off['ttft_mean_s']:.2f}", f"{head['ttft_mean_s']:.2f}",
+        f"{off['ttft_mean_s'] / head['ttft_mean_s']:.2f}x", f"{head['forced']:.1%}",
+        f"{late['ttft_mean_s']:.2f}", f"{off['ttft_mean_s'] / late['ttft_mean_s']:.2f}x",
+        f"{late['forced']:.1%}"]
 
 
 @settings(max_examples=200, deadline=None)
