@@ -6,6 +6,7 @@ Expected values are worked out by hand (tiny traces) or by a second, set-based i
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from itertools import pairwise
@@ -128,9 +129,11 @@ def test_the_fit_refuses_a_trace_shorter_than_two_windows():
         fit_drift(trace_of([[1]] * 1999))
 
 
-def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_row():
+def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_row(
+        tmp_path, mooncake_sample):
     """benchmarks/measure_drift.py with its defaults (the Mooncake copy in tests/data), without
-    the fit: the shuffled real trace shows no drift, the topically ordered one a lot."""
+    the fit: the shuffled real trace shows no drift, the topically ordered one a lot, and every
+    row is what ``ragsim trace stats`` says of the same trace (Mooncake's imported by the CLI)."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_drift.py"
     result = subprocess.run([sys.executable, str(script), "--no-fit"], capture_output=True,
                             text=True, timeout=600)
@@ -143,3 +146,21 @@ def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_
     assert abs(corrected["wiki-trivia"]) < 0.15
     assert corrected["wiki-trivia-topics"] > 0.5
     assert rows["mooncake (mooncake_synthetic_trace.jsonl.xz)"][1] == "3,993"
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    runner = CliRunner()
+    imported = runner.invoke(app, ["trace", "import-mooncake", str(mooncake_sample),
+                                   str(tmp_path / "mc")])
+    assert imported.exit_code == 0, imported.output
+    for name, trace in (("wiki-trivia-topics", "wiki-trivia-topics"),
+                        ("wiki-trivia", "wiki-trivia"),
+                        ("mooncake (mooncake_synthetic_trace.jsonl.xz)", str(tmp_path / "mc"))):
+        stats = runner.invoke(app, ["trace", "stats", trace, "--json"])
+        assert stats.exit_code == 0, stats.output
+        d = json.loads(stats.stdout)
+        assert rows[name][1:2] + rows[name][3:7] == [
+            f"{d['requests']:,}", f"{d['top10_turnover']:.3f}",
+            f"{d['top10_turnover_shuffled']:.3f}", f"{d['top10_turnover_corrected']:+.3f}",
+            f"{d['top10_turnover_corrected_per_hour']:+.2f}"], name
