@@ -52,7 +52,14 @@ def test_out_dir_has_everything_to_rerun_exactly(tmp_path):
 def test_table_output_and_systems_listing():
     result = runner.invoke(app, ["run", "--requests", "100", "--system", "vllm"])
     assert result.exit_code == 0, result.output
-    assert "TTFT" in result.stdout and "vllm" in result.stdout
+    # the table shows what --json gives for the same (deterministic) run, in its units
+    s = run_json("--requests", "100", "--system", "vllm")
+    shown = " ".join(result.stdout.split())
+    assert "run: mmlu · vllm · lru · a10g-mistral-7b" in shown
+    assert f"│ {s['requests_completed']} / {s['requests_failed']} │" in shown
+    assert f"TTFT mean / p50 / p90 / p99 │ {s['ttft_mean_s'] * 1e3:,.1f} ms /" in shown
+    assert f"│ {s['recomputed_tokens']:,} │" in shown
+    assert f"{s['throughput_rps']:.3f} req/s" in shown
     listing = runner.invoke(app, ["systems"])
     assert listing.exit_code == 0
     for name in ("vllm", "vllm-apc", "sglang", "ragcache"):
