@@ -14,7 +14,8 @@ baseline and to LFU:
     python benchmarks/policy_regimes.py --traces mmlu --requests 20000 --drifts 0 0.3
 
 ``ragsim replay`` (requests one at a time, in trace order: hit rates without queueing), GPU KV
-4 GiB plus the host sizes, A10G Mistral-7B costs. Deterministic for ``--seed``; one seed per
+4 GiB plus the host sizes, A10G Mistral-7B costs, every policy counting retrievals by one rule
+(``--frequency-scope``, lifetime by default). Deterministic for ``--seed``; one seed per
 cell, so ratios within ~1% of 1 are ties (``policy_seeds.py`` shows the spread over seeds).
 """
 
@@ -28,8 +29,8 @@ from concurrent.futures import ProcessPoolExecutor
 from paper_comparison import POLICIES, GiB
 
 
-def cell(trace_name: str, drift: float, n_requests: int, seed: int, host_gib: tuple[int, ...]
-         ) -> list[dict]:
+def cell(trace_name: str, drift: float, n_requests: int, seed: int, host_gib: tuple[int, ...],
+         frequency_scope: str = "lifetime") -> list[dict]:
     """Every policy at every host size on one generated trace (one process per trace)."""
     from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig, run_replay
@@ -41,7 +42,8 @@ def cell(trace_name: str, drift: float, n_requests: int, seed: int, host_gib: tu
     rows = []
     for host in host_gib:
         hit = {policy: run_replay(trace, ReplayConfig(trace=trace_name, policy=policy,
-                                                      host_capacity_bytes=host * GiB),
+                                                      host_capacity_bytes=host * GiB,
+                                                      frequency_scope=frequency_scope),
                                   profile).summary["token_hit_rate"]
                for policy in POLICIES}
         rows.append({"trace": trace_name, "drift": drift, "requests": n_requests, "host": host,
@@ -56,6 +58,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frequency-scope", default="lifetime",
+                        choices=("admission", "lifetime"),
+                        help="how every frequency policy counts retrievals (the same for all)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     cells = list(itertools.product(args.traces, args.requests, args.drifts))
@@ -63,7 +68,8 @@ def main() -> None:
           + " | best baseline | pgdsf / best baseline | pgdsf / lfu |")
     print("|---" * (7 + len(POLICIES)) + "|")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(cell, name, drift, n, args.seed, tuple(args.host_gib))
+        futures = [pool.submit(cell, name, drift, n, args.seed, tuple(args.host_gib),
+                               args.frequency_scope)
                    for name, n, drift in cells]
         for future in futures:  # in submission order, so the table reads top to bottom
             for row in future.result():

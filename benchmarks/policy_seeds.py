@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", help="trace directories (or built-in names)")
     parser.add_argument("--synthetic", help="a built-in synthetic trace to generate per seed")
     parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--frequency-scope", default="lifetime",
+                        choices=("admission", "lifetime"),
+                        help="how every frequency policy counts retrievals (the same for all)")
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--host-gib", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--drift", type=float, default=None,
@@ -63,7 +66,8 @@ def main() -> None:
         label = name if drift is None else f"{name} (drift {drift:g})"
 
         def summary(trace=trace, name=name, seed=seed, **settings) -> dict:
-            config = build_config({"trace": name, "seed": seed, **settings})
+            config = build_config({"trace": name, "seed": seed,
+                                   "frequency_scope": args.frequency_scope, **settings})
             return run_simulation(trace, config, profile).summary
 
         for host in args.host_gib:
