@@ -93,11 +93,16 @@ def test_belady_tree_heuristic_runs_and_beats_lru():
 def test_replay_out_dir_and_human_output(tmp_path):
     result = runner.invoke(app, ["replay", "--requests", "500", "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
-    assert "token hit rate" in result.stdout
     records = pd.read_parquet(tmp_path / "o" / "requests.parquet")
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert len(records) == 500 and summary["requests"] == 500
     assert records["hit_tokens_gpu"].sum() == summary["hit_tokens_gpu"]
+    # the table shows what the records add up to
+    shown = " ".join(result.stdout.split())
+    hit = records["hit_tokens_gpu"].sum() + records["hit_tokens_host"].sum()
+    assert f"│ document tokens │ {records['doc_tokens'].sum():,} │" in shown
+    assert f"│ token hit rate │ {hit / records['doc_tokens'].sum():.2%} │" in shown
+    assert f"│ recomputed tokens │ {records['recomputed_tokens'].sum():,} │" in shown
 
 
 @pytest.mark.parametrize("args,needle", [
