@@ -78,6 +78,8 @@ def test_flat_greedy_dual_policies_count_by_the_scope_given(policy, scope, last_
     assert cache.process(keys, sizes, [100] * len(keys))[-1] == last_is_hit
 
 
-def test_flat_mode_refuses_the_window_scope():
-    with pytest.raises(ValueError, match="knowledge tree only"):
-        make_policy("lfu").flat_cache(200, frequency_scope="window")
+@pytest.mark.parametrize("policy", ["lfu", "gdsf"])
+def test_flat_window_needs_the_access_times(policy):
+    cache = make_policy(policy).flat_cache(200, frequency_scope="window", frequency_window_s=5.0)
+    with pytest.raises(ValueError, match="times_s"):
+        cache.process([1, 2], [100, 100])

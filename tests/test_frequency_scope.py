@@ -64,6 +64,38 @@ def test_the_three_scopes_evict_three_different_documents(scope, survivors, coun
     assert {n.key: n.frequency for n in kt.iter_nodes() if n.parent is not None} == counts
 
 
+@pytest.mark.parametrize(("scope", "survivors", "evicted"), [
+    ("admission", [Z, Y, D], X), ("lifetime", [Z, X, D], Y), ("window", [X, Y, D], Z)])
+def test_flat_lfu_evicts_the_same_three_documents(scope, survivors, evicted):
+    """The hand-worked sequence above through flat LFU (unit sizes, room for three): probing
+    at t=14 the three documents each rule keeps hits, then the one it evicted misses."""
+    times = [0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 14]
+    keys = [Z, Z, Z, Z, X, Y, X, Y, V, X, D]
+    cache = make_policy("lfu").flat_cache(3, frequency_scope=scope,
+                                          frequency_window_s=WINDOW_S if scope == "window"
+                                          else None)
+    probes = [*survivors, evicted]
+    keys += probes
+    times += [14] * len(probes)
+    extra = () if scope != "window" else (None, None, [float(t) for t in times])
+    hits = list(cache.process(keys, [1] * len(keys), *extra))
+    assert hits[-4:] == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize(("scope", "a_hits"), [("window", 1), ("lifetime", 0),
+                                               ("admission", 0)])
+def test_flat_window_forgets_an_access_exactly_window_seconds_old(scope, a_hits):
+    """Room for two unit objects, window 10 s. B at 0, A at 1 and 2, B at 3: two each. At
+    t=10 B's access at 0 leaves the window (0 <= 10 - 10), so C evicts B (count 1); counting
+    over the lifetime or from admission A and B tie at 2 and A, retrieved longer ago, goes.
+    A's probe at t=10 hits only under the window."""
+    keys, times = [2, 1, 1, 2, 3, 1], [0.0, 1.0, 2.0, 3.0, 10.0, 10.0]
+    window = WINDOW_S if scope == "window" else None
+    cache = make_policy("lfu").flat_cache(2, frequency_scope=scope, frequency_window_s=window)
+    extra = () if scope != "window" else (None, None, times)
+    assert list(cache.process(keys, [1] * len(keys), *extra)) == [0, 0, 1, 1, 0, a_hits]
+
+
 def test_a_retrieval_leaving_the_window_lowers_value_and_priority():
     """GDSF, 100-byte documents, value 1e6 x count / 100 = 1e4 per retrieval, room for 3.
 
@@ -249,11 +281,71 @@ def test_a_window_longer_than_the_trace_is_the_lifetime(small_trace, policy):
     assert long["config"]["frequency_scope"] == "window"
 
 
-def test_flat_replay_refuses_the_window(small_trace):
-    config = ReplayConfig(trace="mmlu", policy="lfu", flat=True, frequency_scope="window",
-                          frequency_window_s=10.0)
-    with pytest.raises(ValueError, match="knowledge tree only"):
-        run_replay(small_trace, config)
+@pytest.mark.parametrize("policy", ["lfu", "gdsf", "pgdsf"])
+def test_a_flat_window_longer_than_the_trace_is_the_lifetime(small_trace, policy):
+    """Flat mode counts over a window too: longer than the trace it is the lifetime (the
+    same hits), a short one changes them."""
+    profile = load_profile("a10g-mistral-7b")
+    span = float(small_trace.arrival_s[-1] - small_trace.arrival_s[0])
+
+    def hits(**scope):
+        config = ReplayConfig(trace="mmlu", policy=policy, flat=True,
+                              gpu_capacity_bytes=2 * 2**30, host_capacity_bytes=0, **scope)
+        return run_replay(small_trace, config, profile).summary["object_hits"]
+
+    lifetime = hits(frequency_scope="lifetime")
+    assert hits(frequency_scope="window", frequency_window_s=2 * span + 1) == lifetime
+    assert hits(frequency_scope="window", frequency_window_s=span / 50) != lifetime
+
+
+def reference_windowed_lfu(keys: list[int], sizes: list[int], times: list[float],
+                           capacity: int, window_s: float) -> list[int]:
+    """Brute force: an object's count is its accesses in (now - window, now], recounted from
+    the whole history at every eviction; evict the lowest (count, last access) first."""
+    last: dict[int, int] = {}
+    cached: dict[int, int] = {}
+    hits = []
+    for i, (key, size, now) in enumerate(zip(keys, sizes, times, strict=True)):
+
+        def count(k: int, i: int = i, now: float = now) -> int:
+            return sum(1 for j in range(i + 1) if keys[j] == k and times[j] > now - window_s)
+
+        if key in cached:
+            last[key] = i
+            hits.append(1)
+            continue
+        hits.append(0)
+        if size > capacity:
+            continue
+        while sum(cached.values()) + size > capacity:
+            victim = min(cached, key=lambda k: (count(k), last[k]))
+            del cached[victim]
+        last[key] = i
+        cached[key] = size
+    return hits
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+                min_size=1, max_size=80), st.integers(1, 30))
+def test_windowed_lfu_flat_tree_and_brute_force_agree(accesses, capacity):
+    """Three implementations of windowed LFU on single-document requests: the flat cache, the
+    knowledge tree (no host tier) and a brute-force recount."""
+    keys = [k for k, _ in accesses]
+    times = [sum(gap for _, gap in accesses[:i + 1]) for i in range(len(accesses))]
+    sizes = [1 + (k * 5) % 7 for k in keys]
+    window = 2.0
+    flat = make_policy("lfu").flat_cache(capacity, frequency_scope="window",
+                                         frequency_window_s=window)
+    flat_hits = list(flat.process(keys, sizes, None, None, times))
+    kt = KnowledgeTree(make_policy("lfu"), gpu_capacity_bytes=capacity, kv_bytes_per_token=1,
+                       frequency_scope="window", frequency_window_s=window)
+    tree_hits = []
+    for key, size, now in zip(keys, sizes, times, strict=True):
+        tree_hits.append(int(kt.access([key], [size], now_s=now).hit_tokens_gpu > 0))
+        kt.check_invariants()
+    assert flat_hits == tree_hits == reference_windowed_lfu(keys, sizes, times, capacity,
+                                                            window)
 
 
 def test_the_simulator_counts_in_simulated_time(small_trace):
@@ -295,8 +387,7 @@ def test_the_policies_command_lists_every_policy_and_scope():
     (["--frequency-scope", "window"], "--frequency-scope"),
     (["--frequency-scope", "weekly"], "--frequency-scope"),
     (["--frequency-window", "60"], "--frequency-window"),
-    (["--frequency-scope", "window", "--frequency-window", "60", "--flat"],
-     "--frequency-scope"),
+    (["--frequency-scope", "window", "--frequency-window", "-1"], "--frequency-window"),
 ])
 def test_replay_refuses_a_bad_scope_in_the_users_words(args, flag):
     from typer.testing import CliRunner

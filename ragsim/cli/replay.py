@@ -54,7 +54,7 @@ def replay(
     frequency_scope: Annotated[str, typer.Option(
         help="How every frequency policy counts retrievals: admission (restarts when a node "
              "leaves the cache), lifetime (whole trace), window (last --frequency-window "
-             "seconds of trace time; not with --flat).")] = "lifetime",
+             "seconds of trace time).")] = "lifetime",
     frequency_window: Annotated[float | None, typer.Option(
         help="The window scope's width, seconds of trace time.")] = None,
     model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
@@ -101,7 +101,7 @@ def replay(
         raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
     if requests is not None and requests <= 0:
         raise RagsimInputError("must be > 0", field="--requests")
-    _check_frequency_scope(frequency_scope, frequency_window, flat)
+    _check_frequency_scope(frequency_scope, frequency_window)
     config = ReplayConfig(
         trace=trace,
         policy=policy.lower(),
@@ -151,7 +151,7 @@ def replay(
                          "requests", out_dir, signals)
 
 
-def _check_frequency_scope(scope: str, window_s: float | None, flat: bool) -> None:
+def _check_frequency_scope(scope: str, window_s: float | None) -> None:
     from ragsim.cache.tree import FREQUENCY_SCOPES
 
     if scope not in FREQUENCY_SCOPES:
@@ -165,9 +165,6 @@ def _check_frequency_scope(scope: str, window_s: float | None, flat: bool) -> No
                                field="--frequency-window")
     if window_s is not None and not window_s > 0:
         raise RagsimInputError("must be > 0", field="--frequency-window")
-    if flat and scope == "window":
-        raise RagsimInputError("the window scope needs the knowledge tree: use admission or "
-                               "lifetime with --flat", field="--frequency-scope")
 
 
 def _print_replay_summary(s: dict) -> None:

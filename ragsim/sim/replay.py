@@ -148,7 +148,8 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
         def cost_per_token(cached_tokens: int, tokens: int) -> float:
             return profile.prefill.at(cached_tokens, tokens) / tokens
     cache = policy.flat_cache(config.gpu_capacity_bytes, cost_per_token,
-                              frequency_scope=config.frequency_scope)
+                              frequency_scope=config.frequency_scope,
+                              frequency_window_s=config.frequency_window_s)
     tokens_flat = trace.doc_tokens_flat
     offsets = trace.doc_offsets
     n = trace.n_requests
@@ -158,13 +159,19 @@ def replay_flat(trace: Trace, config: ReplayConfig, profile: Profile | None,
         sizes = tokens_flat * config.kv_bytes_per_token
         tokens = tokens_flat.tolist() if cost_per_token is not None else None
         nexts = next_use_by_position(trace.doc_ids).tolist() if policy.needs_future else None
+        # each document access at its request's arrival, for the window frequency scope
+        times = (np.repeat(trace.arrival_s.astype(float), np.diff(offsets)).tolist()
+                 if config.frequency_scope == "window" else None)
 
         def step(start: int, stop: int) -> None:
             nonlocal hits
             lo, hi = int(offsets[start]), int(offsets[stop])
-            hits += cache.process(keys[lo:hi], sizes[lo:hi],
-                                  None if tokens is None else tokens[lo:hi],
-                                  None if nexts is None else nexts[lo:hi])
+            columns = (keys[lo:hi], sizes[lo:hi], None if tokens is None else tokens[lo:hi],
+                       None if nexts is None else nexts[lo:hi])
+            if times is None:
+                hits += cache.process(*columns)
+            else:
+                hits += cache.process(*columns, times[lo:hi])
 
         done = _in_chunks(n, step, progress)
     # cut the requests never replayed (Ctrl-C), or they would count as misses
@@ -205,9 +212,6 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     if make_policy(config.policy).needs_cost and profile is None:
         raise ValueError(f"{config.policy} needs a profile (prefill costs)")
     check_frequency_scope(config.frequency_scope, config.frequency_window_s)
-    if config.flat and config.frequency_scope == "window":
-        raise ValueError("the window frequency scope is implemented by the knowledge tree "
-                         "only: use admission or lifetime with a flat replay")
     started = time.perf_counter()
     # the profile counts extrapolated lookups over its lifetime: report this replay's own
     extrapolated_before = profile.extrapolated_queries if profile is not None else 0

@@ -21,8 +21,9 @@ from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node, check_frequency_sco
 class FlatCache(Protocol):
     """One-tier object cache. ``process`` returns one byte per request: 1 if it hit.
 
-    ``keys`` is a list of ints (dictionary keys); sizes, tokens and next accesses are aligned
-    with it.
+    ``keys`` is a list of ints (dictionary keys); sizes, tokens, next accesses and times are
+    aligned with it. Frequency caches counting over a window need ``times_s`` (seconds, never
+    decreasing); the others do not take it.
     """
 
     capacity_bytes: int
@@ -84,18 +85,17 @@ class TreePolicy:
         """Called when a node goes from nowhere into a tier."""
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatCache:
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+                   frequency_window_s: float | None = None) -> FlatCache:
         raise NotImplementedError(f"{self.name} has no flat mode")
 
     def config(self) -> dict:
         return {"name": self.name}
 
 
-def flat_remembers_counts(frequency_scope: str) -> bool:
-    """Whether a flat cache keeps an evicted object's count (lifetime) or restarts it at
-    admission. The sliding window is implemented by the knowledge tree only."""
-    if frequency_scope == "window":
-        raise ValueError("the window frequency scope is implemented by the knowledge tree "
-                         "only: use admission or lifetime in flat mode")
-    check_frequency_scope(frequency_scope, None)
-    return frequency_scope == "lifetime"
+def flat_counting(frequency_scope: str, frequency_window_s: float | None) -> dict:
+    """A flat cache's counting settings for a scope: keep an evicted object's count
+    (lifetime), restart it at admission, or count the accesses in a window of time."""
+    check_frequency_scope(frequency_scope, frequency_window_s)
+    return {"remember_frequency": frequency_scope == "lifetime",
+            "window_s": frequency_window_s if frequency_scope == "window" else None}

@@ -84,7 +84,8 @@ class Belady(TreePolicy):
         node.value = -float(self._next_request[self._offsets[request_index] + depth - 1])
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str | None = None) -> FlatBelady:
+                   frequency_scope: str | None = None,
+                   frequency_window_s: float | None = None) -> FlatBelady:
         return FlatBelady(capacity_bytes)
 
 

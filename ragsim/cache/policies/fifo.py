@@ -22,6 +22,7 @@ class FIFO(TreePolicy):
         node.value = float(seq)
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str | None = None) -> FlatLRU:
+                   frequency_scope: str | None = None,
+                   frequency_window_s: float | None = None) -> FlatLRU:
         # FIFO is LRU without promotion on hit: one implementation, not two.
         return FlatLRU(capacity_bytes, promote_on_hit=False)

@@ -11,7 +11,8 @@ from collections import OrderedDict
 
 import cython
 
-from ragsim.cache.policies.base import TreePolicy, checked_sizes, flat_remembers_counts
+from ragsim.cache.policies.base import TreePolicy, checked_sizes, flat_counting
+from ragsim.cache.policies.gdsf import FlatGreedyDual
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 
 
@@ -30,9 +31,15 @@ class LFU(TreePolicy):
         return float(node.frequency)
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatLFU:
-        return FlatLFU(capacity_bytes,
-                       remember_frequency=flat_remembers_counts(frequency_scope))
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+                   frequency_window_s: float | None = None) -> FlatLFU | FlatGreedyDual:
+        counting = flat_counting(frequency_scope, frequency_window_s)
+        if counting["window_s"] is not None:
+            # counts that drop need a heap, not frequency buckets: the greedy-dual cache with
+            # value = count (unit cost = size), no aging, room made before admission
+            return FlatGreedyDual(capacity_bytes, lambda size_bytes, tokens: float(size_bytes),
+                                  aging=False, evict_first=True, **counting)
+        return FlatLFU(capacity_bytes, remember_frequency=counting["remember_frequency"])
 
 
 class FlatLFU:

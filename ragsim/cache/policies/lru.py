@@ -21,7 +21,8 @@ class LRU(TreePolicy):
         node.value = float(node.last_access)
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str | None = None) -> FlatLRU:
+                   frequency_scope: str | None = None,
+                   frequency_window_s: float | None = None) -> FlatLRU:
         return FlatLRU(capacity_bytes)
 
 

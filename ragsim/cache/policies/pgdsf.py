@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ragsim.cache.policies.base import TreePolicy, flat_remembers_counts
+from ragsim.cache.policies.base import TreePolicy, flat_counting
 from ragsim.cache.policies.gdsf import FlatGreedyDual
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 
@@ -62,7 +62,8 @@ class PGDSF(TreePolicy):
 
     def flat_cache(self, capacity_bytes: int,
                    cost_per_token_s: Callable[[int, int], float] | None = None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatGreedyDual:
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+                   frequency_window_s: float | None = None) -> FlatGreedyDual:
         """Flat PGDSF: no prefixes, so an object's cost is computing it alone, T(0, n)/n."""
         if cost_per_token_s is None:
             raise ValueError(f"flat {self.name} needs a prefill-cost function")
@@ -72,7 +73,7 @@ class PGDSF(TreePolicy):
             return cost_per_token_s(0, tokens) * size_bytes
 
         return FlatGreedyDual(capacity_bytes, unit_cost,
-                              remember_frequency=flat_remembers_counts(frequency_scope))
+                              **flat_counting(frequency_scope, frequency_window_s))
 
 
 class PGDSFConstCost(PGDSF):
@@ -89,10 +90,11 @@ class PGDSFConstCost(PGDSF):
         PGDSF.on_access(self, node, is_cached, CONST_COST_PER_TOKEN, request_index, depth)
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatGreedyDual:
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+                   frequency_window_s: float | None = None) -> FlatGreedyDual:
         return FlatGreedyDual(capacity_bytes,
                               lambda size_bytes, tokens: CONST_COST_PER_TOKEN * size_bytes,
-                              remember_frequency=flat_remembers_counts(frequency_scope))
+                              **flat_counting(frequency_scope, frequency_window_s))
 
 
 class PGDSFNoSize(PGDSF):
@@ -108,7 +110,8 @@ class PGDSFNoSize(PGDSF):
 
     def flat_cache(self, capacity_bytes: int,
                    cost_per_token_s: Callable[[int, int], float] | None = None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE) -> FlatGreedyDual:
+                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
+                   frequency_window_s: float | None = None) -> FlatGreedyDual:
         """Flat: an object's cost is computing it alone, T(0, n), whatever its size."""
         if cost_per_token_s is None:
             raise ValueError(f"flat {self.name} needs a prefill-cost function")
@@ -118,4 +121,4 @@ class PGDSFNoSize(PGDSF):
             return cost_per_token_s(0, tokens) * tokens * size_bytes
 
         return FlatGreedyDual(capacity_bytes, unit_cost,
-                              remember_frequency=flat_remembers_counts(frequency_scope))
+                              **flat_counting(frequency_scope, frequency_window_s))
