@@ -23,8 +23,6 @@ fit: it is documents retrieved by questions, what RAG serves.
 from __future__ import annotations
 
 import argparse
-import lzma
-import tempfile
 from pathlib import Path
 
 from ragsim.traces import read_mooncake, resolve_trace
@@ -37,13 +35,8 @@ MOONCAKE_SAMPLE = (Path(__file__).resolve().parents[1] / "tests" / "data"
 
 
 def read_mooncake_file(path: Path):
-    """A Mooncake JSONL file, plain or xz-compressed (the importer reads plain JSONL)."""
-    if path.suffix != ".xz":
-        return read_mooncake(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / path.stem
-        plain.write_bytes(lzma.decompress(path.read_bytes()))
-        trace = read_mooncake(plain)
+    """A Mooncake JSONL file, plain or compressed, labelled by its file name."""
+    trace = read_mooncake(path)
     trace.info = {**trace.info, "file": path.name}
     return trace
 

@@ -40,9 +40,7 @@ what another seed moves (``policy_seeds.py``).
 from __future__ import annotations
 
 import argparse
-import lzma
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -74,12 +72,7 @@ def load_trace(name: str, n_requests: int | None, seed: int, drift: float | None
         return resolve_trace(base, seed=seed, n_requests=n_requests, top_k=top_k, **generator)
     if name in SYNTHETIC:
         return resolve_trace(name, seed=seed, n_requests=n_requests, **generator)
-    if path.suffix == ".xz":
-        with tempfile.TemporaryDirectory() as tmp:
-            plain = Path(tmp) / path.stem
-            plain.write_bytes(lzma.decompress(path.read_bytes()))
-            trace = read_mooncake(plain)
-    elif path.suffix == ".jsonl":
+    if path.suffix in (".xz", ".jsonl"):  # the importer reads compressed JSONL as it is
         trace = read_mooncake(path)
     else:
         return resolve_trace(name, seed=seed, n_requests=n_requests)

@@ -314,3 +314,27 @@ def test_head_keeps_document_sizes_right_whether_or_not_they_were_looked_up(look
     whole = trace.document_tokens[np.searchsorted(trace.document_ids, trace.doc_ids)]
     assert len(head.doc_ids) == end
     assert np.array_equal(head.doc_tokens_flat, whole[:end])
+
+
+def test_compressed_mooncake_reads_as_the_plain_file_and_a_broken_one_names_itself(
+        mooncake_sample, tmp_path):
+    """The shipped copy is xz; gzip and bz2 are read the same way, as the plain JSONL is."""
+    import bz2
+    import gzip
+
+    from conftest import MOONCAKE_SAMPLE_XZ
+
+    plain = read_mooncake(mooncake_sample)
+    raw = mooncake_sample.read_bytes()
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "t.jsonl.bz2").write_bytes(bz2.compress(raw))
+    for path in (MOONCAKE_SAMPLE_XZ, tmp_path / "t.jsonl.gz", tmp_path / "t.jsonl.bz2"):
+        packed = read_mooncake(path)
+        assert packed.n_requests == plain.n_requests == len(raw.splitlines())
+        assert np.array_equal(packed.doc_ids, plain.doc_ids)
+        assert np.array_equal(packed.arrival_s, plain.arrival_s)
+    broken = tmp_path / "broken.jsonl.xz"
+    broken.write_bytes(MOONCAKE_SAMPLE_XZ.read_bytes()[:5000])
+    with pytest.raises(TraceError) as info:
+        read_mooncake(broken)
+    assert info.value.file == str(broken)

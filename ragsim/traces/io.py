@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import math
 import os
 from collections.abc import Iterable
@@ -132,16 +135,30 @@ class TraceBuilder:
         return trace
 
 
+_COMPRESSED_OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+
+
+def _lines(handle, path: Path) -> Iterable[bytes]:
+    """The file's lines; a corrupt compressed stream ends with the file named, not a traceback."""
+    try:
+        yield from handle
+    except (lzma.LZMAError, EOFError, OSError) as exc:
+        raise TraceError(f"cannot read (corrupt or truncated compressed file?): {exc}",
+                         file=str(path)) from exc
+
+
 def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file, streamed; every problem
     (unreadable file, bytes that are not UTF-8, bad JSON, a line that is not an object) names
-    the file and line. The one JSONL reader: traces and ``trace build``'s corpora use it."""
+    the file and line. The one JSONL reader: traces and ``trace build``'s corpora use it.
+    A ``.xz``, ``.gz`` or ``.bz2`` file is decompressed as it is read (public traces ship
+    compressed: Mooncake's, in tests/data)."""
     try:
-        handle = path.open("rb")
+        handle = _COMPRESSED_OPENERS.get(path.suffix.lower(), open)(path, "rb")
     except OSError as exc:
         raise TraceError(f"cannot open: {exc}", file=str(path)) from exc
     with handle:
-        for line_no, raw in enumerate(handle, start=1):
+        for line_no, raw in enumerate(_lines(handle, path), start=1):
             if not raw.strip():
                 continue
             try:
