@@ -54,35 +54,10 @@ def vllm_prefix_cache_hits(prompts: list[list[int]], usable_blocks: int,
     scheduler drives it for a prompt prefilled in one step: ``allocate_slots`` caches the full
     blocks, ``free`` hands them back tail first. Each prompt generates one token (computed by
     its prefill), so decoding adds no blocks. vLLM keeps one block aside (its null block), so
-    it gets ``usable_blocks + 1``."""
-    import torch
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
-                             dtype=torch.float16)
-    config = KVCacheConfig(num_blocks=usable_blocks + 1, kv_cache_tensors=[],
-                           kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-    manager = KVCacheManager(config, max_model_len=1 << 24, scheduler_block_size=block_size,
-                             hash_block_size=block_size, enable_caching=True)
-    hasher = get_request_block_hasher(block_size, sha256)
-    hits = []
-    for i, tokens in enumerate(prompts):
-        request = Request(str(i), tokens, SamplingParams(max_tokens=1), None,
-                          block_hasher=hasher)
-        blocks, cached, _ = manager.get_computed_blocks(request)
-        if manager.allocate_slots(request, len(tokens) - cached, cached, blocks) is None:
-            hits.append(-1)
-            continue
-        request.num_computed_tokens = len(tokens)
-        manager.free(request)
-        hits.append(cached)
-    return hits
+    it gets ``usable_blocks + 1``. One prompt a step: the same-step driver below with steps of
+    one."""
+    return vllm_same_step_prefix_cache_hits([[tokens] for tokens in prompts], usable_blocks,
+                                            block_size)
 
 
 def vllm_same_step_prefix_cache_hits(steps: list[list[list[int]]], usable_blocks: int,

@@ -83,3 +83,18 @@ def test_flat_window_needs_the_access_times(policy):
     cache = make_policy(policy).flat_cache(200, frequency_scope="window", frequency_window_s=5.0)
     with pytest.raises(ValueError, match="times_s"):
         cache.process([1, 2], [100, 100])
+
+
+@pytest.mark.parametrize(("policy", "hits"), [("pgdsf", [0, 0, 0, 1]),
+                                              ("pgdsf-no-size", [0, 0, 0, 0])])
+def test_flat_pgdsf_and_its_no_size_ablation_keep_different_objects(policy, hits):
+    """By hand, with T(0, n) = 1 + 0.01 n seconds (a floor, then per token) and sizes equal to
+    tokens: S has 10 tokens (T 1.1 s, 0.11 s a token), L and X 100 (T 2.0 s, 0.02 s a token).
+    X does not fit beside S and L (210 > 200). PGDSF prices per token, so L and X tie at 0.02
+    and the older, L, goes: S hits next. Without the size term S is the cheapest (1.1 against
+    2.0) and goes: S misses."""
+    keys = [ord(k) for k in "SLXS"]
+    tokens = [10, 100, 100, 10]
+    cache = make_policy(policy).flat_cache(
+        200, lambda cached, new: (1.0 + 0.01 * new) / new, frequency_scope="lifetime")
+    assert list(cache.process(keys, tokens, tokens)) == hits

@@ -64,13 +64,17 @@ class PGDSF(TreePolicy):
                    cost_per_token_s: Callable[[int, int], float] | None = None,
                    frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
                    frequency_window_s: float | None = None) -> FlatGreedyDual:
-        """Flat PGDSF: no prefixes, so an object's cost is computing it alone, T(0, n)/n."""
+        """Flat PGDSF: no prefixes, so an object's cost is computing it alone: T(0, n)/n per
+        token, or T(0, n) for the ablation without the size term (``cost_per_request``)."""
         if cost_per_token_s is None:
             raise ValueError(f"flat {self.name} needs a prefill-cost function")
+        per_request = bool(self.cost_per_request)
 
         def unit_cost(size_bytes: int, tokens: int) -> float:
-            # Priority = L + freq x (T/tokens); FlatGreedyDual divides the unit by size.
-            return cost_per_token_s(0, tokens) * size_bytes
+            # Priority = L + freq x cost; FlatGreedyDual divides the unit by size, so multiply
+            # it back in
+            cost = cost_per_token_s(0, tokens)
+            return (cost * tokens if per_request else cost) * size_bytes
 
         return FlatGreedyDual(capacity_bytes, unit_cost,
                               **flat_counting(frequency_scope, frequency_window_s))
@@ -107,18 +111,3 @@ class PGDSFNoSize(PGDSF):
                    "T(a,b) of the requests that computed the node")
     algorithm1 = "Clock, Frequency, prefix-aware Cost from the profile; no division by Size"
     cost_per_request = True
-
-    def flat_cache(self, capacity_bytes: int,
-                   cost_per_token_s: Callable[[int, int], float] | None = None,
-                   frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
-                   frequency_window_s: float | None = None) -> FlatGreedyDual:
-        """Flat: an object's cost is computing it alone, T(0, n), whatever its size."""
-        if cost_per_token_s is None:
-            raise ValueError(f"flat {self.name} needs a prefill-cost function")
-
-        def unit_cost(size_bytes: int, tokens: int) -> float:
-            # FlatGreedyDual divides the unit by size: multiply it back in
-            return cost_per_token_s(0, tokens) * tokens * size_bytes
-
-        return FlatGreedyDual(capacity_bytes, unit_cost,
-                              **flat_counting(frequency_scope, frequency_window_s))
