@@ -57,15 +57,14 @@ def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lfu_across_host_sizes(trace_na
         assert hit["pgdsf"] >= max(hit["gdsf"], hit["lfu"]), (host_gib, hit)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the paper's PGDSF >= LRU does not hold at the measured drift (0.78 of the ranks per 1,000 "
-    "requests, docs/workloads.md): LRU keeps 0.3-0.8% more at 32-128 GiB. Strict: a change "
-    "that restores the paper's ordering shows up here"))
 @pytest.mark.parametrize("trace_name", ["mmlu", "nq"])
-def test_pgdsf_hits_at_least_as_often_as_lru_across_host_sizes(trace_name):
-    """Figure 17 on the built-in traces, the recency half: PGDSF keeps at least as much as LRU
-    at 8-128 GiB. It held while the built-in drift was 0.1, a value chosen because this
-    ordering holds there; with popularity moving as fast as measured, recency is worth about
-    as much as PGDSF's counts and sizes at the larger host sizes."""
-    for host_gib, hit in figure17_hit_rates(trace_name).items():
-        assert hit["pgdsf"] >= hit["lru"], (host_gib, hit)
+def test_at_the_measured_drift_lru_keeps_as_much_as_pgdsf_only_with_a_large_host(trace_name):
+    """Figure 17's recency half (PGDSF >= LRU at 8-128 GiB) does not hold at the measured
+    drift (0.78 of the ranks per 1,000 requests, docs/workloads.md), and this states what does:
+    with little host memory PGDSF's counts and sizes keep more than recency (8 GiB), with room
+    for most of the working set recency keeps at least as much (128 GiB: LRU 0.1-0.2 points
+    ahead, docs/findings.md). It held everywhere while the built-in drift was 0.1, a value
+    chosen because the paper's ordering holds there; a change that restores it fails here."""
+    hit = figure17_hit_rates(trace_name)
+    assert hit[8]["pgdsf"] > hit[8]["lru"], hit[8]
+    assert hit[128]["lru"] >= hit[128]["pgdsf"], hit[128]
