@@ -172,6 +172,11 @@ class Engine:
             self._wakeup.succeed()
 
     @property
+    def waiting_for_work(self) -> bool:
+        """The engine idles until a job enters the pool (nothing running, nothing to admit)."""
+        return self._wakeup is not None
+
+    @property
     def n_running(self) -> int:
         return len(self._decoding)
 

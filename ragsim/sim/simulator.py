@@ -334,9 +334,8 @@ class Simulation(EngineHooks):
                 # the engine waits for work (nothing in its pool, nothing running) and no
                 # request is in the system: nothing but an arrival or a failure changes the
                 # cache, so a tick that changed nothing will change nothing until then
-                # (the engine's wake-up event exists only while it waits for work)
                 settled = (not copied and before == (tree.evictions_host, tree.host_used_bytes)
-                           and self.ended == self.arrived and self.engine._wakeup is not None)
+                           and self.ended == self.arrived and self.engine.waiting_for_work)
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
