@@ -132,3 +132,22 @@ def test_the_drift_a_run_used_is_in_its_config_and_reruns_the_same_traffic(tmp_p
         assert again["trace_info"] == first["trace_info"]
     refused = runner.invoke(app, ["run", "--trace", "wiki-trivia", "--drift", "0"])
     assert refused.exit_code == 2 and "only apply to the synthetic traces" in refused.output
+
+
+def test_window_start_and_stage_shape_flags_reach_the_config_and_change_the_run():
+    """The settings the reordering ablation and the stage fit turn, as flags: each lands in
+    the run's config, and the synthetic-stage ones reach the stage model (speculation wastes
+    another amount of GPU time with another shape of wrong lists)."""
+    base = ["run", "--requests", "300", "--rate", "2", "--json"]
+    runs = {}
+    for name, extra in {"default": [], "arrival": ["--reorder-window-start", "arrival"],
+                        "stages": ["--stage-keeps-d1-p", "1", "--stage-other-found-p", "1"]
+                        }.items():
+        result = runner.invoke(app, base + extra)
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(result.stdout)
+    assert runs["arrival"]["config"]["reorder_window_start"] == "arrival"
+    assert runs["default"]["config"]["reorder_window_start"] == "head"
+    assert runs["stages"]["config"]["stage_keeps_d1_p"] == 1.0
+    assert runs["stages"]["config"]["stage_other_found_p"] == 1.0
+    assert runs["stages"]["speculation_wasted_s"] != runs["default"]["speculation_wasted_s"]

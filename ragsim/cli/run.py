@@ -190,6 +190,9 @@ def run(
     reorder_window: Annotated[float | None, _opt(
         SCHEDULER, "Reordering window, seconds: the oldest waiting request is passed over "
         "for at most this long.", "--reorder-window")] = None,
+    reorder_window_start: Annotated[str | None, _opt(
+        SCHEDULER, "When a request's window starts: head (when it becomes the oldest waiting "
+        "request) or arrival (the paper's literal rule; FCFS once a queue builds).")] = None,
     speculate: Annotated[bool | None, _opt(
         SCHEDULER, "Dynamic speculative pipelining.", "--speculate/--no-speculate")] = None,
     max_batch_size: Annotated[int | None, _opt(SCHEDULER, "Most running requests.")] = None,
@@ -209,6 +212,12 @@ def run(
         RETRIEVAL, "Intermediate lists: auto, trace, synthetic, none.")] = None,
     stage_converge_p: Annotated[float | None, _opt(
         RETRIEVAL, "Synthetic stages: chance that a stage finds the final list.")] = None,
+    stage_keeps_d1_p: Annotated[float | None, _opt(
+        RETRIEVAL, "Synthetic stages: chance that a wrong list holds the final first document.")
+    ] = None,
+    stage_other_found_p: Annotated[float | None, _opt(
+        RETRIEVAL, "Synthetic stages: chance that a wrong list without the final first document "
+        "holds each other final document.")] = None,
     search_latency: Annotated[str | None, _opt(
         RETRIEVAL, "fixed (search_s) or trace (the trace's measured stage times).")] = None,
     search_time_scale: Annotated[float | None, _opt(
@@ -253,12 +262,14 @@ def run(
         "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
         "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
         "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
-        "reorder_window_s": reorder_window, "speculate": speculate, "overlap_swap": overlap_swap,
+        "reorder_window_s": reorder_window, "reorder_window_start": reorder_window_start,
+        "speculate": speculate, "overlap_swap": overlap_swap,
         "batch_kv_sharing": batch_kv_sharing,
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
         "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
-        "stage_converge_p": stage_converge_p, "search_latency": search_latency,
+        "stage_converge_p": stage_converge_p, "stage_keeps_d1_p": stage_keeps_d1_p,
+        "stage_other_found_p": stage_other_found_p, "search_latency": search_latency,
         "search_time_scale": search_time_scale, "retrieval": retrieval,
         "rate_rps": rate, "arrival": arrival, "cv": cv,
         "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
