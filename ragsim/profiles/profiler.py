@@ -45,6 +45,7 @@ from ragsim.profiles.heldout import (
 )
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.profile import Batches, Profile, Transfers, fit_batched_prefill
+from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -103,47 +104,26 @@ class ProfilerState:
 
 
 class TorchEngine:
-    """A Llama-architecture model with random weights, and the timed forward passes."""
+    """The timed forward passes of a ``TorchModel`` (the reference engine's own forward path).
+
+    Only the timing lives here: every pass is a call of ``TorchModel.forward`` or
+    ``TorchModel.decode``, the very methods the reference engine serves requests with.
+    """
 
     def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
                  seed: int) -> None:
-        import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        if threads:
-            torch.set_num_threads(threads)
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RagsimInputError("CUDA is not available on this machine", field="--device")
-        self.torch = torch
-        self.device = torch.device(device)
-        self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
-                      "bf16": torch.bfloat16}[dtype]
-        self.config = LlamaConfig(
-            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-            num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-            max_position_embeddings=1 << 17)
-        torch.manual_seed(seed)
-        # create the weights where they will live, in their final dtype: a 7B model built in
-        # fp32 on the host first would need 28 GB of RAM and minutes of random initialisation
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with self.device:
-                self.model = LlamaForCausalLM(self.config)
-        finally:
-            torch.set_default_dtype(previous)
-        self.model.eval()
+        self.model = TorchModel.build(spec, device, dtype, threads, seed)
+        self.torch = self.model.torch
+        self.device = self.model.device
+        self.dtype = self.model.dtype
+        self.config = self.model.config
         self.rng = np.random.default_rng(seed)
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
+        self.model.sync()
 
-    def _tokens(self, rows: int, n: int):
-        ids = self.rng.integers(0, self.config.vocab_size, size=(rows, n))
-        return self.torch.as_tensor(ids, device=self.device)
+    def _tokens(self, n: int) -> np.ndarray:
+        return self.rng.integers(0, self.config.vocab_size, size=n)
 
     def _timed(self, fn: Callable[[], None], warmup: int, repetitions: int) -> Measurement:
         times = []
@@ -156,15 +136,11 @@ class TorchEngine:
                 times.append(time.perf_counter() - start)
         return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
 
-    def prefix_cache(self, rows: int, tokens: int):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.config)
-        if tokens:
-            with self.torch.no_grad():
-                self.model(input_ids=self._tokens(rows, tokens), cache=cache, use_cache=True,
-                           logits_to_keep=1)
-        return cache
+    def prefix(self, tokens: int) -> list[LayerKV] | None:
+        """A real cached prefix of ``tokens`` tokens (per-layer KV of one row), or None."""
+        if not tokens:
+            return None
+        return self.model.prefill([Row(None, self._tokens(tokens), 0)]).new_kv[0]
 
     def prefill(self, cached: int, new: int, warmup: int, repetitions: int) -> Measurement:
         return self.prefill_row(cached, [new], warmup, repetitions)[0]
@@ -176,25 +152,20 @@ class TorchEngine:
         Each sweep times every point once, so a slow spell of a shared machine spreads over
         the whole row instead of inflating the few points measured during it.
         """
-        torch = self.torch
-        cache = self.prefix_cache(1, cached) if cached else None
-        inputs = [(self._tokens(1, b), torch.arange(cached, cached + b, device=self.device)[None])
-                  for b in new]
+        prefix = self.prefix(cached)
+        batches = [self.model.prepare([Row(prefix, self._tokens(b), cached)]) for b in new]
+        for batch in batches[1:]:
+            # one copy of the prefix serves the whole row (undo_forward crops back to it)
+            batch.cache = batches[0].cache
         times: list[list[float]] = [[] for _ in new]
         for sweep in range(warmup + repetitions):
-            for k, (ids, positions) in enumerate(inputs):
+            for k, batch in enumerate(batches):
                 self._sync()
                 start = time.perf_counter()
-                with torch.no_grad():
-                    if cache is None:
-                        self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                    else:
-                        self.model(input_ids=ids, cache=cache, position_ids=positions,
-                                   use_cache=True, logits_to_keep=1)
+                self.model.forward(batch)
                 self._sync()
                 elapsed = time.perf_counter() - start
-                if cache is not None:
-                    cache.crop(-ids.shape[1])
+                self.model.undo_forward(batch)
                 if sweep >= warmup:
                     times[k].append(elapsed)
         return [Measurement(float(np.median(t)), float(min(t)), float(max(t))) for t in times]
@@ -202,53 +173,25 @@ class TorchEngine:
     def prefill_batch(self, cached: list[int], new: list[int], warmup: int,
                       repetitions: int) -> Measurement:
         """Several requests in one forward pass, each on its own real prefix."""
-        from transformers import DynamicCache
-
-        torch = self.torch
-        rows, longest_cached, longest_new = len(cached), max(cached), max(new)
-        batch_cache = DynamicCache(config=self.config)
-        if longest_cached:
-            prefixes = [self.prefix_cache(1, a) if a else None for a in cached]
-            heads, dim = self.config.num_key_value_heads, self.config.head_dim
-            for layer in range(self.config.num_hidden_layers):
-                keys = torch.zeros(rows, heads, longest_cached, dim, device=self.device,
-                                   dtype=self.dtype)
-                values = torch.zeros_like(keys)
-                for r, (prefix, a) in enumerate(zip(prefixes, cached, strict=True)):
-                    if prefix is not None:
-                        keys[r, :, longest_cached - a:] = prefix.layers[layer].keys[0]
-                        values[r, :, longest_cached - a:] = prefix.layers[layer].values[0]
-                batch_cache.update(keys, values, layer_idx=layer)
-        mask = torch.zeros(rows, longest_cached + longest_new, dtype=torch.long,
-                           device=self.device)
-        positions = torch.zeros(rows, longest_new, dtype=torch.long, device=self.device)
-        for r, (a, b) in enumerate(zip(cached, new, strict=True)):
-            mask[r, longest_cached - a: longest_cached] = 1
-            mask[r, longest_cached + longest_new - b:] = 1
-            positions[r, longest_new - b:] = torch.arange(a, a + b, device=self.device)
-        ids = self._tokens(rows, longest_new)
+        batch = self.model.prepare([Row(self.prefix(a), self._tokens(b), a)
+                                    for a, b in zip(cached, new, strict=True)])
 
         def run() -> None:
-            with torch.no_grad():
-                self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           cache=batch_cache if longest_cached else None,
-                           use_cache=bool(longest_cached), logits_to_keep=1)
-                if longest_cached:
-                    batch_cache.crop(-longest_new)
+            self.model.forward(batch)
+            self.model.undo_forward(batch)
 
         return self._timed(run, warmup, repetitions)
 
     def decode(self, batch: int, context: int, warmup: int, repetitions: int) -> Measurement:
-        torch = self.torch
-        cache = self.prefix_cache(batch, context)
-        ids = self._tokens(batch, 1)
-        positions = torch.full((batch, 1), context, device=self.device)
+        """One decode step of ``batch`` requests over ``context`` tokens each."""
+        # prepare + forward, not prefill: no copy of the new KV, which may fill the memory
+        state = self.model.prepare([Row(None, self._tokens(context), 0) for _ in range(batch)])
+        self.model.forward(state)
+        ids = self._tokens(batch)
 
         def run() -> None:
-            with torch.no_grad():
-                self.model(input_ids=ids, cache=cache, position_ids=positions, use_cache=True,
-                           logits_to_keep=1)
-                cache.crop(-1)
+            self.model.decode(state, ids)
+            self.model.undo_decode(state)
 
         return self._timed(run, warmup, repetitions)
 

@@ -1,0 +1,215 @@
+"""One transformer forward path, shared by the profiler and the reference engine.
+
+The profiler times these calls and the reference engine (``ragsim.realrun.engine``) serves
+requests with them, so a profile measured here describes the engine that runs here. The model
+is a Llama-architecture network built from a ``ModelSpec`` with random weights (nothing is
+downloaded; timing and KV exactness do not depend on the weights).
+
+A forward pass takes rows, each a cached prefix (real per-layer K/V tensors, or none), the new
+token ids and the position of the first new token. Rows with different cached or new lengths
+share one pass: cached KV and new tokens are left-padded, a 2-D attention mask hides the
+padding, and every row gets its own ``position_ids`` (without them the model numbers the tokens
+of a padded row from the padded start and the output is silently wrong). Where no row needs
+padding the mask is left out, so the attention kernel keeps its causal fast path.
+
+Tensor layout of one layer's K or V for one row: ``[kv_heads, tokens, head_dim]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ragsim.errors import RagsimInputError
+from ragsim.profiles.models import ModelSpec
+
+LayerKV = tuple[Any, Any]  # (keys, values), each [kv_heads, tokens, head_dim]
+
+
+@dataclass
+class Row:
+    """One request's part of a forward pass.
+
+    ``cached`` holds one (keys, values) pair per layer for the tokens already computed, or is
+    None; ``start`` is the position of the first new token (the cached length, unless the
+    caller knows better).
+    """
+
+    cached: list[LayerKV] | None
+    token_ids: Sequence[int] | Any
+    start: int
+
+
+@dataclass
+class Batch:
+    """Inputs of one padded forward pass and the cache it fills (see ``TorchModel.prepare``)."""
+
+    ids: Any  # [rows, longest_new]
+    mask: Any | None  # [rows, cached + new (+ decoded)] of 0/1, None when nothing is padded
+    positions: Any  # [rows, longest_new]
+    cache: Any  # a DynamicCache holding the padded cached KV (possibly empty)
+    cached_lengths: list[int]
+    new_lengths: list[int]
+    next_positions: Any  # [rows, 1]: position of each row's next token
+
+    @property
+    def rows(self) -> int:
+        return len(self.new_lengths)
+
+
+@dataclass
+class Prefilled:
+    """What ``TorchModel.prefill`` returns: last-token logits and the new tokens' KV per row."""
+
+    logits: Any  # [rows, vocab]
+    new_kv: list[list[LayerKV]]  # row -> layer -> (keys, values) of that row's new tokens
+    batch: Batch  # to continue with ``decode``
+
+
+class TorchModel:
+    """A model with random weights and its forward calls: prefill over cached KV, decode."""
+
+    def __init__(self, spec: ModelSpec, device: str = "cpu", dtype: str = "fp32",
+                 threads: int | None = None, seed: int = 0) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RagsimInputError("CUDA is not available on this machine", field="--device")
+        self.torch = torch
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
+                      "bf16": torch.bfloat16}[dtype]
+        self.config = LlamaConfig(
+            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+            max_position_embeddings=1 << 17)
+        torch.manual_seed(seed)
+        # create the weights where they will live, in their final dtype: a 7B model built in
+        # fp32 on the host first would need 28 GB of RAM and minutes of random initialisation
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with self.device:
+                self.model = LlamaForCausalLM(self.config)
+        finally:
+            torch.set_default_dtype(previous)
+        self.model.eval()
+
+    @classmethod
+    def build(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "fp32",
+              threads: int | None = None, seed: int = 0) -> TorchModel:
+        return cls(spec, device, dtype, threads, seed)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def sync(self) -> None:
+        """Wait for queued device work (timing must not stop before the GPU does)."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def token_tensor(self, token_ids: Sequence[int] | Any):
+        return self.torch.as_tensor(token_ids, dtype=self.torch.long, device=self.device)
+
+    def prepare(self, rows: Sequence[Row]) -> Batch:
+        """Pad the rows' cached KV and new tokens to the left into one batch's inputs."""
+        from transformers import DynamicCache
+
+        torch, device = self.torch, self.device
+        cached = [0 if r.cached is None else int(r.cached[0][0].shape[-2]) for r in rows]
+        new_ids = [self.token_tensor(r.token_ids) for r in rows]
+        new = [int(t.shape[0]) for t in new_ids]
+        if min(new) < 1:
+            raise ValueError("every row needs at least one new token")
+        n, longest_cached, longest_new = len(rows), max(cached), max(new)
+        cache = DynamicCache(config=self.config)
+        if longest_cached:
+            for layer in range(self.num_layers):
+                if all(c == longest_cached for c in cached):
+                    keys = torch.stack([r.cached[layer][0] for r in rows]).to(device)
+                    values = torch.stack([r.cached[layer][1] for r in rows]).to(device)
+                else:
+                    heads, dim = self.config.num_key_value_heads, self.config.head_dim
+                    keys = torch.zeros(n, heads, longest_cached, dim, device=device,
+                                       dtype=self.dtype)
+                    values = torch.zeros_like(keys)
+                    for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
+                        if a:
+                            keys[i, :, longest_cached - a:] = r.cached[layer][0]
+                            values[i, :, longest_cached - a:] = r.cached[layer][1]
+                cache.update(keys, values, layer_idx=layer)
+        ids = torch.zeros(n, longest_new, dtype=torch.long, device=device)
+        positions = torch.zeros(n, longest_new, dtype=torch.long, device=device)
+        padded = len(set(cached)) > 1 or len(set(new)) > 1
+        mask = (torch.zeros(n, longest_cached + longest_new, dtype=torch.long, device=device)
+                if padded else None)
+        for i, (r, a, b) in enumerate(zip(rows, cached, new, strict=True)):
+            ids[i, longest_new - b:] = new_ids[i]
+            positions[i, longest_new - b:] = torch.arange(r.start, r.start + b, device=device)
+            if mask is not None:
+                mask[i, longest_cached - a: longest_cached] = 1
+                mask[i, longest_cached + longest_new - b:] = 1
+        return Batch(ids=ids, mask=mask, positions=positions, cache=cache,
+                     cached_lengths=cached, new_lengths=new,
+                     next_positions=positions[:, -1:] + 1)
+
+    def forward(self, batch: Batch):
+        """The timed pass: run the new tokens over the cached KV; returns last-token logits.
+
+        The new tokens' KV is appended to ``batch.cache`` (``undo_forward`` takes it off again).
+        """
+        with self.torch.no_grad():
+            out = self.model(input_ids=batch.ids, attention_mask=batch.mask,
+                             position_ids=batch.positions, cache=batch.cache, use_cache=True,
+                             logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def new_kv(self, batch: Batch) -> list[list[LayerKV]]:
+        """Copies of each row's new tokens' KV, per layer, right after ``forward``."""
+        result: list[list[LayerKV]] = []
+        for i, b in enumerate(batch.new_lengths):
+            row = []
+            for layer in batch.cache.layers[:self.num_layers]:
+                end = layer.keys.shape[-2]  # the new tokens are the last ones
+                row.append((layer.keys[i, :, end - b:end].clone(),
+                            layer.values[i, :, end - b:end].clone()))
+            result.append(row)
+        return result
+
+    def prefill(self, rows: Sequence[Row]) -> Prefilled:
+        """One forward pass over ``rows``: last-token logits and each row's new KV."""
+        batch = self.prepare(rows)
+        logits = self.forward(batch)
+        return Prefilled(logits=logits, new_kv=self.new_kv(batch), batch=batch)
+
+    def decode(self, batch: Batch, token_ids: Sequence[int] | Any):
+        """One decode step: a token per row on top of everything in ``batch.cache``."""
+        torch = self.torch
+        ids = self.token_tensor(token_ids).reshape(batch.rows, 1)
+        if batch.mask is not None:
+            batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=batch.mask,
+                             position_ids=batch.next_positions, cache=batch.cache,
+                             use_cache=True, logits_to_keep=1)
+        batch.next_positions = batch.next_positions + 1
+        return out.logits[:, -1, :]
+
+    def undo_forward(self, batch: Batch) -> None:
+        """Take the new tokens' KV off the cache again, so ``forward`` can be timed repeatedly."""
+        batch.cache.crop(-max(batch.new_lengths))
+
+    def undo_decode(self, batch: Batch) -> None:
+        """Take the last decode step back (cache, mask and positions)."""
+        batch.cache.crop(-1)
+        if batch.mask is not None:
+            batch.mask = batch.mask[:, :-1]
+        batch.next_positions = batch.next_positions - 1
