@@ -5,6 +5,7 @@ Engine-agnostic by construction: nothing here imports SimPy, torch or a Redis cl
 """
 
 from ragsim.cache.policies import POLICY_NAMES, make_policy
-from ragsim.cache.tree import AccessResult, KnowledgeTree, Node, Tier
+from ragsim.cache.tree import MOVE_KINDS, AccessResult, KnowledgeTree, Move, Node, Tier
 
-__all__ = ["POLICY_NAMES", "AccessResult", "KnowledgeTree", "Node", "Tier", "make_policy"]
+__all__ = ["MOVE_KINDS", "POLICY_NAMES", "AccessResult", "KnowledgeTree", "Move", "Node", "Tier",
+           "make_policy"]

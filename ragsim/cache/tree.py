@@ -24,6 +24,10 @@ reservations (every unpinned GPU node can be evicted). ``fail_gpu`` models losin
 
 The root is the shared system prompt; it stays resident in GPU for the life of the tree.
 
+An engine that holds real KV per node asks the tree what moved: ``record_moves=True`` makes the
+tree log every residency change as a ``Move`` (see ``KnowledgeTree.drain_moves`` for the kinds
+and their order guarantees). Off, recording costs one flag test per change and no allocation.
+
 The tree owns structure and residency; a ``TreePolicy`` turns accesses into ``node.value`` and
 the tree evicts the lowest ``clock[tier] + value`` among a tier's leaves (ties: least recently
 accessed). A node's priority in each tier is set when it is retrieved (the tier's clock then,
@@ -181,6 +185,27 @@ def _new_node(key: object, parent: Node, tokens: cython.longlong,
     return n
 
 
+# The kinds of residency change the tree reports (``KnowledgeTree.drain_moves``). Each names one
+# change of a node's (in GPU, host copy) pair; "before -> after" as (GPU, host):
+MOVE_KINDS = (
+    "admit_gpu",  # (no, no) -> (yes, no): the request computed it; store its new KV in GPU
+    "swap_in",  # (no, yes) -> (yes, yes): host hit, copy host -> GPU; the host copy stays
+    "swap_out",  # (yes, no) -> (yes, yes): copy GPU -> host (first departure; free_gpu follows)
+    "free_gpu",  # (yes, yes) -> (no, yes): free the GPU copy, the host copy remains
+    "free_host",  # (yes, yes) -> (yes, no): free the host copy, the GPU copy stays
+    "drop",  # (yes, no) or (no, yes) -> (no, no): free the only copy; the node is a ghost
+    "replicate",  # (yes, no) -> (yes, yes): copy GPU -> host now (replicate_upper_nodes)
+    "fail_gpu",  # (yes, *) -> (no, *): the GPU copy was lost with the GPU (fail_gpu)
+)
+
+
+class Move(NamedTuple):
+    """One residency change of one node; ``kind`` is one of ``MOVE_KINDS``."""
+
+    kind: str
+    node: Node
+
+
 class AccessResult(NamedTuple):
     """What one request found and caused. Token counts exclude the system prompt and query."""
 
@@ -220,6 +245,8 @@ class KnowledgeTree:
     reserved_gpu_bytes = cython.declare(cython.longlong, visibility="public")
     gpu_failures = cython.declare(cython.longlong, visibility="public")
     node_count = cython.declare(cython.longlong, visibility="public")
+    record_moves = cython.declare(cython.bint, visibility="readonly")
+    _moves = cython.declare(list)  # Moves since the last drain; None unless recording
     _heap_gpu = cython.declare(list)
     _heap_host = cython.declare(list)
     _set_aside = cython.declare(list)
@@ -258,6 +285,7 @@ class KnowledgeTree:
         max_cached_depth: int | None = None,
         frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
         frequency_window_s: float | None = None,
+        record_moves: bool = False,
     ) -> None:
         check_frequency_scope(frequency_scope, frequency_window_s)
         if gpu_capacity_bytes < 0 or host_capacity_bytes < 0:
@@ -315,6 +343,8 @@ class KnowledgeTree:
         self.dropped_bytes = 0
         self.admission_failures = 0
         self.node_count = 1
+        self.record_moves = bool(record_moves)
+        self._moves = [] if self.record_moves else None
 
     def __dealloc__(self) -> None:
         """Break the parent/children cycles so a discarded tree is freed at once.
@@ -532,6 +562,8 @@ class KnowledgeTree:
                 n.priority_host = self.clock_host + n.value
                 parent.cached_children += 1
             n.in_gpu = True
+            if self.record_moves:
+                self._note("admit_gpu" if depth >= n_cached else "swap_in", n)
             if n.depth == 1:
                 self._gpu_upper[n.key] = n
             self.gpu_used_bytes += n.size_bytes
@@ -588,6 +620,57 @@ class KnowledgeTree:
             n.pins -= 1
             if n.pins == 0 and n.in_gpu:
                 self.pinned_gpu_bytes -= n.size_bytes
+
+    # ------------------------------------------------------------------ residency moves
+    def drain_moves(self) -> list:
+        """The residency changes since the last drain, oldest first, as ``Move(kind, node)``.
+
+        For an engine that keeps real KV per node in a GPU pool and a host pool: applying the
+        moves in order keeps its pools equal to the tree's ``in_gpu``/``host_copy`` for every
+        node, and never needs more memory than the tree's capacities. A node is never removed
+        from the tree (one that left the cache stays as a ghost), so it is a stable key for the
+        engine's pools. Guarantees:
+
+        * exactly one move per change of a node's ``in_gpu`` or ``host_copy``, in the order
+          the tree decided them, which is the order an engine applies them (the one exception
+          to the tree's own order: an evicted node's ``free_gpu`` follows its ``swap_out``);
+          kinds and their before/after states are in ``MOVE_KINDS``;
+        * room first: the moves that free a tier's memory come before the move that uses it.
+          Within a request, the evictions that make room for a node come before its
+          ``swap_in`` or ``admit_gpu``, nodes are admitted top-down (parent before child),
+          and host evictions that make room for a swap-out come before that ``swap_out``;
+        * copy before free: a node's ``swap_out`` comes immediately before its ``free_gpu``
+          (swap out only once: a node that still has a host copy gets only ``free_gpu``);
+        * ``drop`` frees a node's only copy; when a GPU node that the host cannot take is
+          dropped, its host-only descendants' drops follow it;
+        * ``admit_gpu`` means "the request computes this node's KV and the engine keeps it in
+          GPU": the tree decides before the prefill, the engine stores the KV after it. A node
+          of the request's path that could not be admitted (``admission_failures``) has no
+          move: a host hit is then read from host memory where it stays, a computed node's KV
+          is the request's private memory and is not kept;
+        * ``fail_gpu`` reports each GPU node (root excluded: it is restored from its replica)
+          that lost its KV, then ``drop`` for the host copies below lost nodes;
+        * reservations (``reserve_gpu``/``free_gpu`` methods) move no node, but the evictions
+          ``reserve_gpu`` makes are reported like any other.
+
+        Raises ValueError unless the tree was made with ``record_moves=True`` (a driver that
+        expects moves must never silently get none).
+        """
+        if not self.record_moves:
+            raise ValueError("this tree does not record moves: make it with record_moves=True")
+        moves = self._moves
+        self._moves = []
+        return moves
+
+    @property
+    def pending_moves(self) -> int:
+        """How many moves wait for ``drain_moves`` (always 0 when not recording)."""
+        return len(self._moves) if self.record_moves else 0
+
+    @cython.cfunc
+    def _note(self, kind: str, n: Node) -> cython.void:
+        """Log one residency change; callers test ``record_moves`` first (no cost when off)."""
+        self._moves.append(Move(kind, n))
 
     # ------------------------------------------------------------------ running requests
     @property
@@ -647,6 +730,8 @@ class KnowledgeTree:
             if not self._make_room(False, n.size_bytes):
                 break
             n.host_copy = True
+            if self.record_moves:
+                self._note("replicate", n)
             self.host_used_bytes += n.size_bytes
             self._sync(n)  # host priority as of its last retrieval, as for a swap-out
             copied += n.size_bytes
@@ -682,6 +767,8 @@ class KnowledgeTree:
             n = item
             parent = n.parent
             n.in_gpu = False
+            if self.record_moves:
+                self._note("fail_gpu", n)
             self.gpu_used_bytes -= n.size_bytes
             parent.gpu_children -= 1
             if not n.host_copy:
@@ -704,6 +791,8 @@ class KnowledgeTree:
                     if child.in_gpu or not child.host_copy:
                         continue  # lost children without a copy get their own turn
                     child.host_copy = False
+                    if self.record_moves:
+                        self._note("drop", child)
                     self.host_used_bytes -= child.size_bytes
                     self.dropped_bytes += child.size_bytes
                     parent.cached_children -= 1
@@ -882,11 +971,16 @@ class KnowledgeTree:
             # up on look as fresh as one retrieved now
             if self._make_room(False, n.size_bytes):
                 n.host_copy = True
+                if self.record_moves:  # the copy is made before the GPU copy is freed
+                    self._note("swap_out", n)
+                    self._note("free_gpu", n)
                 self.host_used_bytes += n.size_bytes
                 self.swap_out_bytes += n.size_bytes
                 self._sync(n)
             else:
                 self._drop(n)
+        elif self.record_moves:
+            self._note("free_gpu", n)
         self._sync(parent)
 
     @cython.cfunc
@@ -897,6 +991,8 @@ class KnowledgeTree:
         if n.in_gpu:
             # drop only the host copy; the GPU copy stays (a later eviction swaps out again)
             n.host_copy = False
+            if self.record_moves:
+                self._note("free_host", n)
             self.host_used_bytes -= n.size_bytes
             self._sync(n)
             return
@@ -910,6 +1006,8 @@ class KnowledgeTree:
         child: Node
         while stack:
             m = stack.pop()
+            if self.record_moves:  # n just left the GPU (its only copy) or held a host copy
+                self._note("drop", m)
             if m.host_copy:
                 m.host_copy = False
                 self.host_used_bytes -= m.size_bytes
