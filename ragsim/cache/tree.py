@@ -206,6 +206,9 @@ class Move(NamedTuple):
     node: Node
 
 
+_tuple_new = tuple.__new__  # builds a Move at C speed (the recording hot path)
+
+
 class AccessResult(NamedTuple):
     """What one request found and caused. Token counts exclude the system prompt and query."""
 
@@ -670,7 +673,7 @@ class KnowledgeTree:
     @cython.cfunc
     def _note(self, kind: str, n: Node) -> cython.void:
         """Log one residency change; callers test ``record_moves`` first (no cost when off)."""
-        self._moves.append(Move(kind, n))
+        self._moves.append(_tuple_new(Move, (kind, n)))  # Move(kind, n) without its __new__
 
     # ------------------------------------------------------------------ running requests
     @property
