@@ -72,7 +72,7 @@ def test_run_help_shows_the_effective_defaults():
 
 def test_every_run_setting_shows_a_default():
     result = runner.invoke(app, ["run", "--help"], env=WIDE)
-    options = re.findall(r"│ (--[a-z-]+)", result.stdout)
+    options = re.findall(r"│ (--[a-z0-9-]+)", result.stdout)
     assert len(options) > 35, result.stdout
     without = [o for o in options if "[default:" not in help_line(["run"], o)]
     assert sorted(without) == ["--config", "--help", "--json", "--out"]
