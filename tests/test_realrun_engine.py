@@ -117,13 +117,16 @@ def test_kv_moved_to_host_and_back_generates_the_same(model):
     originals = {k: [(kk.clone(), vv.clone()) for kk, vv in engine.store.get(k)] for k in keys}
     gpu_bytes = engine.store.gpu_bytes
     for key in keys:
-        engine.store.move_to_host(key)
+        engine.store.copy_to_host(key)  # swap out once: both copies for a moment
+        engine.store.free_gpu(key)
     assert engine.store.gpu_bytes == 0 and engine.store.host_bytes == gpu_bytes
     assert engine.cached_documents(request) == 0  # a forward pass reads only the GPU pool
     for key in keys:
-        engine.store.move_to_gpu(key)
+        engine.store.copy_to_gpu(key)  # a host hit: the host copy stays
+        assert engine.store.tier(key) == "gpu" and key in engine.store.host
         assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0)
                    in zip(engine.store.get(key), originals[key], strict=True))
+    assert engine.store.host_bytes == engine.store.gpu_bytes == gpu_bytes
     after = engine.run([request])[0]
     assert after.cached_documents == 3
     assert after.tokens == before.tokens
@@ -155,3 +158,39 @@ def test_the_gpu_pool_refuses_what_does_not_fit(model):
     assert kv_bytes(small.store.get(("a",))) == one_doc == small.store.gpu_bytes
     with pytest.raises(KVCapacityError, match="GPU pool"):
         small.run([_request("q6", "ab", query_tokens=2)])
+
+
+def test_the_trees_moves_applied_to_the_store_keep_it_in_step_with_the_tree():
+    """The wiring to come, in miniature: a real knowledge tree (LRU, GPU room for three
+    100-token documents, host for two) serves requests, and its drained moves, applied to a
+    KVStore whose tensors take the tree's bytes per token, leave the store holding exactly the
+    tree's residency and bytes after every request (swap-outs keep the GPU copy until the tree
+    frees it, host hits keep the host copy)."""
+    from ragsim.cache.policies import make_policy
+    from ragsim.cache.tree import KnowledgeTree
+
+    dim = 2
+    bytes_per_token = 2 * dim * 4  # one layer of fp32 keys and values, one head
+    tree = KnowledgeTree(make_policy("lru"), gpu_capacity_bytes=300 * bytes_per_token,
+                         host_capacity_bytes=200 * bytes_per_token,
+                         kv_bytes_per_token=bytes_per_token, record_moves=True)
+    store = KVStore("cpu", 300 * bytes_per_token, host_capacity_bytes=200 * bytes_per_token)
+    rng = np.random.default_rng(0)
+    kinds: set[str] = set()
+    for _ in range(200):
+        docs = [int(d) for d in rng.choice(8, size=2, replace=False)]
+        tree.access(docs, [100, 100])
+        for move in tree.drain_moves():
+            kinds.add(move.kind)
+            if move.kind == "admit_gpu":  # what the engine's prefill would have stored
+                kv = torch.zeros(1, move.node.tokens, dim)
+                store.put(move.node, [(kv, kv.clone())])
+            else:
+                store.apply(move.kind, move.node)
+        nodes = [n for n in tree.iter_nodes() if n.parent is not None]
+        assert {n for n in nodes if n.in_gpu} == set(store.gpu)
+        assert {n for n in nodes if n.host_copy} == set(store.host)
+        assert store.gpu_bytes == tree.gpu_used_bytes and store.host_bytes == tree.host_used_bytes
+    assert {"admit_gpu", "swap_out", "free_gpu", "swap_in", "drop"} <= kinds
+    with pytest.raises(ValueError, match="admit_gpu"):
+        store.apply("admit_gpu", "x")

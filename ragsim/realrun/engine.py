@@ -65,7 +65,7 @@ class KVStore:
         return self.device.type == "cuda"
 
     def tier(self, key: Hashable) -> str | None:
-        """"gpu", "host" or None (not stored)."""
+        """The fastest pool holding ``key``: "gpu", "host" or None (not stored)."""
         if key in self.gpu:
             return "gpu"
         return "host" if key in self.host else None
@@ -115,30 +115,60 @@ class KVStore:
         """A node's KV in the GPU pool (a forward pass reads only from there)."""
         return self.gpu[key]
 
-    def move_to_host(self, key: Hashable) -> None:
+    # The operations are the knowledge tree's residency moves (``ragsim.cache.MOVE_KINDS``):
+    # a node may hold a GPU and a host copy at once (swap out only once), so copies and frees
+    # are separate steps, as the tree reports them.
+    def copy_to_host(self, key: Hashable) -> None:
+        """GPU -> host copy; the GPU copy stays (``swap_out``, ``replicate``)."""
+        if key in self.host:
+            raise KeyError(f"node {key!r} already has a host copy")
         kv = self.gpu[key]
         n_bytes = kv_bytes(kv)
         self._check_host(n_bytes, key)
         self.host[key] = self._copy(kv, self.torch.device("cpu"))
         self.host_bytes += n_bytes
-        del self.gpu[key]
-        self.gpu_bytes -= n_bytes
 
-    def move_to_gpu(self, key: Hashable) -> None:
+    def copy_to_gpu(self, key: Hashable) -> None:
+        """Host -> GPU copy; the host copy stays (``swap_in``)."""
+        if key in self.gpu:
+            raise KeyError(f"node {key!r} is already in the GPU pool")
         kv = self.host[key]
         n_bytes = kv_bytes(kv)
         self._check_gpu(n_bytes, key)
         self.gpu[key] = self._copy(kv, self.device)
         self.gpu_bytes += n_bytes
-        del self.host[key]
-        self.host_bytes -= n_bytes
+
+    def free_gpu(self, key: Hashable) -> None:
+        """Free the GPU copy (``free_gpu``, ``fail_gpu``)."""
+        self.gpu_bytes -= kv_bytes(self.gpu.pop(key))
+
+    def free_host(self, key: Hashable) -> None:
+        """Free the host copy (``free_host``)."""
+        self.host_bytes -= kv_bytes(self.host.pop(key))
 
     def drop(self, key: Hashable) -> None:
-        """Forget a node in whichever pool holds it (no error if none does)."""
+        """Forget a node in whichever pool holds it (no error if none does): ``drop``."""
         if key in self.gpu:
-            self.gpu_bytes -= kv_bytes(self.gpu.pop(key))
+            self.free_gpu(key)
         if key in self.host:
-            self.host_bytes -= kv_bytes(self.host.pop(key))
+            self.free_host(key)
+
+    def apply(self, kind: str, key: Hashable) -> None:
+        """Carry out one of the tree's moves. ``admit_gpu`` is not the store's to do: the
+        request's prefill computes that KV and ``ReferenceEngine.run`` stores it."""
+        if kind == "admit_gpu":
+            raise ValueError("admit_gpu: the engine stores a computed node's KV after its "
+                             "prefill (ReferenceEngine.run)")
+        try:
+            operation = _MOVE_OPERATIONS[kind]
+        except KeyError:
+            raise ValueError(f"unknown move {kind!r}") from None
+        getattr(self, operation)(key)
+
+
+_MOVE_OPERATIONS = {"swap_in": "copy_to_gpu", "swap_out": "copy_to_host",
+                    "replicate": "copy_to_host", "free_gpu": "free_gpu",
+                    "fail_gpu": "free_gpu", "free_host": "free_host", "drop": "drop"}
 
 
 @dataclass
