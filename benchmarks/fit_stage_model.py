@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 
 from ragsim.traces import resolve_trace
-from ragsim.traces.stage_stats import stage_shapes
-from ragsim.traces.stats import stage_convergence
+from ragsim.traces.stage_stats import stage_convergence, stage_shapes
 
 SHAPES = ("final", "keeps_d1", "other_first", "none_found")
 

@@ -1,4 +1,9 @@
-"""What a staged search's wrong intermediate lists look like, per stage.
+"""What a trace's staged search looked like: when its lists became final, and what the
+wrong ones held. Both fit the simulator's synthetic stage model (``sim/retrieval.py``).
+
+``stage_convergence``: how early each request's list was final, and ``stage_converge_p``.
+
+``stage_shapes``: what the wrong intermediate lists look like, per stage.
 
 An IVF search computes exact distances for the vectors of the lists it has probed, so a
 document of the final top-k that has been found always ranks above one that is not in the final
@@ -23,7 +28,63 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pyarrow.compute as pc
+
 from ragsim.traces.schema import Trace
+
+
+def stage_convergence(trace: Trace) -> dict:
+    """How early a trace's staged search held its final top-k, and the synthetic model's fit.
+
+    For each request, the first stage whose list equals the final one (``doc_ids``). The fit is
+    the maximum-likelihood ``p`` of the simulator's synthetic stage model (each stage before the
+    last finds the final list with probability ``p``; a request whose list is only final at the
+    last stage is censored there): successes over trials. ``stage_equals_final`` is the share of
+    requests whose list is final at each stage (requests with fewer stages count as final).
+    """
+    empty = {"stage_converge_p": None, "stage_equals_final": None, "search_time_mean_s": None}
+    if trace.stages is None or trace.n_requests == 0:
+        return empty
+    n = trace.n_requests
+    stage_counts = pc.fill_null(pc.list_value_length(trace.stages), 0).to_numpy().astype(
+        np.int64)
+    n_stages = int(stage_counts.max())
+    if n_stages == 0:
+        return empty
+    # one entry per (request, stage), one element per id: compared with doc_ids in arrays
+    stage_lists = pc.list_flatten(trace.stages)
+    entry_request = np.repeat(np.arange(n), stage_counts)
+    entry_stage = np.arange(len(entry_request)) - np.repeat(np.cumsum(stage_counts)
+                                                            - stage_counts, stage_counts)
+    entry_len = pc.fill_null(pc.list_value_length(stage_lists), 0).to_numpy().astype(np.int64)
+    ids = pc.list_flatten(stage_lists).to_numpy(zero_copy_only=False)
+    elem_entry = np.repeat(np.arange(len(entry_len)), entry_len)
+    elem_pos = np.arange(len(ids)) - np.repeat(np.cumsum(entry_len) - entry_len, entry_len)
+    elem_request = entry_request[elem_entry]
+    within = elem_pos < trace.top_k[elem_request]
+    final_at = np.where(within, trace.doc_offsets[elem_request] + elem_pos, 0)
+    final_ids = trace.doc_ids[final_at] if len(trace.doc_ids) else np.full(len(ids), -1)
+    mismatches = np.bincount(elem_entry, weights=~within | (ids != final_ids),
+                             minlength=len(entry_len))
+    equal = (entry_len == trace.top_k[entry_request]) & (mismatches == 0)
+    first = stage_counts.copy()  # 1-based stage of the first final list; the last by default
+    np.minimum.at(first, entry_request[equal], entry_stage[equal] + 1)
+    first = np.maximum(first, 1)
+    last = np.maximum(stage_counts, 1)
+    found_early = first < last
+    successes = int(found_early.sum())
+    trials = int(np.where(found_early, first, last - 1).sum())
+    final_by = np.cumsum(np.bincount(first - 1, minlength=n_stages))
+    times = None
+    if trace.stage_times_s is not None:
+        flat = pc.list_flatten(trace.stage_times_s).to_numpy(zero_copy_only=False)
+        times = float(flat.sum() / trace.n_requests)
+    return {
+        "stage_converge_p": successes / trials if trials else None,
+        "stage_equals_final": [round(float(c) / n, 6) for c in final_by],
+        "search_time_mean_s": times,
+    }
 
 
 def list_shape(current: list, final: list) -> str:

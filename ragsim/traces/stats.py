@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.compute as pc
 
 from ragsim.traces.schema import Trace
 from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
+from ragsim.traces.stage_stats import stage_convergence, stage_shapes
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -20,59 +20,6 @@ def retrieval_skew(doc_ids: np.ndarray, fractions=SKEW_FRACTIONS) -> dict[str, f
     """
     _, cumulative_share = cumulative_share_curve(doc_ids)
     return {f"top_{round(f * 100)}pct_share": share_at(cumulative_share, f) for f in fractions}
-
-
-def stage_convergence(trace: Trace) -> dict:
-    """How early a trace's staged search held its final top-k, and the synthetic model's fit.
-
-    For each request, the first stage whose list equals the final one (``doc_ids``). The fit is
-    the maximum-likelihood ``p`` of the simulator's synthetic stage model (each stage before the
-    last finds the final list with probability ``p``; a request whose list is only final at the
-    last stage is censored there): successes over trials. ``stage_equals_final`` is the share of
-    requests whose list is final at each stage (requests with fewer stages count as final).
-    """
-    empty = {"stage_converge_p": None, "stage_equals_final": None, "search_time_mean_s": None}
-    if trace.stages is None or trace.n_requests == 0:
-        return empty
-    n = trace.n_requests
-    stage_counts = pc.fill_null(pc.list_value_length(trace.stages), 0).to_numpy().astype(
-        np.int64)
-    n_stages = int(stage_counts.max())
-    if n_stages == 0:
-        return empty
-    # one entry per (request, stage), one element per id: compared with doc_ids in arrays
-    stage_lists = pc.list_flatten(trace.stages)
-    entry_request = np.repeat(np.arange(n), stage_counts)
-    entry_stage = np.arange(len(entry_request)) - np.repeat(np.cumsum(stage_counts)
-                                                            - stage_counts, stage_counts)
-    entry_len = pc.fill_null(pc.list_value_length(stage_lists), 0).to_numpy().astype(np.int64)
-    ids = pc.list_flatten(stage_lists).to_numpy(zero_copy_only=False)
-    elem_entry = np.repeat(np.arange(len(entry_len)), entry_len)
-    elem_pos = np.arange(len(ids)) - np.repeat(np.cumsum(entry_len) - entry_len, entry_len)
-    elem_request = entry_request[elem_entry]
-    within = elem_pos < trace.top_k[elem_request]
-    final_at = np.where(within, trace.doc_offsets[elem_request] + elem_pos, 0)
-    final_ids = trace.doc_ids[final_at] if len(trace.doc_ids) else np.full(len(ids), -1)
-    mismatches = np.bincount(elem_entry, weights=~within | (ids != final_ids),
-                             minlength=len(entry_len))
-    equal = (entry_len == trace.top_k[entry_request]) & (mismatches == 0)
-    first = stage_counts.copy()  # 1-based stage of the first final list; the last by default
-    np.minimum.at(first, entry_request[equal], entry_stage[equal] + 1)
-    first = np.maximum(first, 1)
-    last = np.maximum(stage_counts, 1)
-    found_early = first < last
-    successes = int(found_early.sum())
-    trials = int(np.where(found_early, first, last - 1).sum())
-    final_by = np.cumsum(np.bincount(first - 1, minlength=n_stages))
-    times = None
-    if trace.stage_times_s is not None:
-        flat = pc.list_flatten(trace.stage_times_s).to_numpy(zero_copy_only=False)
-        times = float(flat.sum() / trace.n_requests)
-    return {
-        "stage_converge_p": successes / trials if trials else None,
-        "stage_equals_final": [round(float(c) / n, 6) for c in final_by],
-        "search_time_mean_s": times,
-    }
 
 
 def co_retrieval(trace: Trace, min_first_count: int = 5) -> dict:
@@ -261,9 +208,17 @@ def trace_stats(trace: Trace) -> dict:
         "output_tokens_mean": float(trace.output_tokens.mean()) if trace.n_requests else 0.0,
         "has_stages": trace.stages is not None,
         **stage_convergence(trace),
+        **_stage_shape_fit(trace),
         **retrieval_skew(trace.doc_ids),
         **co_retrieval(trace),
         **size_popularity(trace),
         **popularity_drift(trace),
         "info": trace.info,
     }
+
+
+def _stage_shape_fit(trace: Trace) -> dict:
+    """The synthetic stage model's shape shares (``stage_stats.stage_shapes``), flat."""
+    fit = stage_shapes(trace)
+    return {key: fit.get(key) for key in ("stage_keeps_d1_p", "stage_other_found_p",
+                                          "wrong_list_unchanged_share")}
