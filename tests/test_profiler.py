@@ -68,9 +68,12 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     printed = " ".join((quick_profile.parent / "printed.txt").read_text().split())
     for warning in p.warnings:  # said where the person running it sees it, not only stored
         assert f"warning: {' '.join(warning.split())}" in printed
-    # physics: more tokens cost more, a cached prefix makes the same request cheaper
+    # physics: more tokens cost more, a cached prefix makes the same request cheaper. Both
+    # sides inside the measured grid (new tokens up to 1,024 in the quick plan): a point past
+    # it is a linear extrapolation of an attention-bound cost, which a noisy sweep can put
+    # below a measured point (CI saw T(0, 2048) extrapolated at 0.102 s < T(1024, 1024) 0.104 s)
     assert p.prefill_s(0, 1024) > p.prefill_s(0, 64)
-    assert p.prefill_s(0, 1024 + 1024) > p.prefill_s(1024, 1024)
+    assert p.prefill_s(0, 1024) > p.prefill_s(896, 128)
     assert p.decode_s(16, 2048) > p.decode_s(1, 128)
     assert p.transfers.host_to_device_bytes_per_s > 1e8
     assert p.batched_prefill.padding == "left"
