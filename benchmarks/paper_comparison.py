@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
+from ragsim.serving.config import build_config
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS

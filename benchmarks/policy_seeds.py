@@ -25,7 +25,7 @@ from paper_comparison import GiB, policy_hit_rates
 
 from ragsim.cache.bounds import static_frequency_bound
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
+from ragsim.serving.config import build_config
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS

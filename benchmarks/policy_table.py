@@ -114,7 +114,7 @@ def hit_rate(trace, label: str, policy: str, scope: str, window: float | None, h
     profile = load_profile(profile_name)
     memory = load_profile(memory_profile or profile_name)
     if mode == "run":
-        from ragsim.sim.config import build_config
+        from ragsim.serving.config import build_config
         from ragsim.sim.simulator import run_simulation
 
         config = build_config({

@@ -63,7 +63,7 @@ def test_stage_convergence_fit_by_hand():
 
 
 def test_simulator_default_convergence_is_the_fit_on_wiki_trivia():
-    from ragsim.sim.config import SimConfig
+    from ragsim.serving.config import SimConfig
 
     fitted = trace_stats(resolve_trace("wiki-trivia"))["stage_converge_p"]
     assert SimConfig().stage_converge_p == pytest.approx(fitted, abs=0.01)

@@ -17,7 +17,7 @@ from ragsim.cache.policies import POLICY_NAMES, describe_policies
 from ragsim.errors import ConfigError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import SimConfig, build_config
+from ragsim.serving.config import SimConfig, build_config
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace

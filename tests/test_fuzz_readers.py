@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile, load_profile
-from ragsim.sim.config import SimConfig, build_config, load_config_file
+from ragsim.serving.config import SimConfig, build_config, load_config_file
 from ragsim.traces.io import read_jsonl, read_mooncake, read_trace
 from ragsim.traces.schema import VERSION_KEY
 

@@ -20,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
-from ragsim.sim.simulator import _tick_at_or_after, run_simulation
+from ragsim.serving.config import build_config
+from ragsim.serving.pipeline import _tick_at_or_after
+from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 from ragsim.traces.io import TraceBuilder
 
@@ -48,8 +49,9 @@ def run_in_child(arrivals: list[float], **config) -> dict:
     code = textwrap.dedent(f"""
         import json, sys
         from ragsim.profiles.profile import load_profile
-        from ragsim.sim.config import build_config
-        from ragsim.sim.simulator import _tick_at_or_after, run_simulation
+        from ragsim.serving.config import build_config
+        from ragsim.serving.pipeline import _tick_at_or_after
+        from ragsim.sim.simulator import run_simulation
         from ragsim.traces.io import TraceBuilder
         b = TraceBuilder("far")
         for i, t in enumerate({arrivals!r}):
@@ -216,7 +218,7 @@ def test_extrapolated_costs_are_in_the_warnings(mooncake_head):
 
 
 def test_a_synthetic_trace_longer_than_its_corpus_was_sized_for_is_noted():
-    from ragsim.sim.notices import synthetic_length
+    from ragsim.serving.notices import synthetic_length
     from ragsim.traces.synthetic import SyntheticSpec, builtin_trace
 
     info = builtin_trace("nq", n_requests=300).info

@@ -15,7 +15,7 @@ from ragsim.cache.reorder import RequestPool, order_priority
 from ragsim.cache.speculation import on_final_result, on_intermediate_stage
 from ragsim.errors import ConfigError
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
+from ragsim.serving.config import build_config
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.sim.simulator import Simulation, run_simulation
 from ragsim.traces import resolve_trace
@@ -387,7 +387,7 @@ def test_bad_configuration_names_the_field(tmp_path):
         build_config({"system": "tgi"})
     bad = tmp_path / "bad.toml"
     bad.write_text('[run]\nsearch_s = "fast"\n')
-    from ragsim.sim.config import load_config_file
+    from ragsim.serving.config import load_config_file
 
     with pytest.raises(ConfigError, match=r"bad.toml.*search_s"):
         build_config({}, base=load_config_file(bad), source=str(bad))

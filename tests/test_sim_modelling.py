@@ -94,7 +94,7 @@ def test_requests_of_one_prefill_batch_see_each_others_kv_only_where_the_engine_
     assert shared.hit_tokens_gpu.tolist() == [0, 1000, 1000]
     batch_s = PROFILE.batched_prefill.iteration_s([0, 1000], [1610, 410])
     assert shared.ttft_s[1] == pytest.approx(SEARCH_S + batch_s, rel=1e-12)
-    from ragsim.sim.config import build_config
+    from ragsim.serving.config import build_config
     assert build_config({"system": "vllm-apc"}).batch_kv_sharing
     assert not build_config({"system": "sglang"}).batch_kv_sharing
     assert not build_config({"system": "ragcache"}).batch_kv_sharing
@@ -270,7 +270,7 @@ def test_reordering_does_not_count_a_batch_mates_documents_as_cached():
 
 def test_an_old_config_with_a_window_in_decisions_is_told_what_replaced_it(tmp_path):
     from ragsim.errors import ConfigError
-    from ragsim.sim.config import build_config, load_config_file
+    from ragsim.serving.config import build_config, load_config_file
 
     path = tmp_path / "config.toml"
     path.write_text('format = "ragsim.config"\nversion = 1\n[run]\nreorder_window = 32\n')

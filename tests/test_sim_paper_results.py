@@ -10,7 +10,7 @@ import functools
 import pytest
 
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
+from ragsim.serving.config import build_config
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragsim.sim.config import SimConfig
-from ragsim.sim.retrieval import StagedSearch
+from ragsim.serving.config import SimConfig
+from ragsim.serving.retrieval import StagedSearch
 from ragsim.traces.io import TraceBuilder
 from ragsim.traces.stage_stats import list_shape, stage_shapes
 

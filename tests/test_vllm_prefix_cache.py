@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from peers import vllm_prefix_cache_hits, vllm_same_step_prefix_cache_hits
 
 from ragsim.profiles.profile import load_profile
-from ragsim.sim.config import build_config
+from ragsim.serving.config import build_config
 from ragsim.sim.simulator import run_simulation
 from ragsim.traces import resolve_trace
 from ragsim.traces.io import TraceBuilder

@@ -75,7 +75,7 @@ def effective_defaults() -> dict[str, str]:
     0``). Read from the code that applies them, so help cannot fall behind."""
     import dataclasses
 
-    from ragsim.sim.config import SYSTEM_PRESETS, SimConfig
+    from ragsim.serving.config import SYSTEM_PRESETS, SimConfig
     from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
     shown = {}
@@ -147,7 +147,7 @@ def run(
         WORKLOAD, "Synthetic traces: share of popularity ranks that trade documents every "
         "1,000 requests (0: stationary).")] = None,
     rate: Annotated[float | None, _opt(WORKLOAD, "Re-time arrivals at R requests/s.")] = None,
-    arrival: Annotated[str | None, _opt(WORKLOAD, "trace, poisson or gamma (with --rate).")
+    arrival: Annotated[str | None, _opt(WORKLOAD, "trace, poisson or gamma (with --rate), or sequential (one request at a time).")
                        ] = None,
     cv: Annotated[float | None, _opt(WORKLOAD, "Gamma arrivals' coefficient of variation.")
                   ] = None,
@@ -247,7 +247,7 @@ def run(
 ) -> None:
     """Simulate the RAG serving stack end to end: TTFT, throughput and hit rates."""
     from ragsim.profiles.profile import load_profile
-    from ragsim.sim.config import build_config, load_config_file
+    from ragsim.serving.config import build_config, load_config_file
     from ragsim.sim.simulator import run_simulation
     from ragsim.traces import resolve_trace
 
@@ -370,7 +370,7 @@ def _print_run_summary(s: dict) -> None:
 
 def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the system presets of `ragsim run --system` and what each sets."""
-    from ragsim.sim.config import SYSTEM_DESCRIPTIONS, SYSTEM_PRESETS
+    from ragsim.serving.config import SYSTEM_DESCRIPTIONS, SYSTEM_PRESETS
 
     if json_output:
         print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings}

@@ -1,1 +1,2 @@
-"""Drivers that feed traces through the policy core with modelled (or no) time."""
+"""The simulator's drivers: the serving pipeline on a virtual clock with predicted costs
+(``simulator.py``), and the flat trace replay (``replay.py``)."""

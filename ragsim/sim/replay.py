@@ -19,8 +19,8 @@ from ragsim.cache.policies.belady import next_use_by_position
 from ragsim.cache.reuse import engine_reuse_columns
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, KnowledgeTree, check_frequency_scope
 from ragsim.profiles.profile import Profile
-from ragsim.sim.gc_pause import cyclic_gc_paused
-from ragsim.sim.notices import replay_warnings
+from ragsim.serving.gc_pause import cyclic_gc_paused
+from ragsim.serving.notices import replay_warnings
 from ragsim.traces.schema import Trace
 
 Progress = Callable[[int], None]  # called with the number of requests done so far

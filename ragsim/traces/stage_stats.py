@@ -1,5 +1,5 @@
 """What a trace's staged search looked like: when its lists became final, and what the
-wrong ones held. Both fit the simulator's synthetic stage model (``sim/retrieval.py``).
+wrong ones held. Both fit the simulator's synthetic stage model (``serving/retrieval.py``).
 
 ``stage_convergence``: how early each request's list was final, and ``stage_converge_p``.
 
@@ -11,7 +11,7 @@ top-k. An intermediate list is therefore *the final documents found so far, in t
 order, followed by documents that the final list will not hold*. What varies is which final
 documents are found by a stage; this module counts that on a trace with recorded stages
 (``ragsim trace build``), and fits the two shares the simulator's synthetic stage model draws
-from (``sim/retrieval.py``):
+from (``serving/retrieval.py``):
 
 * ``stage_keeps_d1_p``: of a request's first wrong list, the share that already holds the
   final D1 (then its first document is right, and a speculation on it shares the final

@@ -42,7 +42,7 @@ period of the same service: it revisits the same documents more, and its hit rat
 61.9% at 100,000).
 Scaling the corpus with the request count would keep hit rates level but make every length a
 different knowledge base; instead the run summary notes a synthetic trace longer than the
-10,000 requests the corpus was sized with (``ragsim.sim.notices``), so that runs of different
+10,000 requests the corpus was sized with (``ragsim.serving.notices``), so that runs of different
 lengths are not compared as if they were one workload.
 
 Documents are co-retrieved as in real retrieval: similar passages come together, so the same

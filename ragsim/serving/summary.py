@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.cache.hit_rates import hit_rate_fields
-from ragsim.sim.notices import run_warnings
+from ragsim.serving.notices import run_warnings
 
 if TYPE_CHECKING:
-    from ragsim.sim.simulator import Simulation
+    from ragsim.serving.pipeline import Pipeline
 
 
 def _stats(values: np.ndarray, prefix: str) -> dict:
@@ -46,7 +46,7 @@ def _swap_in_after_search(cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.clip(copy_end - np.maximum(cols["search_end_s"], start), 0, None)
 
 
-def summarize(sim: Simulation, cols: dict[str, np.ndarray], elapsed_s: float,
+def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
               interrupted: bool = False, stalled: bool = False) -> dict:
     """``interrupted``: cut short by Ctrl-C; ``stalled``: the simulation ran out of events with
     requests still pending (a bug: those requests could never end). Both keep what ended."""

@@ -25,7 +25,7 @@ from ragsim.errors import ConfigError, RagsimInputError
 from ragsim.units import parse_bytes
 
 GiB = 2**30
-ARRIVALS = ("trace", "poisson", "gamma")
+ARRIVALS = ("trace", "poisson", "gamma", "sequential")
 STAGE_SOURCES = ("auto", "trace", "synthetic", "none")
 RETRIEVALS = ("auto", "on", "off")
 # settings that only mean something with a vector search: giving one asks for it
@@ -54,7 +54,9 @@ class SimConfig:
     # a run records the value it used, so its config.toml reruns the same traffic
     trace_drift_per_1k_requests: float | None = None
     # arrivals
-    arrival: str = "trace"  # trace timestamps, or re-timed: poisson | gamma
+    # trace timestamps, re-timed (poisson | gamma), or sequential: each request arrives when the
+    # previous one ended (one client, closed loop; what `validate --sequential` compares)
+    arrival: str = "trace"
     rate_rps: float | None = None
     cv: float = 1.0
     # knowledge cache
@@ -82,7 +84,7 @@ class SimConfig:
     # retrieval (vector search on a CPU pool)
     search_workers: int = 16
     # one request's search on one worker: measured, benchmarks/retrieval_latency.py (the paper's
-    # 300k x 768-d IVF1024, a quarter of the lists probed), see sim/retrieval.py
+    # 300k x 768-d IVF1024, a quarter of the lists probed), see serving/retrieval.py
     search_s: float = 0.0155
     search_stages: int = 4
     stage_source: str = "auto"  # auto: the trace's stages if present, else synthetic
@@ -264,7 +266,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.frequency_window_s is None or c.frequency_window_s > 0, "frequency_window_s",
            "must be > 0", source)
     _check(c.arrival in ARRIVALS, "arrival", f"must be one of {', '.join(ARRIVALS)}", source)
-    _check(c.arrival == "trace" or (c.rate_rps is not None and c.rate_rps > 0), "rate_rps",
+    _check(c.arrival in ("trace", "sequential") or (c.rate_rps is not None and c.rate_rps > 0),
+           "rate_rps",
            "a re-timed arrival process needs a positive rate", source)
     _check(c.rate_rps is None or c.rate_rps > 0, "rate_rps", "must be > 0", source)
     _check(c.cv > 0, "cv", "must be > 0", source)

@@ -2,9 +2,7 @@
 
 Each iteration is either a *prefill* iteration (requests taken from the pool, their uncached
 tokens computed in one batch) or a *decode* iteration (one token for every running request);
-waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends. Iteration
-times come from the cost profile: a single prefill from the bilinear T(alpha, beta) grid, a
-batch from the batched-prefill model (priced on that grid), a decode step from the decode grid.
+waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends.
 
 Memory: the knowledge tree owns the GPU's KV space. A request admitted to a batch pins its
 cached path, places its computed documents in the tree, and reserves the rest of its KV (query,
@@ -28,19 +26,27 @@ request of the batch waits for the copy (``swap_in_s``, the TTFT's swap-in compo
 
 Decode bookkeeping is O(finished requests) per iteration, not O(batch): a running request knows
 the iteration at which it finishes, and the context length of the batch is kept as a sum.
+
+What an iteration *costs* is not this module's: an ``Iterations`` object runs it. The simulator's
+(``ragsim.sim.predicted``) waits the time the cost profile predicts; the real harness's
+(``ragsim.realrun.iterations``) runs the forward pass on a real model and waits until it is
+done. Every decision (admission, batching, memory, terminations, faults) is made here, once,
+for both.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Generator
+from dataclasses import dataclass
 from time import perf_counter
+from typing import Any, Protocol
 
 import simpy
 
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
-from ragsim.profiles.profile import Profile
 
 
 class Job:
@@ -116,32 +122,60 @@ class EngineHooks:
     def cannot_fit(self, job: Job) -> None: ...
 
 
+@dataclass(frozen=True)
+class PrefillTiming:
+    """How long a prefill iteration took and what of it was the host->GPU copy.
+
+    ``duration_s`` is the whole iteration; ``compute_s`` the forward pass; ``copy_s`` the
+    host->GPU copy of the batch's host hits (overlapped with compute or before it, as the
+    iterations object ran it)."""
+
+    duration_s: float
+    compute_s: float
+    copy_s: float
+
+
+Wait = Generator[simpy.Event, Any, Any]
+
+
+class Iterations(Protocol):
+    """Runs the engine's iterations: predicted by a cost profile, or real on a model.
+
+    ``prefill`` and ``decode`` are SimPy process bodies: they yield events until the iteration
+    is over and return its timing. ``leave`` says a job stopped running (its private KV can
+    go); ``gpu_failed`` says the GPU lost its state (after the tree dropped its GPU tier);
+    ``recover`` waits until the GPU serves again (a restart of ``restart_s``, then the system
+    prompt's KV copied back), and ``recovery_s`` says how long that is expected to take."""
+
+    def prefill(self, jobs: list[Job]) -> Wait: ...
+    def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait: ...
+    def leave(self, job: Job) -> None: ...
+    def gpu_failed(self) -> None: ...
+    def recovery_s(self, restart_s: float, root_bytes: int) -> float: ...
+    def recover(self, restart_s: float, root_bytes: int) -> Wait: ...
+
+
 class Engine:
     def __init__(self, env: simpy.Environment, *, tree: KnowledgeTree, pool: RequestPool,
-                 profile: Profile, hooks: EngineHooks, kv_bytes_per_token: int,
+                 hooks: EngineHooks, iterations: Iterations, kv_bytes_per_token: int,
                  max_batch_size: int, max_prefill_bs: int, max_batched_tokens: int,
-                 prefix_block_tokens: int, overlap_swap: bool, gpu_recovery_s: float,
+                 prefix_block_tokens: int, gpu_recovery_s: float,
                  batch_kv_sharing: bool = False) -> None:
         self.env = env
         self.tree = tree
         self.pool = pool
-        self.profile = profile
         self.hooks = hooks
+        self.iterations = iterations
         self.kv = kv_bytes_per_token
         self.max_batch_size = max_batch_size
         self.max_prefill_bs = max_prefill_bs
         self.max_batched_tokens = max_batched_tokens
         self.block = prefix_block_tokens
-        self.overlap_swap = overlap_swap
         self.gpu_recovery_s = gpu_recovery_s
         self.batch_kv_sharing = batch_kv_sharing
         self._batch_computed: set = set()  # nodes the batch being formed computes
         self._speculated: dict = {}  # node -> the request whose speculation computed it
         self._speculated_by: dict[int, list] = {}  # request -> those nodes (to forget them)
-        self._prefill_one = profile.prefill.at
-        self._prefill_batch = profile.batched_prefill.iteration_s
-        self._decode = profile.decode.at
-        self._h2d = profile.transfers.host_to_device_s
         # running (decoding) requests
         self._decoding: set[Job] = set()
         self._finish_heap: list[tuple[int, int, Job]] = []
@@ -153,7 +187,8 @@ class Engine:
         self._terminate: list[Job] = []
         self._iterating = False  # an iteration is under way: terminations wait for its end
         self._wakeup: simpy.Event | None = None
-        self.down_until_s = 0.0
+        self._recovering = False
+        self.down_until_s = 0.0  # while recovering: the earliest it can serve again
         # counters
         self.iterations_prefill = 0
         self.iterations_decode = 0
@@ -214,23 +249,26 @@ class Engine:
         env = self.env
         while True:
             try:
-                if env.now < self.down_until_s:
-                    yield env.timeout(self.down_until_s - env.now)
+                if self._recovering:
+                    yield from self.iterations.recover(self.gpu_recovery_s,
+                                                       self.tree.root.size_bytes)
+                    self._recovering = False
+                    self.down_until_s = env.now
                     continue
                 batch = self._admit()
                 if batch:
-                    duration = self._prefill_time(batch)
                     self._current = batch
                     self._iterating = True
-                    yield env.timeout(duration)
+                    timing = yield from self.iterations.prefill(batch)
                     self._iterating = False
                     self._current = []
-                    self._after_prefill(batch, duration)
+                    self._account_prefill(batch, timing)
+                    self._after_prefill(batch, timing.duration_s)
                 elif self._decoding:
                     n = len(self._decoding)
-                    duration = self._decode(n, self._context_sum / n)
                     self._iterating = True
-                    yield env.timeout(duration)
+                    duration = yield from self.iterations.decode(self._decoding,
+                                                                 self._context_sum / n)
                     self._iterating = False
                     self._after_decode(duration, n)
                 else:
@@ -359,23 +397,19 @@ class Engine:
             if own.get(n) == request:
                 del own[n]
 
-    def _prefill_time(self, batch: list[Job]) -> float:
-        if len(batch) == 1:
-            compute = self._prefill_one(batch[0].alpha, batch[0].beta)
-        else:
-            compute = self._prefill_batch([j.alpha for j in batch], [j.beta for j in batch])
-        swap_bytes = sum(j.swap_in_bytes for j in batch)
-        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
-        self.swap_in_s += copy
-        duration = max(compute, copy) if self.overlap_swap else compute + copy
+    def _account_prefill(self, batch: list[Job], timing: PrefillTiming) -> None:
+        """Charge a prefill iteration: its time to the jobs by their new tokens, and the copy
+        the iteration waited for to every job of the batch (each gets its first token when the
+        iteration ends)."""
+        duration = timing.duration_s
+        self.swap_in_s += timing.copy_s
         total_new = sum(j.beta for j in batch) or 1
-        exposed_copy = duration - compute  # overlapped: only the part compute does not hide
+        exposed_copy = duration - timing.compute_s  # overlapped: the part compute did not hide
         for j in batch:
             j.attributed_s += duration * j.beta / total_new
             j.swap_in_s = exposed_copy
         self.iterations_prefill += 1
         self.busy_s += duration
-        return duration
 
     def _after_prefill(self, batch: list[Job], duration: float) -> None:
         now = self.env.now
@@ -425,6 +459,7 @@ class Engine:
         job.attributed_s += self._slot_s - job.slot_at_join
 
     def _release(self, job: Job) -> None:
+        self.iterations.leave(job)
         if job.path is not None:
             self.tree.release(job.path)
             job.path = None
@@ -468,9 +503,13 @@ class Engine:
         self._decoding.clear()
         self._context_sum = 0
         self.lost_bytes += self.tree.fail_gpu()
+        self.iterations.gpu_failed()
         self.gpu_failures += 1
-        recovery = self.gpu_recovery_s + self._h2d(self.tree.root.size_bytes)
-        self.down_until_s = max(self.down_until_s, self.env.now + recovery)
+        # the engine restarts and copies the system prompt back (``Iterations.recover``); a
+        # failure during a recovery starts it again
+        self._recovering = True
+        self.down_until_s = self.env.now + self.iterations.recovery_s(
+            self.gpu_recovery_s, self.tree.root.size_bytes)
         for job in victims:
             if not job.done:
                 job.done = True

@@ -1,0 +1,59 @@
+"""The simulator's iterations: each takes the time the cost profile predicts for it.
+
+A single prefill costs T(alpha, beta) from the profile's bilinear grid, a batch the batched
+prefill model (priced on that grid), a decode step the decode grid at the batch's mean context.
+Host hits are copied host->GPU at the profile's measured bandwidth, before the prefill or, with
+``overlap_swap``, while it computes (the iteration takes the longer of the two). After a GPU
+failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from ragsim.profiles.profile import Profile
+from ragsim.serving.engine import Job, PrefillTiming, Wait
+
+
+class PredictedIterations:
+    """``ragsim.serving.engine.Iterations`` with the profile's predicted durations."""
+
+    def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool) -> None:
+        self.env = env
+        self.overlap_swap = overlap_swap
+        self._prefill_one = profile.prefill.at
+        self._prefill_batch = profile.batched_prefill.iteration_s
+        self._decode = profile.decode.at
+        self._h2d = profile.transfers.host_to_device_s
+
+    def timing(self, jobs: list[Job]) -> PrefillTiming:
+        if len(jobs) == 1:
+            compute = self._prefill_one(jobs[0].alpha, jobs[0].beta)
+        else:
+            compute = self._prefill_batch([j.alpha for j in jobs], [j.beta for j in jobs])
+        swap_bytes = sum(j.swap_in_bytes for j in jobs)
+        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
+        duration = max(compute, copy) if self.overlap_swap else compute + copy
+        return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
+
+    def prefill(self, jobs: list[Job]) -> Wait:
+        timing = self.timing(jobs)
+        yield self.env.timeout(timing.duration_s)
+        return timing
+
+    def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
+        duration = self._decode(len(jobs), mean_context_tokens)
+        yield self.env.timeout(duration)
+        return duration
+
+    def leave(self, job: Job) -> None:
+        pass  # no tensors to free
+
+    def gpu_failed(self) -> None:
+        pass
+
+    def recovery_s(self, restart_s: float, root_bytes: int) -> float:
+        return restart_s + self._h2d(root_bytes)
+
+    def recover(self, restart_s: float, root_bytes: int) -> Wait:
+        yield self.env.timeout(self.recovery_s(restart_s, root_bytes))
