@@ -1,0 +1,362 @@
+"""How far the simulation is from a real run of the same trace, configuration and profile.
+
+``ragsim validate`` runs the real-time harness (``ragsim.realrun``) and the simulator on one
+trace, configuration and cost profile, joins the two runs' per-request records by request id and
+measures the distance: per-request TTFT errors, the errors of the TTFT distribution's mean and
+percentiles, throughput, per-request agreement of the cache hits, the error of each TTFT
+component (so a miss points at the model assumption behind it) and two distribution tests. Only
+requests completed in both runs count; the others are counted as dropped.
+
+The equivalence test (TOST) is run on paired *log ratios* ln(sim / real) per request: TTFT errors
+are multiplicative (a prefill 10% too slow is 10% of a long TTFT and of a short one), and on the
+log scale a ratio r and its inverse 1/r are equally far from agreement. The margin +-10% means
+the geometric mean of sim/real lies in [0.9, 1.1]; both one-sided t-tests must reject at ``alpha``.
+
+This module is the only one that sees both drivers (``sim`` never imports ``realrun`` nor the
+other way round); it imports them inside the functions that run them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ragsim.errors import RagsimInputError
+
+if TYPE_CHECKING:
+    from ragsim.profiles.profile import Profile
+    from ragsim.serving.config import SimConfig
+    from ragsim.traces.schema import Trace
+
+BACKENDS = ("torch", "sim")  # sim: the "real" side is a second simulation (tests, dry runs)
+DEFAULT_TORCH_CPU_PROFILE = "cpu-mistral-7b-l2-h256"
+BASE_MODEL = "mistral-7b"  # the architecture the torch engine scales down (--layers/--hidden)
+TOST_MARGIN = 0.10
+TOST_ALPHA = 0.05
+# targets shown with pass/fail marks; hit agreement holds only when requests cannot overlap
+# (sequential), throughput only means something when the system is saturated (overload)
+TARGETS = {"hit_agreement": 1.0, "ttft_mean_abs_error": 0.10, "ttft_p90_abs_error": 0.25,
+           "throughput_abs_error": 0.10}
+# TTFT = search wait + search + queue + host->GPU copy + prefill (the summary's components);
+# each with the model assumption that sets it in the simulation
+COMPONENTS = {
+    "search_wait": ("ttft_search_wait_mean_s", "the search worker pool (search_workers)"),
+    "search": ("ttft_search_mean_s", "the search latency model (search_s, stages)"),
+    "queue": ("ttft_queue_mean_s", "batching and scheduling (pool order, batch limits)"),
+    "swap_in": ("ttft_swap_in_mean_s", "the host->GPU copy model (profile transfers)"),
+    "prefill": ("ttft_prefill_mean_s",
+                "the prefill / batched-prefill cost grid (profile prefill, batched_prefill)"),
+}
+# an over-saturated point: every request offered at (nearly) once, unless --rate says otherwise
+BURST_RATE_RPS = 1e6
+LOAD_IDLE, LOAD_OVER = "idle", "over"
+_KEPT = ("request_id", "ttft_s", "hit_tokens_gpu", "hit_tokens_host")
+
+
+# --------------------------------------------------------------------------- the join
+def completed(columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The completed requests of one run: id, TTFT and hit tokens per tier."""
+    frame = pd.DataFrame({name: columns[name] for name in (*_KEPT, "status")})
+    return frame[frame["status"] == "completed"].drop(columns="status")
+
+
+def join_runs(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]
+              ) -> tuple[pd.DataFrame, list]:
+    """Requests completed in both runs, one row each (``*_real``, ``*_sim`` columns), and the
+    ids of the requests of either run that do not count (failed, pending or missing in one)."""
+    joined = completed(real).merge(completed(sim), on="request_id", suffixes=("_real", "_sim"),
+                                   validate="one_to_one")
+    every_id = np.union1d(np.asarray(real["request_id"]), np.asarray(sim["request_id"]))
+    dropped = np.setdiff1d(every_id, joined["request_id"].to_numpy())
+    return joined.sort_values("request_id", ignore_index=True), dropped.tolist()
+
+
+# --------------------------------------------------------------------------- the statistics
+def relative_errors(sim: np.ndarray, real: np.ndarray) -> np.ndarray:
+    """(sim - real) / real, elementwise."""
+    return (np.asarray(sim, float) - np.asarray(real, float)) / np.asarray(real, float)
+
+
+def ttft_errors(joined: pd.DataFrame) -> dict[str, float]:
+    """Signed errors of the TTFT distribution's mean and percentiles (sim against real, over the
+    same requests) and percentiles of the per-request absolute errors |sim - real| / real."""
+    sim, real = joined["ttft_s_sim"].to_numpy(float), joined["ttft_s_real"].to_numpy(float)
+    per_request = np.abs(relative_errors(sim, real))
+    stats = {"ttft_mean_error": float(relative_errors(sim.mean(), real.mean()))}
+    for q in (50, 90, 99):
+        stats[f"ttft_p{q}_error"] = float(relative_errors(np.percentile(sim, q),
+                                                          np.percentile(real, q)))
+    stats["ttft_mean_abs_error_per_request"] = float(per_request.mean())
+    for q in (50, 90, 99):
+        stats[f"ttft_p{q}_abs_error"] = float(np.percentile(per_request, q))
+    return stats
+
+
+def hit_agreement(joined: pd.DataFrame) -> float:
+    """Share of requests whose cached tokens are the same in both runs, tier by tier."""
+    same = ((joined["hit_tokens_gpu_real"] == joined["hit_tokens_gpu_sim"])
+            & (joined["hit_tokens_host_real"] == joined["hit_tokens_host_sim"]))
+    return float(same.mean())
+
+
+def ks_test(sim: np.ndarray, real: np.ndarray) -> dict[str, float]:
+    """Two-sample Kolmogorov-Smirnov test: do the two TTFT samples share a distribution?"""
+    from scipy.stats import ks_2samp
+
+    result = ks_2samp(sim, real)
+    return {"ks_statistic": float(result.statistic), "ks_pvalue": float(result.pvalue)}
+
+
+def tost_log_ratio(sim: np.ndarray, real: np.ndarray, margin: float = TOST_MARGIN,
+                   alpha: float = TOST_ALPHA) -> dict[str, Any]:
+    """Paired TOST equivalence test on d = ln(sim / real): H0 is that the mean of d lies outside
+    [ln(1 - margin), ln(1 + margin)]; equivalence is shown when both one-sided t-tests reject
+    at ``alpha`` (p = the larger of their p-values)."""
+    from scipy.stats import t
+
+    d = np.log(np.asarray(sim, float) / np.asarray(real, float))
+    low, high = math.log(1 - margin), math.log(1 + margin)
+    n = len(d)
+    mean = float(d.mean()) if n else math.nan
+    if n < 2:
+        p_low = p_high = math.nan
+    else:
+        se = float(d.std(ddof=1)) / math.sqrt(n)
+        if se == 0:  # every pair has the same ratio: inside the margin or not, with certainty
+            p_low, p_high = float(mean <= low), float(mean >= high)
+        else:
+            p_low = float(t.sf((mean - low) / se, n - 1))  # H0: mean <= low
+            p_high = float(t.cdf((mean - high) / se, n - 1))  # H0: mean >= high
+    p = max(p_low, p_high)
+    return {"tost_on": "paired log ratios ln(sim/real) of per-request TTFT",
+            "tost_margin": margin, "tost_alpha": alpha, "tost_mean_log_ratio": mean,
+            "tost_geometric_mean_ratio": math.exp(mean) if n else math.nan,
+            "tost_p_lower": p_low, "tost_p_upper": p_high, "tost_pvalue": p,
+            "tost_equivalent": bool(p < alpha)}
+
+
+def throughput_error(real_summary: dict, sim_summary: dict) -> float:
+    return float(relative_errors(sim_summary["throughput_rps"], real_summary["throughput_rps"]))
+
+
+def component_errors(real_summary: dict, sim_summary: dict) -> dict[str, dict]:
+    """Each TTFT component's mean in both runs, its error in seconds and as a share of the real
+    mean TTFT (the shares add up to the TTFT mean error when both runs completed the same
+    requests), and the model assumption it tests. Read from the summaries, which split TTFT."""
+    real_ttft = real_summary["ttft_mean_s"]
+    errors = {}
+    for name, (key, assumption) in COMPONENTS.items():
+        real_s, sim_s = real_summary.get(key), sim_summary.get(key)
+        known = real_s is not None and sim_s is not None
+        error_s = sim_s - real_s if known else None
+        errors[name] = {"real_s": real_s, "sim_s": sim_s, "error_s": error_s,
+                        "share_of_ttft": error_s / real_ttft if known and real_ttft else None,
+                        "assumption": assumption}
+    return errors
+
+
+def dominant_component(components: dict[str, dict]) -> str | None:
+    """The component whose error is largest in absolute terms (None when none is known)."""
+    known = {name: abs(c["error_s"]) for name, c in components.items()
+             if c["error_s"] is not None}
+    return max(known, key=known.get) if known else None
+
+
+def checks(report: dict, *, sequential: bool, overload: bool) -> list[dict]:
+    """The targets with pass/fail marks; ``passed`` is None where a target does not apply (hit
+    agreement outside sequential mode, throughput below overload)."""
+    rows = [("hit_agreement", report["hit_agreement"], ">=", sequential),
+            ("ttft_mean_abs_error", abs(report["ttft_mean_error"]), "<=", True),
+            ("ttft_p90_abs_error", report["ttft_p90_abs_error"], "<=", True),
+            ("throughput_abs_error", abs(report["throughput_error"]), "<=", overload)]
+    out = []
+    for name, value, sense, applies in rows:
+        target = TARGETS[name]
+        ok = value >= target if sense == ">=" else value <= target
+        out.append({"metric": name, "value": value, "target": f"{sense} {target:g}",
+                    "applies": applies, "passed": bool(ok) if applies else None})
+    return out
+
+
+def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
+    """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
+    ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None."""
+    joined, dropped = join_runs(real.columns, sim.columns)
+    if joined.empty:
+        raise RagsimInputError("no request completed in both runs: nothing to compare",
+                               field="--requests")
+    ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
+    components = component_errors(real.summary, sim.summary)
+    config = sim.config
+    report = {
+        "requests": len(joined),
+        "requests_dropped": len(dropped),
+        "dropped_request_ids": dropped[:20],
+        "backend": backend,
+        "real_is_simulated": backend == "sim",
+        "system": config.system,
+        "trace": config.trace,
+        "profile": sim.summary.get("profile"),
+        "load": load,
+        "arrival": config.arrival,
+        "rate_rps": config.rate_rps,
+        "hit_agreement": hit_agreement(joined),
+        **ttft_errors(joined),
+        "throughput_error": throughput_error(real.summary, sim.summary),
+        **ks_test(ttft_sim, ttft_real),
+        **tost_log_ratio(ttft_sim, ttft_real),
+        "components": components,
+        "dominant_component": dominant_component(components),
+    }
+    report["checks"] = checks(report, sequential=config.arrival == "sequential",
+                              overload=load == LOAD_OVER)
+    report["real"], report["sim"] = real.summary, sim.summary
+    return report
+
+
+def per_request(joined: pd.DataFrame) -> pd.DataFrame:
+    """The joined per-request table written beside the report, with each request's TTFT error
+    and whether its hits agree."""
+    table = joined.copy()
+    table["ttft_error"] = relative_errors(table["ttft_s_sim"], table["ttft_s_real"])
+    table["hits_agree"] = ((table["hit_tokens_gpu_real"] == table["hit_tokens_gpu_sim"])
+                           & (table["hit_tokens_host_real"] == table["hit_tokens_host_sim"]))
+    return table
+
+
+# --------------------------------------------------------------------------- figures
+def plot_ttft(joined: pd.DataFrame, out_dir: Path, label: str) -> list[Path]:
+    """``ttft_scatter.png`` (simulated against real TTFT per request, with the diagonal and the
+    +-10% band) and ``ttft_cdf.png`` (both runs' TTFT distributions)."""
+    from ragsim.figures import new_figure, save_figure
+
+    real, sim = joined["ttft_s_real"].to_numpy(), joined["ttft_s_sim"].to_numpy()
+    fig = new_figure(5, 5)
+    ax = fig.add_subplot()
+    ax.scatter(real, sim, s=8, alpha=0.6)
+    top = max(real.max(), sim.max()) * 1.05
+    ax.plot([0, top], [0, top], color="black", lw=1, label="sim = real")
+    ax.fill_between([0, top], [0, top * (1 - TOST_MARGIN)], [0, top * (1 + TOST_MARGIN)],
+                    color="grey", alpha=0.2, label=f"±{TOST_MARGIN:.0%}")
+    ax.set(xlabel=f"{label} TTFT (s)", ylabel="simulated TTFT (s)", xlim=(0, top), ylim=(0, top),
+           title="TTFT per request")
+    ax.legend()
+    paths = [save_figure(fig, out_dir / "ttft_scatter.png")]
+    fig = new_figure(6, 4)
+    ax = fig.add_subplot()
+    for values, name in ((real, label), (sim, "simulated")):
+        ordered = np.sort(values)
+        ax.step(ordered, np.arange(1, len(ordered) + 1) / len(ordered), where="post", label=name)
+    ax.set(xlabel="TTFT (s)", ylabel="share of requests", title="TTFT distribution")
+    ax.legend()
+    paths.append(save_figure(fig, out_dir / "ttft_cdf.png"))
+    return paths
+
+
+# --------------------------------------------------------------------------- the runs
+def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
+             layers: int | None, hidden: int | None, threads: int | None,
+             reference_profile: Profile | None = None, progress=None):
+    """``(real, sim)``: the real harness and the simulator on the same trace, configuration and
+    profile. With ``backend="sim"`` the real side is a second simulation (with
+    ``reference_profile`` if given): a dry run of the comparison, not a validation."""
+    from ragsim.sim.simulator import run_simulation
+
+    if backend == "torch":
+        from ragsim.realrun.harness import run_real
+
+        real = run_real(trace, config, profile, layers=layers, hidden=hidden, threads=threads,
+                        seed=config.seed, progress=progress)
+    elif backend == "sim":
+        real = run_simulation(trace, config, reference_profile or profile, progress)
+    else:
+        raise RagsimInputError(f"unknown backend {backend!r}; known: torch", field="--backend")
+    return real, run_simulation(trace, config, profile)
+
+
+def engine_scale(profile: Profile, layers: int | None, hidden: int | None
+                 ) -> tuple[int, int]:
+    """The engine's layers and hidden size: the profile's model unless given; giving others is
+    refused, since the simulation would price a model the engine does not run."""
+    model = profile.model
+    for given, measured, flag in ((layers, model.num_layers, "--layers"),
+                                  (hidden, model.hidden_size, "--hidden")):
+        if given is not None and given != measured:
+            raise RagsimInputError(
+                f"{given} does not match the profile {profile.name!r} ({model.name}: "
+                f"{measured}); give a matching --profile or --profile-now", field=flag)
+    return model.num_layers, model.hidden_size
+
+
+def profile_here(out: Path, *, layers: int, hidden: int, threads: int | None, seed: int,
+                 progress=None) -> Profile:
+    """Profile the torch engine on this machine (``ragsim profile``'s measurement, quick plan)
+    for the scaled-down model the engine runs; the profile is written to ``out``."""
+    import torch
+
+    from ragsim.profiles.models import resolve_model, scaled_down
+    from ragsim.profiles.profiler import ProfilePlan, run_profile
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
+    dtype = "fp32" if device == "cpu" else spec.dtype
+    spec = spec.with_dtype(dtype)
+    return run_profile(spec, name=f"{device}-{spec.name}", device=device, dtype=dtype,
+                       plan=ProfilePlan.quick(), out=out, threads=threads or 1, seed=seed,
+                       label=f"scaled down from {BASE_MODEL}: {layers} layers, hidden {hidden}",
+                       progress=progress)
+
+
+# --------------------------------------------------------------------------- load points
+def parse_loads(text: str) -> list[str]:
+    """``idle,50,90,over`` -> the points in the order they run: the overload point first (its
+    real throughput is the capacity the percentages refer to; added when only percentages are
+    asked), then the percentages from the highest, then idle (sequential)."""
+    points = [p.strip().lower().rstrip("%") for p in text.split(",") if p.strip()]
+    percents = []
+    for point in points:
+        if point in (LOAD_IDLE, LOAD_OVER):
+            continue
+        try:
+            value = float(point)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < 100:
+            raise RagsimInputError(f"{point!r} is not idle, over or a percentage of capacity "
+                                   "between 0 and 100", field="--loads")
+        percents.append(f"{value:g}")
+    if not points:
+        raise RagsimInputError("no load points given", field="--loads")
+    order = sorted(set(percents), key=float, reverse=True)
+    return ([LOAD_OVER] if LOAD_OVER in points or order else []) + order + (
+        [LOAD_IDLE] if LOAD_IDLE in points else [])
+
+
+def config_at_load(config: SimConfig, load: str, capacity_rps: float | None) -> SimConfig:
+    """The configuration of one load point: ``over`` (Poisson at ``config.rate_rps`` if given,
+    else every request at once), a percentage of ``capacity_rps``, or ``idle`` (one request at a
+    time)."""
+    if load == LOAD_IDLE:
+        return config.replace(arrival="sequential")
+    if load == LOAD_OVER:
+        return config.replace(arrival="poisson", rate_rps=config.rate_rps or BURST_RATE_RPS)
+    return config.replace(arrival="poisson", rate_rps=capacity_rps * float(load) / 100)
+
+
+def load_row(report: dict) -> dict:
+    """One row of the loads table (``loads.json``, ``loads.parquet``)."""
+    marks = {c["metric"]: c["passed"] for c in report["checks"]}
+    return {"load": report["load"], "arrival": report["arrival"], "rate_rps": report["rate_rps"],
+            "requests": report["requests"], "requests_dropped": report["requests_dropped"],
+            "ttft_mean_error": report["ttft_mean_error"],
+            "ttft_p90_abs_error": report["ttft_p90_abs_error"],
+            "throughput_error": report["throughput_error"],
+            "hit_agreement": report["hit_agreement"],
+            "real_throughput_rps": report["real"]["throughput_rps"],
+            "sim_throughput_rps": report["sim"]["throughput_rps"],
+            "dominant_component": report["dominant_component"],
+            **{f"{name}_passed": passed for name, passed in marks.items()}}

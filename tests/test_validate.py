@@ -1,0 +1,163 @@
+"""``ragsim validate``: the comparison statistics against values worked by hand and against
+scipy's own tests, the join of two runs, the load plan, and the command on two simulations."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from ragsim import validate as v
+from ragsim.errors import RagsimInputError
+
+
+def _columns(ids, ttft, gpu, host, status=None) -> dict[str, np.ndarray]:
+    n = len(ids)
+    return {"request_id": np.asarray(ids), "ttft_s": np.asarray(ttft, float),
+            "hit_tokens_gpu": np.asarray(gpu), "hit_tokens_host": np.asarray(host),
+            "status": np.asarray(status or ["completed"] * n)}
+
+
+# four requests worked by hand:
+#   real TTFT 1, 2, 4, 5 s; sim 1.1, 1.8, 4, 6 s -> per-request errors +0.1, -0.1, 0, +0.2
+#   means 3.0 and 3.225 -> mean error 0.075; |errors| sorted 0, 0.1, 0.1, 0.2 -> p50 0.1,
+#   p90 at rank 0.9 * 3 = 2.7 -> 0.1 + 0.7 * 0.1 = 0.17
+#   hits (gpu, host): equal; gpu differs; equal; same total split differently -> agreement 0.5
+REAL = _columns([0, 1, 2, 3], [1.0, 2.0, 4.0, 5.0], [10, 20, 0, 100], [0, 5, 0, 0])
+SIM = _columns([0, 1, 2, 3], [1.1, 1.8, 4.0, 6.0], [10, 25, 0, 0], [0, 5, 0, 100])
+
+
+def _joined():
+    joined, dropped = v.join_runs(REAL, SIM)
+    assert dropped == []
+    return joined
+
+
+def test_ttft_errors_by_hand():
+    errors = v.ttft_errors(_joined())
+    assert errors["ttft_mean_error"] == pytest.approx(0.075)
+    assert errors["ttft_p50_abs_error"] == pytest.approx(0.1)
+    assert errors["ttft_p90_abs_error"] == pytest.approx(0.17)
+    assert errors["ttft_mean_abs_error_per_request"] == pytest.approx(0.1)
+    # the medians: real (2 + 4) / 2 = 3, sim (1.8 + 4) / 2 = 2.9 -> -1/30
+    assert errors["ttft_p50_error"] == pytest.approx(-1 / 30)
+
+
+def test_hit_agreement_counts_each_tier():
+    assert v.hit_agreement(_joined()) == pytest.approx(0.5)
+
+
+def test_join_keeps_only_requests_completed_in_both():
+    real = _columns([0, 1, 2, 3, 5], [1, 1, 1, 1, 1], [0] * 5, [0] * 5,
+                    ["completed", "completed", "completed", "failed", "completed"])
+    sim = _columns([0, 1, 2, 3, 4], [1, 1, 1, 1, 1], [0] * 5, [0] * 5,
+                   ["completed", "pending", "completed", "completed", "completed"])
+    joined, dropped = v.join_runs(real, sim)
+    assert joined["request_id"].tolist() == [0, 2]
+    assert dropped == [1, 3, 4, 5]  # pending in sim, failed in real, each missing in one run
+
+
+def test_ks_matches_scipy_and_a_hand_value():
+    rng = np.random.default_rng(3)
+    a, b = rng.lognormal(0, 0.5, 40), rng.lognormal(0.2, 0.5, 50)
+    direct = stats.ks_2samp(a, b)
+    ours = v.ks_test(a, b)
+    assert ours["ks_statistic"] == pytest.approx(direct.statistic)
+    assert ours["ks_pvalue"] == pytest.approx(direct.pvalue)
+    assert v.ks_test(np.array([1.0, 2, 3]), np.array([4.0, 5, 6]))["ks_statistic"] == 1.0
+
+
+def _scipy_tost(sim, real, margin=0.10):
+    """TOST as two one-sided one-sample t-tests of scipy on the log ratios."""
+    d = np.log(sim / real)
+    p_low = stats.ttest_1samp(d, math.log(1 - margin), alternative="greater").pvalue
+    p_high = stats.ttest_1samp(d, math.log(1 + margin), alternative="less").pvalue
+    return p_low, p_high
+
+
+def test_tost_accepts_close_runs_like_scipy():
+    rng = np.random.default_rng(7)
+    real = rng.lognormal(0, 0.6, 60)
+    sim = real * np.exp(rng.normal(0.02, 0.05, 60))  # ~2% slower, 5% noise
+    ours = v.tost_log_ratio(sim, real)
+    p_low, p_high = _scipy_tost(sim, real)
+    assert ours["tost_p_lower"] == pytest.approx(p_low)
+    assert ours["tost_p_upper"] == pytest.approx(p_high)
+    assert ours["tost_equivalent"] is True
+    assert ours["tost_pvalue"] == pytest.approx(max(p_low, p_high)) and ours["tost_pvalue"] < 0.05
+
+
+def test_tost_rejects_a_biased_or_noisy_sim():
+    rng = np.random.default_rng(8)
+    real = rng.lognormal(0, 0.6, 60)
+    biased = real * np.exp(rng.normal(math.log(1.15), 0.05, 60))  # 15% slow: outside the margin
+    result = v.tost_log_ratio(biased, real)
+    _, p_high = _scipy_tost(biased, real)
+    assert result["tost_p_upper"] == pytest.approx(p_high) and p_high > 0.05
+    assert result["tost_equivalent"] is False
+    # unbiased on average but so noisy that 8 requests cannot show equivalence
+    noisy = real[:8] * np.exp(rng.normal(0.0, 0.5, 8))
+    assert v.tost_log_ratio(noisy, real[:8])["tost_equivalent"] is False
+
+
+def test_tost_with_identical_ratios():
+    real = np.array([1.0, 2.0, 3.0])
+    assert v.tost_log_ratio(real * 1.05, real)["tost_equivalent"] is True
+    assert v.tost_log_ratio(real * 1.2, real)["tost_equivalent"] is False
+
+
+def test_components_and_the_dominant_one():
+    real = {"ttft_mean_s": 2.0, "ttft_search_wait_mean_s": 0.1, "ttft_search_mean_s": 0.5,
+            "ttft_queue_mean_s": 0.4, "ttft_swap_in_mean_s": 0.0, "ttft_prefill_mean_s": 1.0}
+    sim = {**real, "ttft_queue_mean_s": 0.1, "ttft_prefill_mean_s": 1.2}
+    components = v.component_errors(real, sim)
+    assert components["queue"]["error_s"] == pytest.approx(-0.3)
+    assert components["queue"]["share_of_ttft"] == pytest.approx(-0.15)
+    assert components["prefill"]["share_of_ttft"] == pytest.approx(0.1)
+    assert components["search"]["error_s"] == 0
+    assert v.dominant_component(components) == "queue"
+    assert "scheduling" in components["queue"]["assumption"]
+
+
+def test_checks_apply_where_they_mean_something():
+    report = {"hit_agreement": 0.9, "ttft_mean_error": -0.08, "ttft_p90_abs_error": 0.3,
+              "throughput_error": 0.12}
+    marks = {c["metric"]: c["passed"] for c in v.checks(report, sequential=False,
+                                                         overload=False)}
+    assert marks == {"hit_agreement": None, "ttft_mean_abs_error": True,
+                     "ttft_p90_abs_error": False, "throughput_abs_error": None}
+    marks = {c["metric"]: c["passed"] for c in v.checks(report, sequential=True, overload=True)}
+    assert marks["hit_agreement"] is False and marks["throughput_abs_error"] is False
+
+
+def test_compare_on_hand_made_runs():
+    summary = {"throughput_rps": 4.0, "ttft_mean_s": 3.0, "profile": "p"}
+    config = SimpleNamespace(system="ragcache", trace="t", arrival="poisson", rate_rps=2.0)
+    real = SimpleNamespace(columns=REAL, summary=summary, config=config)
+    sim = SimpleNamespace(columns=SIM, summary={**summary, "throughput_rps": 3.0}, config=config)
+    report = v.compare(real, sim, backend="sim")
+    assert report["requests"] == 4 and report["requests_dropped"] == 0
+    assert report["throughput_error"] == pytest.approx(-0.25)
+    assert report["ttft_mean_error"] == pytest.approx(0.075)
+    assert report["real_is_simulated"] is True
+    assert report["real"]["throughput_rps"] == 4.0 and report["sim"]["throughput_rps"] == 3.0
+
+
+def test_parse_loads_orders_the_points():
+    assert v.parse_loads("idle,50,90,over") == ["over", "90", "50", "idle"]
+    assert v.parse_loads("50%") == ["over", "50"]  # the capacity comes from the overload point
+    assert v.parse_loads("idle") == ["idle"]
+    for bad in ("150", "fast", ""):
+        with pytest.raises(RagsimInputError, match="--loads"):
+            v.parse_loads(bad)
+
+
+def test_per_request_table():
+    table = v.per_request(_joined())
+    assert table["ttft_error"].tolist() == pytest.approx([0.1, -0.1, 0.0, 0.2])
+    assert table["hits_agree"].tolist() == [True, False, True, False]
+    assert isinstance(table, pd.DataFrame)
