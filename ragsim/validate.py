@@ -44,12 +44,11 @@ TARGETS = {"hit_agreement": 1.0, "ttft_mean_abs_error": 0.10, "ttft_p90_abs_erro
 # TTFT = search wait + search + queue + host->GPU copy + prefill (the summary's components);
 # each with the model assumption that sets it in the simulation
 COMPONENTS = {
-    "search_wait": ("ttft_search_wait_mean_s", "the search worker pool (search_workers)"),
-    "search": ("ttft_search_mean_s", "the search latency model (search_s, stages)"),
-    "queue": ("ttft_queue_mean_s", "batching and scheduling (pool order, batch limits)"),
-    "swap_in": ("ttft_swap_in_mean_s", "the host->GPU copy model (profile transfers)"),
-    "prefill": ("ttft_prefill_mean_s",
-                "the prefill / batched-prefill cost grid (profile prefill, batched_prefill)"),
+    "search_wait": ("ttft_search_wait_mean_s", "the search worker pool"),
+    "search": ("ttft_search_mean_s", "the search latency model"),
+    "queue": ("ttft_queue_mean_s", "batching and scheduling"),
+    "swap_in": ("ttft_swap_in_mean_s", "the host->GPU copy model"),
+    "prefill": ("ttft_prefill_mean_s", "the prefill / batched-prefill cost grid"),
 }
 # an over-saturated point: every request offered at (nearly) once, unless --rate says otherwise
 BURST_RATE_RPS = 1e6
@@ -177,7 +176,7 @@ def checks(report: dict, *, sequential: bool, overload: bool) -> list[dict]:
     for name, value, sense, applies in rows:
         target = TARGETS[name]
         ok = value >= target if sense == ">=" else value <= target
-        out.append({"metric": name, "value": value, "target": f"{sense} {target:g}",
+        out.append({"metric": name, "value": value, "sense": sense, "target": target,
                     "applies": applies, "passed": bool(ok) if applies else None})
     return out
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from ragsim.cli import policies, profiles, replay, run, trace
+from ragsim.cli import policies, profiles, replay, run, trace, validate
 from ragsim.cli.common import CORPUS_NAMES, QUESTION_NAMES, TRACE_NAMES, Command, Group
 
 __all__ = ["CORPUS_NAMES", "QUESTION_NAMES", "TRACE_NAMES", "app"]
@@ -23,3 +23,4 @@ app.command(cls=replay.ReplayCommand)(replay.replay)
 app.command(cls=Command)(replay.models)
 app.command(cls=Command)(policies.policies)
 app.command(cls=Command)(profiles.profile)
+app.command(cls=validate.ValidateCommand)(validate.validate)

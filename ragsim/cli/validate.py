@@ -1,0 +1,280 @@
+"""``ragsim validate``: run the real engine and the simulator on one trace, configuration and
+profile, and report how far apart they are (``ragsim.validate`` computes; this module runs,
+writes and prints)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ragsim.atomic import write_atomically, write_text_atomically
+from ragsim.cli.common import (
+    TRACE_NAMES,
+    Command,
+    check_out_dir,
+    counting_progress,
+    err,
+    friendly_errors,
+    ms,
+    out,
+    phased_progress,
+    print_json,
+    require_extra,
+    write_results,
+)
+from ragsim.errors import RagsimInputError
+
+DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
+# configuration fields this command sets -> its options, so an error names what the user typed
+_OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
+                    "n_requests": "--requests", "seed": "--seed", "profile": "--profile"}
+
+
+class ValidateCommand(Command):
+    """What this command's unset options become, for help."""
+
+    def help_defaults(self) -> dict[str, str]:
+        from ragsim.validate import DEFAULT_TORCH_CPU_PROFILE
+
+        return {"rate": "the trace's arrival times", "layers": "the profile's model",
+                "hidden": "the profile's model", "threads": "the engine's",
+                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run"}
+
+
+@friendly_errors
+def validate(
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for validation.json, the per-request comparison, both runs' "
+        "records and the plots.")],
+    backend: Annotated[str, typer.Option(help="Real engine: torch (the reference engine).")
+                       ] = "torch",
+    trace: Annotated[str, typer.Option(help=f"Built-in name ({TRACE_NAMES}) or trace path.")
+                     ] = "mmlu",
+    system: Annotated[str, typer.Option(help="Preset (see `ragsim systems`).")] = "ragcache",
+    rate: Annotated[float | None, typer.Option(
+        help="Poisson arrivals at R requests/s (with --loads: the overload point's rate, "
+        "every request at once if not given).")] = None,
+    requests: Annotated[int, typer.Option(help="Run the first N requests.")
+                        ] = DEFAULT_REQUESTS,
+    layers: Annotated[int | None, typer.Option(help="Engine layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Engine hidden size.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="Cost profile: shipped name or JSON path.")] = None,
+    profile_now: Annotated[bool, typer.Option(
+        "--profile-now", help="Profile the engine on this machine first (quick plan) and "
+        "use that profile.")] = False,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="One request at a time (hit agreement must then be 1.0).")
+    ] = False,
+    loads: Annotated[str | None, typer.Option(
+        help="Compare at several loads, e.g. idle,50,90,over: the overload point's real "
+        "throughput is the capacity the percentages take; idle is sequential.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed (built-in traces, arrivals, stages).")] = 0,
+    reference_profile: Annotated[str | None, typer.Option(
+        hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Measure how far the simulation is from a real engine on the same trace and settings."""
+    from ragsim import validate as v
+
+    check_out_dir(out_dir)  # before the runs: a typo must not cost them
+    if backend not in v.BACKENDS:
+        raise RagsimInputError(f"unknown backend {backend!r}; known: torch", field="--backend")
+    if profile is not None and profile_now:
+        raise RagsimInputError("give --profile or --profile-now, not both", field="--profile")
+    if sequential and loads is not None:
+        raise RagsimInputError("--loads has its own sequential point (idle)",
+                               field="--sequential")
+    points = v.parse_loads(loads) if loads is not None else None
+    if backend == "torch" or profile_now:
+        require_extra("profile", "ragsim validate")
+    config = _config(trace, system, rate, requests, seed)
+    costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
+                          threads=threads, seed=seed)
+    layers, hidden = v.engine_scale(costs, layers, hidden)
+    config = config.replace(profile=str(out_dir / "profile.json") if profile_now
+                            else profile or costs.name)
+    if sequential:
+        config = config.replace(arrival="sequential")
+    reference = None
+    if reference_profile is not None:
+        from ragsim.profiles.profile import load_profile
+
+        reference = load_profile(reference_profile)
+    from ragsim.traces import resolve_trace
+
+    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
+    if backend == "sim":
+        err.print("[yellow]note:[/] --backend sim: the 'real' side is a second simulation"
+                  + (f" (profile {reference.name})" if reference else "")
+                  + ", not a real run", highlight=False)
+
+    def one(cfg, load: str | None, folder: Path) -> dict:
+        progress, done = counting_progress(data.n_requests, f"{backend} run", not json_output)
+        with progress:
+            real, sim = v.run_pair(data, cfg, costs, backend=backend, layers=layers,
+                                   hidden=hidden, threads=threads, reference_profile=reference,
+                                   progress=lambda ended, _now: done(ended))
+        report = v.compare(real, sim, backend=backend, load=load)
+        _write_pair(folder, real, sim, report, backend)
+        return report
+
+    if points is None:
+        report = one(config, None, out_dir)
+        print_json(report) if json_output else _print_report(report)
+        return
+    rows, capacity_rps = [], None
+    for load in points:
+        report = one(v.config_at_load(config, load, capacity_rps), load, out_dir / f"load-{load}")
+        if load == v.LOAD_OVER:
+            capacity_rps = report["real"]["throughput_rps"]
+        rows.append(v.load_row(report))
+    combined = {"backend": backend, "real_is_simulated": backend == "sim",
+                "system": config.system, "trace": config.trace, "profile": costs.name,
+                "capacity_rps": capacity_rps, "loads": rows}
+    _write_loads(out_dir, combined)
+    print_json(combined) if json_output else _print_loads(combined)
+
+
+def _config(trace: str, system: str, rate: float | None, requests: int, seed: int):
+    """The run's configuration, an error naming this command's option."""
+    from ragsim.serving.config import build_config
+
+    flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
+             "seed": seed}
+    try:
+        return build_config(flags)
+    except RagsimInputError as exc:
+        flag = _OPTION_OF_FIELD.get(exc.field or "")
+        raise (type(exc)(exc.detail, field=flag) if flag else exc) from None
+
+
+def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
+                  layers: int | None, hidden: int | None, threads: int | None, seed: int):
+    """--profile as ``run --profile`` resolves it, a profile measured now (--profile-now, at
+    the default profile's scale unless --layers/--hidden say otherwise), or the default."""
+    from ragsim import validate as v
+    from ragsim.profiles.profile import load_profile
+
+    if name is not None:
+        return load_profile(name)
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available() and not profile_now:
+            raise RagsimInputError("no shipped profile for the scaled-down engine on a GPU; "
+                                   "give --profile or --profile-now", field="--profile")
+    default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
+    if not profile_now:
+        return default
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress, report = phased_progress()
+    with progress:
+        return v.profile_here(out_dir / "profile.json",
+                              layers=layers or default.model.num_layers,
+                              hidden=hidden or default.model.hidden_size, threads=threads,
+                              seed=seed, progress=report)
+
+
+def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
+    """Both runs' records and summaries, the joined per-request comparison, the plots, the
+    configuration and ``validation.json``."""
+    import pandas as pd
+
+    from ragsim import validate as v
+
+    write_results(folder / "real", pd.DataFrame(real.columns), real.summary)
+    write_results(folder / "sim", pd.DataFrame(sim.columns), sim.summary)
+    joined, _ = v.join_runs(real.columns, sim.columns)
+    table = v.per_request(joined)
+    write_atomically(folder / "requests.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    v.plot_ttft(joined, folder, "real" if backend != "sim" else "reference (simulated)")
+    write_text_atomically(folder / "config.toml", sim.config.to_toml())
+    write_text_atomically(folder / "validation.json",
+                          json.dumps(report, indent=2, default=str) + "\n")
+
+
+def _write_loads(out_dir: Path, combined: dict) -> None:
+    import pandas as pd
+
+    rows = pd.DataFrame(combined["loads"])
+    write_atomically(out_dir / "loads.parquet", lambda tmp: rows.to_parquet(tmp, index=False))
+    write_text_atomically(out_dir / "loads.json",
+                          json.dumps(combined, indent=2, default=str) + "\n")
+
+
+def _mark(passed: bool | None, short: bool = False) -> str:
+    if short:
+        return {True: "[green]✓[/]", False: "[red]✗[/]", None: ""}[passed]
+    return {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]n/a[/]"}[passed]
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _print_report(r: dict) -> None:
+    real = "simulated reference" if r["real_is_simulated"] else f"real ({r['backend']})"
+    table = Table(title=f"validate: sim vs {real} · {r['trace']} · {r['system']} · "
+                        f"{r['profile']} · {r['requests']:,} requests "
+                        f"({r['requests_dropped']:,} dropped)")
+    for header in ("metric", "value", "target", ""):
+        table.add_column(header, justify="left" if header == "metric" else "right")
+    checks = {c["metric"]: c for c in r["checks"]}
+    for name, label, value in (
+            ("ttft_mean_abs_error", "TTFT mean error", _pct(r["ttft_mean_error"])),
+            ("ttft_p90_abs_error", "TTFT p90 |error| per request", _pct(r["ttft_p90_abs_error"])),
+            ("throughput_abs_error", "throughput error", _pct(r["throughput_error"])),
+            ("hit_agreement", "hit agreement (per tier)", f"{r['hit_agreement']:.1%}")):
+        c = checks[name]
+        table.add_row(label, value, f"{c['sense']} {c['target']:.0%}", _mark(c["passed"]))
+    for q in (50, 90, 99):
+        table.add_row(f"TTFT p{q} error", _pct(r[f"ttft_p{q}_error"]), "", "")
+    table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
+    table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p)",
+                  f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
+                  f"({r['tost_pvalue']:.3g})", f"p < {r['tost_alpha']:g}", "")
+    out.print(table)
+    out.print("[dim]n/a: hit agreement is a target in sequential mode, throughput at "
+              "overload[/]", highlight=False)
+    parts = Table(title="TTFT components (means): where the error comes from")
+    for header in ("component", "real", "sim", "error", "of TTFT", "model assumption"):
+        parts.add_column(header, justify="right" if header in ("real", "sim", "error",
+                                                                "of TTFT") else "left")
+    for name, c in r["components"].items():
+        style = "bold" if name == r["dominant_component"] else ""
+        parts.add_row(name, ms(c["real_s"]), ms(c["sim_s"]), ms(c["error_s"]),
+                      _pct(c["share_of_ttft"]), c["assumption"], style=style)
+    out.print(parts)
+    if r["dominant_component"] is not None:
+        c = r["components"][r["dominant_component"]]
+        out.print(f"largest error: {r['dominant_component']} ({ms(c['error_s'])}): check "
+                  f"{c['assumption']}", highlight=False)
+
+
+def _print_loads(combined: dict) -> None:
+    from ragsim.validate import BURST_RATE_RPS
+
+    real = "simulated reference" if combined["real_is_simulated"] else "real"
+    table = Table(title=f"sim vs {real} at several loads · {combined['trace']} · "
+                        f"{combined['system']} · capacity {combined['capacity_rps'] or 0:,.2f} "
+                        "req/s", caption="errors: (sim - real) / real; ✓ ✗: targets (TTFT mean "
+                        "10%, p90 25%; throughput 10% at overload; hits 100% when idle)")
+    for header in ("load", "rate", "TTFT mean", "p90 |err|", "throughput", "hits", "largest"):
+        table.add_column(header, justify="left" if header in ("load", "largest") else "right")
+    for row in combined["loads"]:
+        rate = ("sequential" if row["arrival"] == "sequential" else "all at once"
+                if row["rate_rps"] == BURST_RATE_RPS else f"{row['rate_rps']:,.2f}/s")
+        table.add_row(
+            row["load"], rate,
+            f"{_pct(row['ttft_mean_error'])} {_mark(row['ttft_mean_abs_error_passed'], True)}",
+            f"{row['ttft_p90_abs_error']:.1%} {_mark(row['ttft_p90_abs_error_passed'], True)}",
+            f"{_pct(row['throughput_error'])} {_mark(row['throughput_abs_error_passed'], True)}",
+            f"{row['hit_agreement']:.1%} {_mark(row['hit_agreement_passed'], True)}",
+            row["dominant_component"] or "-")
+    out.print(table)
