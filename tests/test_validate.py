@@ -3,15 +3,19 @@ scipy's own tests, the join of two runs, the load plan, and the command on two s
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from typer.testing import CliRunner
 
 from ragsim import validate as v
+from ragsim.cli import app
 from ragsim.errors import RagsimInputError
 
 
@@ -161,3 +165,91 @@ def test_per_request_table():
     assert table["ttft_error"].tolist() == pytest.approx([0.1, -0.1, 0.0, 0.2])
     assert table["hits_agree"].tolist() == [True, False, True, False]
     assert isinstance(table, pd.DataFrame)
+
+
+# --------------------------------------------------------------------------- the command
+# two simulations stand in for the real run (--backend sim): the A10G profile is simulated
+# against the L4 one, so the two sides differ as a real engine and its model would
+runner = CliRunner()
+PAIR = ["--backend", "sim", "--requests", "30", "--profile", "a10g-mistral-7b",
+        "--reference-profile", "l4-mistral-7b"]
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, ["validate", *args], env={"COLUMNS": "200"})
+
+
+def _completed_ttft(path: Path) -> pd.Series:
+    records = pd.read_parquet(path)
+    return records[records["status"] == "completed"].set_index("request_id")["ttft_s"]
+
+
+def test_cli_writes_the_report_and_figures(tmp_path):
+    result = _invoke(*PAIR, "--rate", "2", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    written = json.loads((tmp_path / "validation.json").read_text())
+    assert printed == written
+    for key in ("requests", "backend", "system", "hit_agreement", "ttft_mean_error",
+                "ttft_p90_abs_error", "throughput_error", "real", "sim"):
+        assert key in written
+    assert written["backend"] == "sim" and written["real_is_simulated"] is True
+    assert "not a real run" in result.stderr
+    # the errors again, from the two runs' own records (pandas, not the module)
+    real, sim = _completed_ttft(tmp_path / "real/requests.parquet"), _completed_ttft(
+        tmp_path / "sim/requests.parquet")
+    both = real.index.intersection(sim.index)
+    assert written["requests"] == len(both) == 30
+    assert written["ttft_mean_error"] == pytest.approx(
+        sim[both].mean() / real[both].mean() - 1)
+    assert written["ttft_p90_abs_error"] == pytest.approx(
+        float(np.percentile((sim[both] / real[both] - 1).abs(), 90)))
+    assert written["ttft_mean_error"] != 0  # the two profiles do differ
+    for name in ("ttft_scatter.png", "ttft_cdf.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = pd.read_parquet(tmp_path / "requests.parquet")
+    assert len(table) == 30 and {"ttft_error", "hits_agree"} <= set(table.columns)
+
+
+def test_cli_a_simulation_against_itself_agrees_exactly(tmp_path):
+    result = _invoke("--backend", "sim", "--requests", "30", "--profile", "a10g-mistral-7b",
+                     "--sequential", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["arrival"] == "sequential"
+    assert report["hit_agreement"] == 1.0
+    assert report["ttft_mean_error"] == 0 and report["ttft_p90_abs_error"] == 0
+    assert report["tost_equivalent"] is True and report["ks_statistic"] == 0
+    marks = {c["metric"]: c["passed"] for c in report["checks"]}
+    assert marks["hit_agreement"] is True and marks["throughput_abs_error"] is None
+
+
+def test_cli_loads_take_the_capacity_from_the_overload_point(tmp_path):
+    result = _invoke(*PAIR, "--loads", "50,over", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    combined = json.loads(result.stdout)
+    assert [row["load"] for row in combined["loads"]] == ["over", "50"]
+    capacity = json.loads((tmp_path / "load-over/real/summary.json").read_text())[
+        "throughput_rps"]
+    assert combined["capacity_rps"] == pytest.approx(capacity)
+    half = json.loads((tmp_path / "load-50/validation.json").read_text())
+    assert half["rate_rps"] == pytest.approx(capacity / 2)
+    assert pd.read_parquet(tmp_path / "loads.parquet")["load"].tolist() == ["over", "50"]
+    over = json.loads((tmp_path / "load-over/validation.json").read_text())
+    marks = {c["metric"]: c["applies"] for c in over["checks"]}
+    assert marks["throughput_abs_error"] is True and marks["hit_agreement"] is False
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--loads", "fast"], "--loads"),
+    (["--loads", "idle", "--sequential"], "--sequential"),
+    (["--profile-now"], "--profile"),
+    (["--layers", "3"], "--layers"),
+    (["--rate", "-1"], "--rate"),
+])
+def test_cli_bad_input_is_one_line_naming_the_option(tmp_path, args, flag):
+    result = _invoke(*PAIR, *args, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], lines
+    assert not (tmp_path / "out").exists()
