@@ -257,18 +257,25 @@ def plot_ttft(joined: pd.DataFrame, out_dir: Path, label: str) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- the runs
+def torch_device() -> str:
+    """Where the torch engine runs (and is profiled): the GPU if there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
-             layers: int | None, hidden: int | None, threads: int | None,
-             reference_profile: Profile | None = None, progress=None):
+             threads: int | None, reference_profile: Profile | None = None, progress=None):
     """``(real, sim)``: the real harness and the simulator on the same trace, configuration and
-    profile. With ``backend="sim"`` the real side is a second simulation (with
-    ``reference_profile`` if given): a dry run of the comparison, not a validation."""
+    profile (the engine runs the profile's model). With ``backend="sim"`` the real side is a
+    second simulation (with ``reference_profile`` if given): a dry run of the comparison, not a
+    validation."""
     from ragsim.sim.simulator import run_simulation
 
     if backend == "torch":
         from ragsim.realrun.harness import run_real
 
-        real = run_real(trace, config, profile, layers=layers, hidden=hidden, threads=threads,
+        real = run_real(trace, config, profile, device=torch_device(), threads=threads,
                         seed=config.seed, progress=progress)
     elif backend == "sim":
         real = run_simulation(trace, config, reference_profile or profile, progress)
@@ -279,8 +286,9 @@ def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
 
 def engine_scale(profile: Profile, layers: int | None, hidden: int | None
                  ) -> tuple[int, int]:
-    """The engine's layers and hidden size: the profile's model unless given; giving others is
-    refused, since the simulation would price a model the engine does not run."""
+    """The engine's layers and hidden size, which are the profile's model's (the engine builds
+    the model the profile describes); others are refused, since the simulation would price a
+    model the engine does not run."""
     model = profile.model
     for given, measured, flag in ((layers, model.num_layers, "--layers"),
                                   (hidden, model.hidden_size, "--hidden")):
@@ -295,12 +303,10 @@ def profile_here(out: Path, *, layers: int, hidden: int, threads: int | None, se
                  progress=None) -> Profile:
     """Profile the torch engine on this machine (``ragsim profile``'s measurement, quick plan)
     for the scaled-down model the engine runs; the profile is written to ``out``."""
-    import torch
-
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch_device()
     spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
     dtype = "fp32" if device == "cpu" else spec.dtype
     spec = spec.with_dtype(dtype)

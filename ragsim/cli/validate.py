@@ -96,7 +96,7 @@ def validate(
     config = _config(trace, system, rate, requests, seed)
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
                           threads=threads, seed=seed)
-    layers, hidden = v.engine_scale(costs, layers, hidden)
+    v.engine_scale(costs, layers, hidden)
     config = config.replace(profile=str(out_dir / "profile.json") if profile_now
                             else profile or costs.name)
     if sequential:
@@ -117,8 +117,8 @@ def validate(
     def one(cfg, load: str | None, folder: Path) -> dict:
         progress, done = counting_progress(data.n_requests, f"{backend} run", not json_output)
         with progress:
-            real, sim = v.run_pair(data, cfg, costs, backend=backend, layers=layers,
-                                   hidden=hidden, threads=threads, reference_profile=reference,
+            real, sim = v.run_pair(data, cfg, costs, backend=backend, threads=threads,
+                                   reference_profile=reference,
                                    progress=lambda ended, _now: done(ended))
         report = v.compare(real, sim, backend=backend, load=load)
         _write_pair(folder, real, sim, report, backend)
@@ -163,12 +163,9 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
 
     if name is not None:
         return load_profile(name)
-    if backend == "torch":
-        import torch
-
-        if torch.cuda.is_available() and not profile_now:
-            raise RagsimInputError("no shipped profile for the scaled-down engine on a GPU; "
-                                   "give --profile or --profile-now", field="--profile")
+    if backend == "torch" and not profile_now and v.torch_device() != "cpu":
+        raise RagsimInputError("no shipped profile for the scaled-down engine on a GPU; "
+                               "give --profile or --profile-now", field="--profile")
     default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
     if not profile_now:
         return default
