@@ -30,8 +30,9 @@ from ragsim.cli.common import (
 from ragsim.errors import RagsimInputError
 from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
-WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, OUTPUT = (
-    "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Output")
+WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
+    "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Backend", "Output")
+BACKENDS = ("sim", "torch")
 
 
 # run's options whose configuration field has another name (the others: the same name). Help
@@ -147,8 +148,9 @@ def run(
         WORKLOAD, "Synthetic traces: share of popularity ranks that trade documents every "
         "1,000 requests (0: stationary).")] = None,
     rate: Annotated[float | None, _opt(WORKLOAD, "Re-time arrivals at R requests/s.")] = None,
-    arrival: Annotated[str | None, _opt(WORKLOAD, "trace, poisson or gamma (with --rate), or sequential (one request at a time).")
-                       ] = None,
+    arrival: Annotated[str | None, _opt(
+        WORKLOAD, "trace, poisson or gamma (with --rate), or sequential (one request at a "
+        "time).")] = None,
     cv: Annotated[float | None, _opt(WORKLOAD, "Gamma arrivals' coefficient of variation.")
                   ] = None,
     # engine
@@ -240,17 +242,31 @@ def run(
         FAULTS, "Seconds before a failed request is retried.")] = None,
     max_retries: Annotated[int | None, _opt(
         FAULTS, "Retries before a request fails for good.")] = None,
+    # backend
+    backend: Annotated[str, _opt(
+        BACKEND, "sim: simulate (virtual time, the profile's costs); torch: serve for real, in "
+        "real time, on the profile's model with random weights (same pipeline and policies).")
+    ] = "sim",
+    device: Annotated[str, _opt(BACKEND, "torch backend: cpu or cuda.")] = "cpu",
+    threads: Annotated[int, _opt(
+        BACKEND, "torch backend: CPU threads (0: as many as the profile was measured with).")
+    ] = 0,
     # output
     json_output: Annotated[bool, _opt(OUTPUT, "Print one JSON object.", "--json")] = False,
     out_dir: Annotated[Path | None, _opt(
         OUTPUT, "Write requests.parquet, summary.json and config.toml here.", "--out")] = None,
 ) -> None:
-    """Simulate the RAG serving stack end to end: TTFT, throughput and hit rates."""
+    """Simulate the RAG serving stack end to end (or serve it for real: --backend torch): TTFT,
+    throughput and hit rates."""
     from ragsim.profiles.profile import load_profile
     from ragsim.serving.config import build_config, load_config_file
-    from ragsim.sim.simulator import run_simulation
     from ragsim.traces import resolve_trace
 
+    if backend not in BACKENDS:
+        raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
+                               field="--backend")
+    if threads < 0:
+        raise RagsimInputError(f"must be >= 0, got {threads}", field="--threads")
     if out_dir is not None:
         check_out_dir(out_dir)  # before the run: a typo must not cost the simulation
     base = load_config_file(config_file) if config_file is not None else None
@@ -290,14 +306,16 @@ def run(
     used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
     if used_drift is not None:  # recorded, so config.toml reruns this traffic if defaults move
         config = config.replace(trace_drift_per_1k_requests=used_drift)
+    execute = backend_runner(backend, device=device, threads=threads or None)
     progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
+    clock = "simulated s" if backend == "sim" else "s"
     with sigterm_like_ctrl_c() as signals:
         with progress:
-            result = run_simulation(
+            result = execute(
                 data, config, costs,
                 lambda done, now: progress.update(task, completed=done,
-                                                  simulated=f"{now:,.0f} simulated s"))
+                                                  simulated=f"{now:,.0f} {clock}"))
         signals.disarm()  # what ended is kept: a later SIGTERM cannot cut the writing
         summary = result.summary
         if summary["interrupted"]:
@@ -325,9 +343,29 @@ def run(
         raise typer.Exit(1)
 
 
+def backend_runner(backend: str, *, device: str = "cpu", threads: int | None = None):
+    """``(trace, config, profile, progress) -> RunResult`` for a backend: the simulator, or the
+    real harness (torch and transformers are needed: the ``profile`` extra)."""
+    if backend == "sim":
+        from ragsim.sim.simulator import run_simulation
+
+        return run_simulation
+    from ragsim.cli.common import require_extra
+
+    require_extra("profile", "run --backend torch")
+    from ragsim.realrun.harness import run_real
+
+    def real(trace, config, profile, progress):
+        return run_real(trace, config, profile, device=device, threads=threads,
+                        seed=config.seed, progress=progress)
+
+    return real
+
+
 def _print_run_summary(s: dict) -> None:
     c = s["config"]
-    table = Table(title=f"run: {c['trace']} · {c['system']} · {c['policy']} · {s['profile']}",
+    kind = "real run" if s.get("backend", "sim") != "sim" else "run"
+    table = Table(title=f"{kind}: {c['trace']} · {c['system']} · {c['policy']} · {s['profile']}",
                   show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")

@@ -1,0 +1,354 @@
+"""The engine's iterations run for real: a forward pass on a ``TorchModel`` per iteration.
+
+This is ``ragsim.serving.engine.Iterations`` for the real harness. The serving engine decides
+(admission, batching, memory, terminations, faults) exactly as in the simulator; this object
+does what it decided and reports how long it took:
+
+* **The KV cache is the knowledge tree's.** The tree records its residency moves
+  (``KnowledgeTree(record_moves=True)``); before every iteration they are carried out on the
+  ``KVStore`` (swap-outs copy to the host pool, swap-ins copy back, evictions and drops free).
+  A node the tree admitted for a request is computed by that request's prefill and stored under
+  the node right after it (until then it is *pending*: a move that touches it waits).
+* **Prefill** computes only what the engine did not reuse: a job's row is its context (system
+  prompt, documents, query) after ``job.alpha`` tokens, on top of the stored KV of its cached
+  prefix (the root's, then its hit nodes', cut to ``alpha``: a block-granular engine reuses whole
+  blocks only). The batch's rows share one left-padded pass. Where the engine lets a request
+  use KV a batch mate is computing (``batch_kv_sharing``), that request's row waits for a second
+  pass in the same iteration: the tree counts the KV as reused, and a real engine must compute it
+  first.
+* **Decode** generates one greedy token for every running job. The running set is one padded
+  batch; when a job joins or leaves, the batch is rebuilt from each job's KV (a real cost of this
+  engine, which the profile's decode grid does not contain: it is reported apart).
+* **Time**: the harness runs on a wall clock (``simpy.rt``); an iteration measures its own work
+  (moves, copies, forward) and yields that long, so the clock and the engine agree. Events that
+  fell due while it worked are handled right after it, stamped with their own times: for
+  searches of recorded or modelled duration that is exactly what concurrent workers would
+  have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import simpy
+
+from ragsim.cache.tree import KnowledgeTree
+from ragsim.profiles.profile import Profile
+from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
+from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
+from ragsim.realrun.tokens import document_token_ids, query_token_ids
+from ragsim.serving.engine import Job, PrefillTiming, Wait
+
+SYSTEM_PROMPT_KEY = "__system_prompt__"  # the system prompt's token ids are drawn like a doc's
+
+
+@dataclass
+class EngineTimes:
+    """Where the real engine's time went (seconds), beside what the profile models."""
+
+    prefill_s: float = 0.0
+    prefill_passes: int = 0
+    second_passes: int = 0  # rows that waited for a batch mate's KV (batch_kv_sharing)
+    swap_in_s: float = 0.0
+    moves_s: float = 0.0  # swap-outs, frees and drops carried out
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    decode_rebuilds: int = 0
+    decode_rebuild_s: float = 0.0
+    recover_s: float = 0.0
+    moves: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {f"engine_{k}": v for k, v in self.__dict__.items()}
+
+
+class ContextTokens:
+    """Token ids of a job's context: the system prompt, its documents, its query.
+
+    A document's ids are drawn from its id (``realrun.tokens``), so every request that retrieves
+    it computes the same KV; a query's from its request id."""
+
+    def __init__(self, request_ids: Any, system_prompt_tokens: int, vocab_size: int) -> None:
+        self.request_ids = request_ids
+        self.vocab_size = vocab_size
+        self.system = document_token_ids(SYSTEM_PROMPT_KEY, system_prompt_tokens, vocab_size)
+        self._docs: dict[tuple[Hashable, int], np.ndarray] = {}
+
+    def document(self, doc_id: Hashable, n_tokens: int) -> np.ndarray:
+        key = (doc_id, n_tokens)
+        ids = self._docs.get(key)
+        if ids is None:
+            ids = self._docs[key] = document_token_ids(doc_id, n_tokens, self.vocab_size)
+        return ids
+
+    def of(self, job: Job) -> np.ndarray:
+        parts = [self.system]
+        parts += [self.document(d, int(n)) for d, n in zip(job.docs, job.doc_tokens,
+                                                           strict=True)]
+        # a retry carries the tokens it generated before: stand-ins drawn past the query
+        parts.append(query_token_ids(self.request_ids[job.request], job.query_tokens,
+                                     self.vocab_size))
+        return np.concatenate(parts)
+
+
+@dataclass
+class _Running:
+    """A job between its prefill and its end: its whole context's KV and its next input."""
+
+    kv: NodeKV
+    next_token: int
+    tokens: int  # in kv
+
+
+class TorchIterations:
+    """``Iterations`` on a real model, with the tree's nodes held in a ``KVStore``."""
+
+    def __init__(self, env: simpy.Environment, tree: KnowledgeTree, model: TorchModel,
+                 store: KVStore, tokens: ContextTokens, profile: Profile) -> None:
+        if not tree.record_moves:
+            raise ValueError("the real engine follows the tree's moves: record_moves=True")
+        self.env = env
+        self.tree = tree
+        self.model = model
+        self.store = store
+        self.tokens = tokens
+        self._h2d = profile.transfers.host_to_device_s
+        self.times = EngineTimes()
+        self._pending: set = set()  # nodes admitted to GPU whose KV a prefill still computes
+        self._deferred: list[tuple[str, Any]] = []  # moves on pending nodes, in order
+        self._running: dict[Job, _Running] = {}
+        self._decode_order: list[Job] = []  # rows of the decode batch
+        self._decode_batch = None
+        self._root_host: NodeKV | None = None
+        # request -> the tokens its latest attempt generated (greedy; exactness is tested on it)
+        self.outputs: dict[int, list[int]] = {}
+        self._store_root()
+
+    # ------------------------------------------------------------------ the tree's moves
+    def _store_root(self) -> None:
+        """Compute the system prompt's KV once and keep it as the root node (and a host copy,
+        from which a GPU failure is recovered)."""
+        system = self.tokens.system
+        if not len(system):
+            return
+        kv = self.model.prefill([Row(None, system, 0)]).new_kv[0]
+        self.store.put(self.tree.root, kv)
+        self._root_host = [(k.to("cpu", copy=True), v.to("cpu", copy=True)) for k, v in kv]
+
+    def _apply_moves(self) -> float:
+        """Carry out the tree's moves since the last call; returns the seconds spent on
+        swap-ins (host->GPU copies a prefill waits for)."""
+        swap_in_s = 0.0
+        counts = self.times.moves
+        for move in self.tree.drain_moves():
+            kind, node = move.kind, move.node
+            counts[kind] = counts.get(kind, 0) + 1
+            if kind == "admit_gpu":
+                self._pending.add(node)
+            elif node in self._pending:
+                self._on_pending(kind, node)
+            elif kind == "swap_in":
+                started = perf_counter()
+                self.store.apply(kind, node)
+                self.model.sync()
+                swap_in_s += perf_counter() - started
+            else:
+                self.store.apply(kind, node)
+        return swap_in_s
+
+    def _on_pending(self, kind: str, node: Any) -> None:
+        """A move on a node whose KV is not computed yet: losing the GPU copy cancels the
+        store; a copy to the host waits until the KV exists."""
+        if kind in ("free_gpu", "fail_gpu", "drop"):
+            self._pending.discard(node)
+            self._deferred = [(k, n) for k, n in self._deferred if n is not node]
+        else:
+            self._deferred.append((kind, node))
+
+    def _stored(self, node: Any, kv: NodeKV) -> None:
+        self._pending.discard(node)
+        self.store.put(node, kv)
+        if self._deferred:
+            later = [(k, n) for k, n in self._deferred if n is node]
+            self._deferred = [(k, n) for k, n in self._deferred if n is not node]
+            for kind, n in later:
+                self.store.apply(kind, n)
+
+    # ------------------------------------------------------------------ prefill
+    def _prefix(self, job: Job) -> NodeKV | None:
+        """The KV of the job's first ``alpha`` tokens: the root's, then its path's nodes'."""
+        alpha = job.alpha
+        if not alpha:
+            return None
+        parts: list[NodeKV] = []
+        have = 0
+        nodes = [self.tree.root, *(job.path or ())]
+        for node in nodes:
+            if have >= alpha:
+                break
+            if node is self.tree.root and not self.tree.system_prompt_tokens:
+                continue
+            parts.append(self.store.get(node))
+            have += kv_tokens(parts[-1])
+        if have < alpha:
+            raise AssertionError(f"request {job.request}: {alpha} tokens reused, {have} stored")
+        torch = self.model.torch
+        return [(torch.cat([p[layer][0] for p in parts], dim=-2)[:, :alpha],
+                 torch.cat([p[layer][1] for p in parts], dim=-2)[:, :alpha])
+                for layer in range(self.model.num_layers)]
+
+    def _waits_for_batch_mate(self, job: Job) -> bool:
+        """Whether the job's reused prefix includes a node not computed yet."""
+        if not self._pending:
+            return False
+        start = self.tree.system_prompt_tokens
+        for node in job.path or ():
+            if start >= job.alpha:
+                return False
+            if node in self._pending:
+                return True
+            start += node.tokens
+        return False
+
+    def _store_computed(self, job: Job, new_kv: list[LayerKV]) -> None:
+        """Store the KV of the job's pending nodes that its row computed."""
+        start = self.tree.system_prompt_tokens
+        for node in job.path or ():
+            end = start + node.tokens
+            if node in self._pending and start >= job.alpha:
+                lo, hi = start - job.alpha, end - job.alpha
+                self._stored(node, [(k[:, lo:hi].clone(), v[:, lo:hi].clone())
+                                    for k, v in new_kv])
+            start = end
+
+    def _prefill_pass(self, jobs: list[Job]) -> None:
+        rows, contexts = [], []
+        for job in jobs:
+            ids = self.tokens.of(job)
+            if len(ids) != job.alpha + job.beta:
+                raise AssertionError(f"request {job.request}: context of {len(ids)} tokens, "
+                                     f"the engine counts {job.alpha} + {job.beta}")
+            rows.append(Row(self._prefix(job), ids[job.alpha:], job.alpha))
+            contexts.append(ids)
+        done = self.model.prefill(rows)
+        self.model.sync()
+        next_ids = done.logits.argmax(dim=-1).tolist()
+        torch = self.model.torch
+        for row, job in enumerate(jobs):
+            new_kv = done.new_kv[row]
+            self._store_computed(job, new_kv)
+            prefix = rows[row].cached
+            kv = new_kv if prefix is None else [
+                (torch.cat([p[0], n[0]], dim=-2), torch.cat([p[1], n[1]], dim=-2))
+                for p, n in zip(prefix, new_kv, strict=True)]
+            self._running[job] = _Running(kv, int(next_ids[row]), len(contexts[row]))
+            self.outputs[job.request] = [int(next_ids[row])]
+        self.times.prefill_passes += 1
+
+    def prefill(self, jobs: list[Job]) -> Wait:
+        started = perf_counter()
+        copy_s = self._apply_moves()
+        moved = perf_counter()
+        waiting = list(jobs)
+        while waiting:
+            now = [j for j in waiting if not self._waits_for_batch_mate(j)]
+            if not now:
+                raise AssertionError("a batch waits on KV no request of it computes")
+            if len(now) < len(waiting):
+                self.times.second_passes += len(waiting) - len(now)
+            self._prefill_pass(now)
+            waiting = [j for j in waiting if j not in now]
+        duration = perf_counter() - started
+        self.times.swap_in_s += copy_s
+        self.times.moves_s += moved - started - copy_s
+        self.times.prefill_s += duration
+        yield self.env.timeout(duration)
+        return PrefillTiming(duration_s=duration, compute_s=duration - copy_s, copy_s=copy_s)
+
+    # ------------------------------------------------------------------ decode
+    def _rebuild(self, order: list[Job]) -> Any:
+        """One padded decode batch for ``order``: each job's KV and its next token."""
+        self._collect()
+        rows = [Row(self._running[j].kv, [self._running[j].next_token],
+                    self._running[j].tokens) for j in order]
+        batch = self.model.prepare(rows)
+        self._decode_order = order
+        self._decode_batch = batch
+        self.times.decode_rebuilds += 1
+        return batch
+
+    def _collect(self) -> None:
+        """Copy each row's KV out of the current decode batch back to its job (before the
+        batch is rebuilt or a job leaves it)."""
+        batch = self._decode_batch
+        if batch is None:
+            return
+        layers = batch.cache.layers[:self.model.num_layers]
+        total = int(layers[0].keys.shape[-2])
+        for i, job in enumerate(self._decode_order):
+            state = self._running.get(job)
+            if state is None:
+                continue
+            lo = total - state.tokens
+            state.kv = [(layer.keys[i, :, lo:].clone(), layer.values[i, :, lo:].clone())
+                        for layer in layers]
+        self._decode_batch = None
+        self._decode_order = []
+
+    def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
+        started = perf_counter()
+        order = sorted(jobs, key=lambda j: j.key)
+        if order == self._decode_order and self._decode_batch is not None:
+            batch = self._decode_batch
+            logits = self.model.decode(batch, [self._running[j].next_token for j in order])
+        else:
+            rebuild_started = perf_counter()
+            batch = self._rebuild(order)
+            self.times.decode_rebuild_s += perf_counter() - rebuild_started
+            logits = self.model.forward(batch)
+        self.model.sync()
+        for job, token in zip(order, logits.argmax(dim=-1).tolist(), strict=True):
+            state = self._running[job]
+            state.next_token = int(token)
+            state.tokens += 1
+            self.outputs[job.request].append(int(token))
+        duration = perf_counter() - started
+        self.times.decode_s += duration
+        self.times.decode_steps += 1
+        yield self.env.timeout(duration)
+        return duration
+
+    def leave(self, job: Job) -> None:
+        # its row stays in the decode batch until the next step rebuilds it without the job
+        self._running.pop(job, None)
+
+    # ------------------------------------------------------------------ faults
+    def gpu_failed(self) -> None:
+        """Everything on the GPU is gone: running jobs' KV, the decode batch, the nodes the
+        tree dropped (its moves) and the system prompt (recovered by ``recover``)."""
+        self._running.clear()
+        self._decode_batch = None
+        self._decode_order = []
+        self._apply_moves()
+        root = self.tree.root
+        if self.store.tier(root) == "gpu":
+            self.store.free_gpu(root)
+
+    def recovery_s(self, restart_s: float, root_bytes: int) -> float:
+        return restart_s + self._h2d(root_bytes)
+
+    def recover(self, restart_s: float, root_bytes: int) -> Wait:
+        yield self.env.timeout(restart_s)
+        started = perf_counter()
+        if self._root_host is not None and self.store.tier(self.tree.root) != "gpu":
+            self.store.put(self.tree.root, [(k.to(self.store.device, copy=True),
+                                             v.to(self.store.device, copy=True))
+                                            for k, v in self._root_host])
+            self.model.sync()
+        copied = perf_counter() - started
+        self.times.recover_s += copied
+        yield self.env.timeout(copied)

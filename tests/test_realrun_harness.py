@@ -1,0 +1,134 @@
+"""The real harness: the serving pipeline in real time on a real (tiny) model.
+
+What is checked does not depend on how fast this machine is: in sequential mode (one request at
+a time) the simulator and the real run must make the same cache decisions, request by request
+(the decisions are the policy core's, the timing is not involved); the real KV store must hold
+exactly what the tree says is where, with every move a real copy and no budget exceeded; cached
+generation must produce the tokens uncached generation does; a GPU failure must drop the GPU's
+tensors and recover. Timing accuracy is the validator's business (``ragsim validate``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch  # noqa: F401 - [profile] is in [dev]: missing is a broken set-up, not a skip
+
+from ragsim.profiles.profile import load_profile
+from ragsim.realrun.harness import RealRun, run_real
+from ragsim.serving.config import build_config
+from ragsim.sim.simulator import run_simulation
+from ragsim.traces.io import TraceBuilder
+
+PROFILE = "cpu-mistral-7b-l2-h256"
+KV = load_profile(PROFILE).model.kv_bytes_per_token  # 2,048 B: 2 layers, 1 KV head, dim 128
+
+
+def small_trace(n: int = 36, seed: int = 3):
+    """Skewed retrieval over 10 documents of 30-120 tokens, 3 per request, short outputs: small
+    enough that a few hundred kilobytes of GPU and host memory force evictions and swaps."""
+    rng = np.random.default_rng(seed)
+    sizes = {d: int(rng.integers(30, 121)) for d in range(10)}
+    weights = 1.0 / np.arange(1, 11)
+    weights /= weights.sum()
+    b = TraceBuilder("harness-test")
+    for i in range(n):
+        docs = [int(d) for d in rng.choice(10, size=3, replace=False, p=weights)]
+        b.add(i, 0.05 * i, int(rng.integers(4, 12)), 3, docs, [sizes[d] for d in docs])
+    return b.build({"name": "harness-test"})
+
+
+def config(system: str, **flags):
+    given = {"trace": "mmlu", "system": system, "profile": PROFILE, "arrival": "sequential",
+             "speculate": False, "search_s": 0.002, **flags}
+    return build_config(given)
+
+
+def tiers_of_tree(tree) -> tuple[set, set]:
+    """(nodes in GPU, nodes with a host copy), walking the tree."""
+    gpu, host = set(), set()
+    stack = [tree.root]
+    while stack:
+        node = stack.pop()
+        for child in (node.children or {}).values():
+            if child.in_gpu:
+                gpu.add(child)
+            if child.host_copy:
+                host.add(child)
+            stack.append(child)
+    return gpu, host
+
+
+def real_run(trace, cfg) -> RealRun:
+    run = RealRun(trace, cfg, load_profile(PROFILE))
+    run.result = run.run()
+    return run
+
+
+MEMORY = {"gpu_kv_bytes": 1_000 * KV, "host_cache_bytes": 500 * KV}
+
+
+@pytest.mark.parametrize(("system", "policy"), [("ragcache", "pgdsf"), ("ragcache", "lru"),
+                                                ("sglang", "lru"), ("vllm-apc", "lru")])
+def test_sequential_real_and_simulated_runs_cache_the_same_tokens(system, policy):
+    trace = small_trace()
+    cfg = config(system, policy=policy, **MEMORY)
+    real = real_run(trace, cfg)
+    sim = run_simulation(trace, cfg, load_profile(PROFILE))
+    r, s = real.result.columns, sim.columns
+    assert (r["status"] == "completed").all()
+    for column in ("cached_tokens", "hit_tokens_gpu", "hit_tokens_host", "recomputed_tokens",
+                   "swap_in_bytes"):
+        assert r[column].tolist() == s[column].tolist(), column
+    # the case is not trivial: hits in both tiers, and the tree moved nodes between them
+    if system == "ragcache":
+        assert r["hit_tokens_gpu"].sum() > 0 and r["hit_tokens_host"].sum() > 0
+        moves = real.result.summary["engine_moves"]
+        assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
+    # the real store holds what the tree says, where it says, in the tree's byte budgets
+    gpu, host = tiers_of_tree(real.tree)
+    store = real.iterations.store
+    assert set(store.gpu) - {real.tree.root} == gpu
+    assert set(store.host) == host
+    assert store.gpu_bytes <= real.tree.gpu_capacity_bytes
+    assert store.host_bytes <= real.tree.host_capacity_bytes
+    assert store.gpu_bytes == sum(n.tokens for n in gpu) * KV + real.tree.root.size_bytes
+
+
+def test_cached_generation_gives_the_tokens_of_uncached_generation():
+    trace = small_trace(n=20)
+    cached = real_run(trace, config("ragcache", **MEMORY))
+    uncached = real_run(trace, config("vllm"))  # no cache: every token computed
+    assert cached.result.columns["cached_tokens"].sum() > 0
+    assert uncached.result.columns["hit_tokens_gpu"].sum() == 0
+    assert cached.iterations.outputs == uncached.iterations.outputs
+    assert all(len(tokens) == 3 for tokens in cached.iterations.outputs.values())
+
+
+def test_a_gpu_failure_drops_the_gpu_tensors_and_the_run_recovers():
+    trace = small_trace(n=24)
+    cfg = config("ragcache", fail_gpu_at_s=[0.3], gpu_recovery_s=0.05, **MEMORY)
+    run = real_run(trace, cfg)
+    summary = run.result.summary
+    assert summary["gpu_failures"] == 1
+    assert summary["requests_completed"] == 24
+    assert summary["engine_moves"].get("fail_gpu", 0) > 0
+    gpu, host = tiers_of_tree(run.tree)
+    assert set(run.iterations.store.gpu) - {run.tree.root} == gpu
+    assert set(run.iterations.store.host) == host
+
+
+def test_open_loop_real_run_writes_the_simulators_columns():
+    trace = small_trace(n=12)
+    cfg = build_config({"trace": "mmlu", "system": "ragcache", "profile": PROFILE,
+                        "rate_rps": 20.0, "search_s": 0.002})
+    real = run_real(trace, cfg, load_profile(PROFILE))
+    sim = run_simulation(trace, cfg, load_profile(PROFILE))
+    assert set(real.columns) == set(sim.columns)
+    assert set(sim.summary) <= set(real.summary)
+    assert real.summary["backend"] == "torch"
+    assert real.summary["requests_completed"] == 12
+    ttft = real.columns["ttft_s"]
+    assert np.isfinite(ttft).all() and (ttft > 0).all()
+    # the same arrivals (re-timed with the same seed) in both
+    assert real.columns["arrival_s"].tolist() == pytest.approx(sim.columns["arrival_s"].tolist())
