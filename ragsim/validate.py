@@ -199,7 +199,7 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         "real_is_simulated": backend == "sim",
         "system": config.system,
         "trace": config.trace,
-        "profile": sim.summary.get("profile"),
+        "profile": config.profile,  # as given: a shipped name or a file (--profile-now's)
         "load": load,
         "arrival": config.arrival,
         "rate_rps": config.rate_rps,

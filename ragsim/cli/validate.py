@@ -135,7 +135,7 @@ def validate(
             capacity_rps = report["real"]["throughput_rps"]
         rows.append(v.load_row(report))
     combined = {"backend": backend, "real_is_simulated": backend == "sim",
-                "system": config.system, "trace": config.trace, "profile": costs.name,
+                "system": config.system, "trace": config.trace, "profile": config.profile,
                 "capacity_rps": capacity_rps, "loads": rows}
     _write_loads(out_dir, combined)
     print_json(combined) if json_output else _print_loads(combined)
