@@ -140,7 +140,8 @@ def test_checks_apply_where_they_mean_something():
 
 def test_compare_on_hand_made_runs():
     summary = {"throughput_rps": 4.0, "ttft_mean_s": 3.0, "profile": "p"}
-    config = SimpleNamespace(system="ragcache", trace="t", arrival="poisson", rate_rps=2.0)
+    config = SimpleNamespace(system="ragcache", trace="t", arrival="poisson", rate_rps=2.0,
+                             profile="p")
     real = SimpleNamespace(columns=REAL, summary=summary, config=config)
     sim = SimpleNamespace(columns=SIM, summary={**summary, "throughput_rps": 3.0}, config=config)
     report = v.compare(real, sim, backend="sim")
