@@ -95,11 +95,16 @@ def ttft_errors(joined: pd.DataFrame) -> dict[str, float]:
     return stats
 
 
-def hit_agreement(joined: pd.DataFrame) -> float:
-    """Share of requests whose cached tokens are the same in both runs, tier by tier."""
-    same = ((joined["hit_tokens_gpu_real"] == joined["hit_tokens_gpu_sim"])
+def hits_agree(joined: pd.DataFrame) -> pd.Series:
+    """Per request: the same cached tokens in both runs, tier by tier (the same total split
+    differently between GPU and host is a disagreement: the costs differ)."""
+    return ((joined["hit_tokens_gpu_real"] == joined["hit_tokens_gpu_sim"])
             & (joined["hit_tokens_host_real"] == joined["hit_tokens_host_sim"]))
-    return float(same.mean())
+
+
+def hit_agreement(joined: pd.DataFrame) -> float:
+    """Share of requests whose cached tokens agree in both runs, tier by tier."""
+    return float(hits_agree(joined).mean())
 
 
 def ks_test(sim: np.ndarray, real: np.ndarray) -> dict[str, float]:
@@ -222,8 +227,7 @@ def per_request(joined: pd.DataFrame) -> pd.DataFrame:
     and whether its hits agree."""
     table = joined.copy()
     table["ttft_error"] = relative_errors(table["ttft_s_sim"], table["ttft_s_real"])
-    table["hits_agree"] = ((table["hit_tokens_gpu_real"] == table["hit_tokens_gpu_sim"])
-                           & (table["hit_tokens_host_real"] == table["hit_tokens_host_sim"]))
+    table["hits_agree"] = hits_agree(table)
     return table
 
 
