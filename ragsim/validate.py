@@ -41,14 +41,15 @@ TOST_ALPHA = 0.05
 # (sequential), throughput only means something when the system is saturated (overload)
 TARGETS = {"hit_agreement": 1.0, "ttft_mean_abs_error": 0.10, "ttft_p90_abs_error": 0.25,
            "throughput_abs_error": 0.10}
-# TTFT = search wait + search + queue + host->GPU copy + prefill (the summary's components);
-# each with the model assumption that sets it in the simulation
+# TTFT = search wait + search + queue + host->GPU copy + prefill (per request, as the summary
+# splits it: ragsim.serving.summary.ttft_components); each with the model assumption that sets
+# it in the simulation
 COMPONENTS = {
-    "search_wait": ("ttft_search_wait_mean_s", "the search worker pool"),
-    "search": ("ttft_search_mean_s", "the search latency model"),
-    "queue": ("ttft_queue_mean_s", "batching and scheduling"),
-    "swap_in": ("ttft_swap_in_mean_s", "the host->GPU copy model"),
-    "prefill": ("ttft_prefill_mean_s", "the prefill / batched-prefill cost grid"),
+    "search_wait": "the search worker pool",
+    "search": "the search latency model",
+    "queue": "batching and scheduling",
+    "swap_in": "the host->GPU copy model",
+    "prefill": "the prefill / batched-prefill cost grid",
 }
 # an over-saturated point: every request offered at (nearly) once, unless --rate says otherwise
 BURST_RATE_RPS = 1e6
@@ -58,8 +59,12 @@ _KEPT = ("request_id", "ttft_s", "hit_tokens_gpu", "hit_tokens_host")
 
 # --------------------------------------------------------------------------- the join
 def completed(columns: dict[str, np.ndarray]) -> pd.DataFrame:
-    """The completed requests of one run: id, TTFT and hit tokens per tier."""
+    """The completed requests of one run: id, TTFT, its components and hit tokens per tier."""
+    from ragsim.serving.summary import ttft_components
+
     frame = pd.DataFrame({name: columns[name] for name in (*_KEPT, "status")})
+    for name, values in ttft_components(columns).items():
+        frame[f"{name}_s"] = values
     return frame[frame["status"] == "completed"].drop(columns="status")
 
 
@@ -147,18 +152,18 @@ def throughput_error(real_summary: dict, sim_summary: dict) -> float:
     return float(relative_errors(sim_summary["throughput_rps"], real_summary["throughput_rps"]))
 
 
-def component_errors(real_summary: dict, sim_summary: dict) -> dict[str, dict]:
-    """Each TTFT component's mean in both runs, its error in seconds and as a share of the real
-    mean TTFT (the shares add up to the TTFT mean error when both runs completed the same
-    requests), and the model assumption it tests. Read from the summaries, which split TTFT."""
-    real_ttft = real_summary["ttft_mean_s"]
+def component_errors(joined: pd.DataFrame) -> dict[str, dict]:
+    """Each TTFT component's mean over the requests both runs completed, its error in seconds
+    and as a share of the real mean TTFT (the shares add up to the TTFT mean error: the
+    components add up to the TTFT, request by request), and the model assumption it tests."""
+    real_ttft = float(joined["ttft_s_real"].mean())
     errors = {}
-    for name, (key, assumption) in COMPONENTS.items():
-        real_s, sim_s = real_summary.get(key), sim_summary.get(key)
-        known = real_s is not None and sim_s is not None
-        error_s = sim_s - real_s if known else None
+    for name, assumption in COMPONENTS.items():
+        real_s = float(joined[f"{name}_s_real"].mean())
+        sim_s = float(joined[f"{name}_s_sim"].mean())
+        error_s = sim_s - real_s
         errors[name] = {"real_s": real_s, "sim_s": sim_s, "error_s": error_s,
-                        "share_of_ttft": error_s / real_ttft if known and real_ttft else None,
+                        "share_of_ttft": error_s / real_ttft if real_ttft else None,
                         "assumption": assumption}
     return errors
 
@@ -194,7 +199,7 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
                                field="--requests")
     ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
-    components = component_errors(real.summary, sim.summary)
+    components = component_errors(joined)
     config = sim.config
     report = {
         "requests": len(joined),
@@ -261,31 +266,23 @@ def plot_ttft(joined: pd.DataFrame, out_dir: Path, label: str) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- the runs
-def torch_device() -> str:
-    """Where the torch engine runs (and is profiled): the GPU if there is one."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
-             threads: int | None, reference_profile: Profile | None = None, progress=None):
+             device: str = "cpu", threads: int | None = None,
+             reference_profile: Profile | None = None, progress=None):
     """``(real, sim)``: the real harness and the simulator on the same trace, configuration and
     profile (the engine runs the profile's model). With ``backend="sim"`` the real side is a
     second simulation (with ``reference_profile`` if given): a dry run of the comparison, not a
     validation."""
-    from ragsim.sim.simulator import run_simulation
+    from ragsim.backends import runner
 
-    if backend == "torch":
-        from ragsim.realrun.harness import run_real
-
-        real = run_real(trace, config, profile, device=torch_device(), threads=threads,
-                        seed=config.seed, progress=progress)
-    elif backend == "sim":
-        real = run_simulation(trace, config, reference_profile or profile, progress)
-    else:
+    if backend not in BACKENDS:
         raise RagsimInputError(f"unknown backend {backend!r}; known: torch", field="--backend")
-    return real, run_simulation(trace, config, profile)
+    simulate = runner("sim")
+    if backend == "sim":
+        real = simulate(trace, config, reference_profile or profile, progress)
+    else:
+        real = runner(backend, device=device, threads=threads)(trace, config, profile, progress)
+    return real, simulate(trace, config, profile, None)
 
 
 def engine_scale(profile: Profile, layers: int | None, hidden: int | None
@@ -303,20 +300,20 @@ def engine_scale(profile: Profile, layers: int | None, hidden: int | None
     return model.num_layers, model.hidden_size
 
 
-def profile_here(out: Path, *, layers: int, hidden: int, threads: int | None, seed: int,
-                 progress=None) -> Profile:
+def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: str,
+                 threads: int | None, seed: int, progress=None) -> Profile:
     """Profile the torch engine on this machine (``ragsim profile``'s measurement, quick plan)
     for the scaled-down model the engine runs; the profile is written to ``out``."""
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
 
-    device = torch_device()
     spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
     dtype = "fp32" if device == "cpu" else spec.dtype
     spec = spec.with_dtype(dtype)
     return run_profile(spec, name=f"{device}-{spec.name}", device=device, dtype=dtype,
                        plan=ProfilePlan.quick(), out=out, threads=threads or 1, seed=seed,
-                       label=f"scaled down from {BASE_MODEL}: {layers} layers, hidden {hidden}",
+                       label=f"scaled down from {BASE_MODEL}: {spec.num_layers} layers, "
+                       f"hidden {spec.hidden_size}" if layers or hidden else BASE_MODEL,
                        progress=progress)
 
 

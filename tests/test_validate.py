@@ -20,10 +20,15 @@ from ragsim.errors import RagsimInputError
 
 
 def _columns(ids, ttft, gpu, host, status=None) -> dict[str, np.ndarray]:
+    """Requests that arrive at 0 and whose TTFT is all prefill (no search, queue or copy)."""
     n = len(ids)
+    zeros = np.zeros(n)
     return {"request_id": np.asarray(ids), "ttft_s": np.asarray(ttft, float),
             "hit_tokens_gpu": np.asarray(gpu), "hit_tokens_host": np.asarray(host),
-            "status": np.asarray(status or ["completed"] * n)}
+            "status": np.asarray(status or ["completed"] * n),
+            "arrival_s": zeros, "search_start_s": zeros, "search_end_s": zeros,
+            "prefill_start_s": zeros, "swap_in_s": zeros,
+            "first_token_s": np.asarray(ttft, float)}
 
 
 # four requests worked by hand:
@@ -115,15 +120,22 @@ def test_tost_with_identical_ratios():
 
 
 def test_components_and_the_dominant_one():
-    real = {"ttft_mean_s": 2.0, "ttft_search_wait_mean_s": 0.1, "ttft_search_mean_s": 0.5,
-            "ttft_queue_mean_s": 0.4, "ttft_swap_in_mean_s": 0.0, "ttft_prefill_mean_s": 1.0}
-    sim = {**real, "ttft_queue_mean_s": 0.1, "ttft_prefill_mean_s": 1.2}
-    components = v.component_errors(real, sim)
-    assert components["queue"]["error_s"] == pytest.approx(-0.3)
-    assert components["queue"]["share_of_ttft"] == pytest.approx(-0.15)
+    # two requests; the real TTFTs 1.5 and 2.5 (mean 2.0); the simulation moves 0.3 s of the
+    # first request's queue and adds 0.2 s of prefill to each: by hand, queue -0.15 s on
+    # average (-7.5% of the real mean TTFT), prefill +0.2 s (+10%)
+    real = pd.DataFrame({"ttft_s": [1.5, 2.5], "search_wait_s": [0.1, 0.1],
+                         "search_s": [0.5, 0.5], "queue_s": [0.4, 0.4], "swap_in_s": [0.0, 0.0],
+                         "prefill_s": [0.5, 1.5]})
+    sim = real.copy()
+    sim["queue_s"] = [0.1, 0.4]
+    sim["prefill_s"] = [0.7, 1.7]
+    joined = real.add_suffix("_real").join(sim.add_suffix("_sim"))
+    components = v.component_errors(joined)
+    assert components["queue"]["error_s"] == pytest.approx(-0.15)
+    assert components["queue"]["share_of_ttft"] == pytest.approx(-0.075)
     assert components["prefill"]["share_of_ttft"] == pytest.approx(0.1)
     assert components["search"]["error_s"] == 0
-    assert v.dominant_component(components) == "queue"
+    assert v.dominant_component(components) == "prefill"
     assert "scheduling" in components["queue"]["assumption"]
 
 

@@ -24,6 +24,7 @@ from ragsim.cli.common import (
     out,
     print_json,
     print_warnings,
+    require_extra,
     sigterm_like_ctrl_c,
     write_results,
 )
@@ -32,7 +33,6 @@ from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
     "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Backend", "Output")
-BACKENDS = ("sim", "torch")
 
 
 # run's options whose configuration field has another name (the others: the same name). Help
@@ -247,7 +247,7 @@ def run(
         BACKEND, "sim: simulate (virtual time, the profile's costs); torch: serve for real, in "
         "real time, on the profile's model with random weights (same pipeline and policies).")
     ] = "sim",
-    device: Annotated[str, _opt(BACKEND, "torch backend: cpu or cuda.")] = "cpu",
+    device: Annotated[str, _opt(BACKEND, "torch backend: cpu, cuda or cuda:N.")] = "cpu",
     threads: Annotated[int, _opt(
         BACKEND, "torch backend: CPU threads (0: as many as the profile was measured with).")
     ] = 0,
@@ -258,6 +258,7 @@ def run(
 ) -> None:
     """Simulate the RAG serving stack end to end (or serve it for real: --backend torch): TTFT,
     throughput and hit rates."""
+    from ragsim.backends import BACKENDS, runner
     from ragsim.profiles.profile import load_profile
     from ragsim.serving.config import build_config, load_config_file
     from ragsim.traces import resolve_trace
@@ -306,7 +307,9 @@ def run(
     used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
     if used_drift is not None:  # recorded, so config.toml reruns this traffic if defaults move
         config = config.replace(trace_drift_per_1k_requests=used_drift)
-    execute = backend_runner(backend, device=device, threads=threads or None)
+    if backend == "torch":
+        require_extra("profile", "run --backend torch")
+    execute = runner(backend, device=device, threads=threads or None)
     progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
     clock = "simulated s" if backend == "sim" else "s"
@@ -341,25 +344,6 @@ def run(
                   "nothing left could end them. This is a bug in ragsim; please report it with "
                   f"the run's config.toml{kept}", highlight=False)
         raise typer.Exit(1)
-
-
-def backend_runner(backend: str, *, device: str = "cpu", threads: int | None = None):
-    """``(trace, config, profile, progress) -> RunResult`` for a backend: the simulator, or the
-    real harness (torch and transformers are needed: the ``profile`` extra)."""
-    if backend == "sim":
-        from ragsim.sim.simulator import run_simulation
-
-        return run_simulation
-    from ragsim.cli.common import require_extra
-
-    require_extra("profile", "run --backend torch")
-    from ragsim.realrun.harness import run_real
-
-    def real(trace, config, profile, progress):
-        return run_real(trace, config, profile, device=device, threads=threads,
-                        seed=config.seed, progress=progress)
-
-    return real
 
 
 def _print_run_summary(s: dict) -> None:

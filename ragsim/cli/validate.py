@@ -31,7 +31,9 @@ from ragsim.errors import RagsimInputError
 DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
 # configuration fields this command sets -> its options, so an error names what the user typed
 _OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
-                    "n_requests": "--requests", "seed": "--seed", "profile": "--profile"}
+                    "n_requests": "--requests", "seed": "--seed", "profile": "--profile",
+                    "policy": "--policy", "gpu_kv_bytes": "--gpu-mem",
+                    "host_cache_bytes": "--host-mem"}
 
 
 class ValidateCommand(Command):
@@ -42,6 +44,8 @@ class ValidateCommand(Command):
 
         return {"rate": "the trace's arrival times", "layers": "the profile's model",
                 "hidden": "the profile's model", "threads": "the engine's",
+                "policy": "the system's", "gpu_mem": "the profile's KV capacity",
+                "host_mem": "the system's", "config_file": "none",
                 "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run"}
 
 
@@ -63,6 +67,17 @@ def validate(
     layers: Annotated[int | None, typer.Option(help="Engine layers.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Engine hidden size.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch.")] = None,
+    device: Annotated[str, typer.Option(help="Where the engine runs: cpu, cuda or cuda:N.")
+                      ] = "cpu",
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", help="TOML configuration (its \\[run] table, as `ragsim run --config`); "
+        "the options here override it.")] = None,
+    policy: Annotated[str | None, typer.Option(help="Replacement policy (see `ragsim "
+                                                    "policies`).")] = None,
+    gpu_mem: Annotated[str | None, typer.Option(
+        "--gpu-mem", help="KV memory on the GPU, e.g. 2MiB (a byte budget on a CPU).")] = None,
+    host_mem: Annotated[str | None, typer.Option(
+        "--host-mem", help="Host memory for the KV cache's host tier.")] = None,
     profile: Annotated[str | None, typer.Option(
         help="Cost profile: shipped name or JSON path.")] = None,
     profile_now: Annotated[bool, typer.Option(
@@ -93,9 +108,10 @@ def validate(
     points = v.parse_loads(loads) if loads is not None else None
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
-    config = _config(trace, system, rate, requests, seed)
+    config = _config(config_file, trace=trace, system=system, rate=rate, requests=requests,
+                     seed=seed, policy=policy, gpu_mem=gpu_mem, host_mem=host_mem)
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
-                          threads=threads, seed=seed)
+                          device=device, threads=threads, seed=seed)
     v.engine_scale(costs, layers, hidden)
     config = config.replace(profile=str(out_dir / "profile.json") if profile_now
                             else profile or costs.name)
@@ -117,7 +133,8 @@ def validate(
     def one(cfg, load: str | None, folder: Path) -> dict:
         progress, done = counting_progress(data.n_requests, f"{backend} run", not json_output)
         with progress:
-            real, sim = v.run_pair(data, cfg, costs, backend=backend, threads=threads,
+            real, sim = v.run_pair(data, cfg, costs, backend=backend, device=device,
+                                   threads=threads,
                                    reference_profile=reference,
                                    progress=lambda ended, _now: done(ended))
         report = v.compare(real, sim, backend=backend, load=load)
@@ -141,21 +158,31 @@ def validate(
     print_json(combined) if json_output else _print_loads(combined)
 
 
-def _config(trace: str, system: str, rate: float | None, requests: int, seed: int):
-    """The run's configuration, an error naming this command's option."""
-    from ragsim.serving.config import build_config
+def _config(config_file: Path | None, *, trace: str, system: str, rate: float | None,
+            requests: int, seed: int, policy: str | None, gpu_mem: str | None,
+            host_mem: str | None):
+    """The run's configuration (a --config file under this command's options), an error
+    naming this command's option or the file's field."""
+    from ragsim.serving.config import build_config, load_config_file
+    from ragsim.units import parse_bytes
 
+    base = load_config_file(config_file) if config_file is not None else None
     flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
-             "seed": seed}
+             "seed": seed, "policy": policy.lower() if policy else None,
+             "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
+             "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem
+             else None}
     try:
-        return build_config(flags)
+        return build_config(flags, base=base,
+                            source=str(config_file) if config_file is not None else None)
     except RagsimInputError as exc:
         flag = _OPTION_OF_FIELD.get(exc.field or "")
         raise (type(exc)(exc.detail, field=flag) if flag else exc) from None
 
 
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
-                  layers: int | None, hidden: int | None, threads: int | None, seed: int):
+                  layers: int | None, hidden: int | None, device: str, threads: int | None,
+                  seed: int):
     """--profile as ``run --profile`` resolves it, a profile measured now (--profile-now, at
     the default profile's scale unless --layers/--hidden say otherwise), or the default."""
     from ragsim import validate as v
@@ -163,7 +190,7 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
 
     if name is not None:
         return load_profile(name)
-    if backend == "torch" and not profile_now and v.torch_device() != "cpu":
+    if backend == "torch" and not profile_now and device != "cpu":
         raise RagsimInputError("no shipped profile for the scaled-down engine on a GPU; "
                                "give --profile or --profile-now", field="--profile")
     default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
@@ -172,10 +199,13 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     progress, report = phased_progress()
     with progress:
-        return v.profile_here(out_dir / "profile.json",
-                              layers=layers or default.model.num_layers,
-                              hidden=hidden or default.model.hidden_size, threads=threads,
-                              seed=seed, progress=report)
+        # on a CPU the default profile's scale; on a GPU the full model unless told otherwise
+        on_cpu = device == "cpu"
+        return v.profile_here(
+            out_dir / "profile.json",
+            layers=layers or (default.model.num_layers if on_cpu else None),
+            hidden=hidden or (default.model.hidden_size if on_cpu else None),
+            device=device, threads=threads, seed=seed, progress=report)
 
 
 def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:

@@ -118,6 +118,9 @@ class TorchIterations:
         self.tokens = tokens
         self._h2d = profile.transfers.host_to_device_s
         self.times = EngineTimes()
+        # every iteration as it ran: what the profile is compared with (``cost_model_errors``)
+        self.log: list[tuple] = []  # ("prefill", cached list, new list, seconds, copy seconds)
+        #                             ("decode", batch size, mean context, seconds, rebuilt)
         self._pending: set = set()  # nodes admitted to GPU whose KV a prefill still computes
         self._deferred: list[tuple[str, Any]] = []  # moves on pending nodes, in order
         self._running: dict[Job, _Running] = {}
@@ -263,6 +266,8 @@ class TorchIterations:
             self._prefill_pass(now)
             waiting = [j for j in waiting if j not in now]
         duration = perf_counter() - started
+        self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
+                         duration - copy_s, copy_s))
         self.times.swap_in_s += copy_s
         self.times.moves_s += moved - started - copy_s
         self.times.prefill_s += duration
@@ -302,7 +307,8 @@ class TorchIterations:
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
         started = perf_counter()
         order = sorted(jobs, key=lambda j: j.key)
-        if order == self._decode_order and self._decode_batch is not None:
+        rebuilt = not (order == self._decode_order and self._decode_batch is not None)
+        if not rebuilt:
             batch = self._decode_batch
             logits = self.model.decode(batch, [self._running[j].next_token for j in order])
         else:
@@ -317,6 +323,7 @@ class TorchIterations:
             state.tokens += 1
             self.outputs[job.request].append(int(token))
         duration = perf_counter() - started
+        self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt))
         self.times.decode_s += duration
         self.times.decode_steps += 1
         yield self.env.timeout(duration)

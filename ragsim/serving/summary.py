@@ -28,6 +28,11 @@ def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
+def _percentile_ms(values: np.ndarray, q: float) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(1e3 * np.percentile(values, q)) if len(values) else None
+
+
 def _last_request_event_s(cols: dict[str, np.ndarray]) -> float:
     times = np.concatenate([cols[c] for c in ("arrival_s", "search_start_s", "search_end_s",
                                               "prefill_start_s", "first_token_s", "finish_s")])
@@ -44,6 +49,23 @@ def _swap_in_after_search(cols: dict[str, np.ndarray]) -> np.ndarray:
     start = cols["prefill_start_s"]
     copy_end = np.minimum(start + cols["swap_in_s"], cols["first_token_s"])
     return np.clip(copy_end - np.maximum(cols["search_end_s"], start), 0, None)
+
+
+TTFT_COMPONENTS = ("search_wait", "search", "queue", "swap_in", "prefill")
+
+
+def ttft_components(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each request's TTFT split into search wait + search + queue + host->GPU copy + prefill
+    (non-overlapping; they add up to ``ttft_s``; speculation shrinks the part after the search,
+    possibly to zero). NaN where a request has no first token."""
+    after_search = cols["first_token_s"] - cols["search_end_s"]
+    queue = np.clip(cols["prefill_start_s"] - cols["search_end_s"], 0, None)
+    queue = np.minimum(queue, after_search)
+    swap_in = _swap_in_after_search(cols)
+    return {"search_wait": cols["search_start_s"] - cols["arrival_s"],
+            "search": cols["search_end_s"] - cols["search_start_s"],
+            "queue": queue, "swap_in": swap_in,
+            "prefill": after_search - queue - swap_in}
 
 
 def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
@@ -66,12 +88,7 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
     hit_any = (cols["hit_tokens_gpu"] + cols["hit_tokens_host"])[served] > 0
     self_hits = int(cols["speculative_self_hit_tokens"][served].sum())
     ttft = np.where(completed, cols["ttft_s"], np.nan)
-    # TTFT = search wait + search + queue + prefill (non-overlapping; speculation shrinks the
-    # part after the search, possibly to zero)
-    after_search = cols["first_token_s"] - cols["search_end_s"]
-    queue = np.clip(cols["prefill_start_s"] - cols["search_end_s"], 0, None)
-    queue = np.minimum(queue, after_search)
-    swap_in = _swap_in_after_search(cols)
+    components = ttft_components(cols)
     engine = sim.engine
     tree = sim.tree
     pool = sim.pool
@@ -107,14 +124,8 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         "replica_bytes": int(tree.replica_bytes),
         "evictions_gpu": int(tree.evictions_gpu),
         "evictions_host": int(tree.evictions_host),
-        "ttft_search_wait_mean_s": _mean(np.where(completed, cols["search_start_s"]
-                                                  - cols["arrival_s"], np.nan)),
-        "ttft_search_mean_s": _mean(np.where(completed, cols["search_end_s"]
-                                             - cols["search_start_s"], np.nan)),
-        "ttft_queue_mean_s": _mean(np.where(completed, queue, np.nan)),
-        "ttft_swap_in_mean_s": _mean(np.where(completed, swap_in, np.nan)),
-        "ttft_prefill_mean_s": _mean(np.where(completed, after_search - queue - swap_in,
-                                              np.nan)),
+        **{f"ttft_{name}_mean_s": _mean(np.where(completed, values, np.nan))
+           for name, values in components.items()},
         "speculations_started": int(cols["speculations"].sum()),
         "speculation_requests": int(spec_requests.sum()),
         "speculation_kept": int(cols["speculation_kept"].sum()),
@@ -124,6 +135,9 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         "scheduler_overhead_ms_per_decision": (
             1e3 * engine.scheduler_s / engine.scheduler_decisions
             if engine.scheduler_decisions else 0.0),
+        # per request, the wall time the policy core spent admitting it (the paper: < 1 ms)
+        "decision_p50_ms": _percentile_ms(cols["decision_s"], 50),
+        "decision_p99_ms": _percentile_ms(cols["decision_s"], 99),
         "reordered_decisions": int(pool.reordered),
         "window_forced_decisions": int(pool.overdue_served),
         "iterations_prefill": int(engine.iterations_prefill),

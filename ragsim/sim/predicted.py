@@ -12,6 +12,7 @@ from __future__ import annotations
 import simpy
 
 from ragsim.profiles.profile import Profile
+from ragsim.serving.costs import decode_step_s, prefill_compute_s
 from ragsim.serving.engine import Job, PrefillTiming, Wait
 
 
@@ -21,16 +22,12 @@ class PredictedIterations:
     def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool) -> None:
         self.env = env
         self.overlap_swap = overlap_swap
-        self._prefill_one = profile.prefill.at
-        self._prefill_batch = profile.batched_prefill.iteration_s
-        self._decode = profile.decode.at
+        self.profile = profile
         self._h2d = profile.transfers.host_to_device_s
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
-        if len(jobs) == 1:
-            compute = self._prefill_one(jobs[0].alpha, jobs[0].beta)
-        else:
-            compute = self._prefill_batch([j.alpha for j in jobs], [j.beta for j in jobs])
+        compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
+                                    [j.beta for j in jobs])
         swap_bytes = sum(j.swap_in_bytes for j in jobs)
         copy = self._h2d(swap_bytes) if swap_bytes else 0.0
         duration = max(compute, copy) if self.overlap_swap else compute + copy
@@ -42,7 +39,7 @@ class PredictedIterations:
         return timing
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        duration = self._decode(len(jobs), mean_context_tokens)
+        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens)
         yield self.env.timeout(duration)
         return duration
 

@@ -1,0 +1,46 @@
+"""What runs a configuration: the simulator or a real engine, behind one call.
+
+``ragsim run --backend`` and ``ragsim validate`` both pick a runner here, so the way a backend
+is started exists once. Like ``validate``, this module sees both drivers and imports each only
+when it is asked for (the simulator needs no torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ragsim.errors import RagsimInputError
+
+if TYPE_CHECKING:
+    from ragsim.profiles.profile import Profile
+    from ragsim.serving.config import SimConfig
+    from ragsim.serving.pipeline import RunResult
+    from ragsim.traces.schema import Trace
+
+BACKENDS = ("sim", "torch")
+DEVICES_HELP = "cpu, cuda or cuda:N"
+
+Runner = Callable[["Trace", "SimConfig", "Profile", Callable | None], "RunResult"]
+
+
+def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> Runner:
+    """``(trace, config, profile, progress) -> RunResult`` for ``backend``: ``sim`` simulates
+    with the profile's costs; ``torch`` serves for real on the profile's model (on ``device``,
+    with ``threads`` CPU threads, None: as many as the profile was measured with)."""
+    if backend == "sim":
+        from ragsim.sim.simulator import run_simulation
+
+        return run_simulation
+    if backend != "torch":
+        raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
+                               field="--backend")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise RagsimInputError(f"must be {DEVICES_HELP}, got {device!r}", field="--device")
+    from ragsim.realrun.harness import run_real
+
+    def real(trace, config, profile, progress=None):
+        return run_real(trace, config, profile, device=device, threads=threads,
+                        seed=config.seed, progress=progress)
+
+    return real

@@ -1,0 +1,151 @@
+"""``ragsim run --backend torch``: the serving pipeline in real time on a real model.
+
+The same pipeline as the simulator (``ragsim.serving``: arrivals, staged search, the request
+pool, the engine's continuous batching over the knowledge tree, faults, records, summary), on a
+wall clock (``simpy.rt``, not strict: an iteration that overruns is late, never an error) with
+``TorchIterations``: every prefill and decode is a forward pass of a real transformer, the
+tree's nodes hold real KV tensors, tier moves are real copies. Searches take the trace's recorded
+or the modelled stage times, waited in real time.
+
+The model is the one the profile describes (``profile.model``), built with random weights, on
+the thread count the profile was measured with, so the simulator's costs and this engine are
+the same machine's. The run writes the same per-request columns and summary as ``ragsim run``,
+plus the real engine's own accounting (``engine_*``) and ``backend``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import simpy.rt
+
+from ragsim.errors import RagsimInputError
+from ragsim.profiles.profile import Profile
+from ragsim.profiles.torch_model import TorchModel
+from ragsim.realrun.engine import KVStore
+from ragsim.realrun.iterations import ContextTokens, TorchIterations
+from ragsim.serving.config import SimConfig
+from ragsim.serving.costs import decode_step_s, prefill_compute_s
+from ragsim.serving.pipeline import Pipeline, Progress, RunResult, planned_arrivals, requests_to_run
+from ragsim.traces.schema import Trace
+
+# a CPU-only machine holds the model's weights in fp32: past this, --backend torch refuses
+CPU_MODEL_LIMIT_BYTES = 4 * 2**30
+
+
+def model_bytes(profile: Profile) -> int:
+    """Roughly the weights' bytes (embeddings, attention, MLP; fp32 on a CPU)."""
+    m = profile.model
+    attention = m.hidden_size * m.head_dim * (2 * m.num_attention_heads + 2 * m.num_kv_heads)
+    mlp = 3 * m.hidden_size * m.intermediate_size * m.num_experts
+    params = m.num_layers * (attention + mlp) + 2 * m.vocab_size * m.hidden_size
+    return 4 * params
+
+
+class RealRun(Pipeline):
+    """The pipeline on a wall clock with a real engine."""
+
+    def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
+                 device: str = "cpu", threads: int | None = None, model_seed: int = 0,
+                 progress: Progress | None = None) -> None:
+        if device == "cpu" and model_bytes(profile) > CPU_MODEL_LIMIT_BYTES:
+            raise RagsimInputError(
+                f"profile {profile.name} describes {profile.model.name} "
+                f"(~{model_bytes(profile) / 2**30:.0f} GiB of fp32 weights), too large for the "
+                "torch backend on a CPU; use a scaled-down profile (cpu-mistral-7b-l2-h256) or "
+                "measure one: ragsim profile --model M --layers 2 --hidden 256",
+                field="--profile")
+        if threads is None:
+            threads = profile.obtained.get("threads") or None
+        self.threads = threads
+        self.model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
+                                      threads=threads, seed=model_seed)
+        arrivals = planned_arrivals(trace, config)
+        first_s = float(arrivals.min()) if len(arrivals) and config.arrival != "sequential" \
+            else 0.0
+        env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
+        self.iterations: TorchIterations | None = None
+        model = self.model
+
+        def iterations(tree):
+            store = KVStore(model.device, gpu_capacity_bytes=tree.gpu_capacity_bytes,
+                            host_capacity_bytes=tree.host_capacity_bytes)
+            tokens = ContextTokens(trace.request_id, tree.system_prompt_tokens,
+                                   profile.model.vocab_size)
+            self.iterations = TorchIterations(env, tree, model, store, tokens, profile)
+            return self.iterations
+
+        super().__init__(trace, config, profile, env=env, iterations=iterations,
+                         record_moves=True, progress=progress)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One pass of each kind before the clock starts: the first call of a model pays for
+        allocations and kernel choices that no later request does."""
+        from ragsim.profiles.torch_model import Row
+
+        ids = list(range(1, 33))
+        done = self.model.prefill([Row(None, ids, 0), Row(None, ids[:16], 0)])
+        self.model.decode(done.batch, [1, 2])
+        self.model.sync()
+
+    def run(self) -> RunResult:
+        self.env.sync()  # the clock starts now, not when the model was built
+        result = super().run()
+        result.summary.update(self._real_fields())
+        return result
+
+    def _real_fields(self) -> dict:
+        it = self.iterations
+        fields = {"backend": "torch", "device": str(self.model.device),
+                  "model": self.profile.model.name, "threads": self.threads}
+        if it is not None:
+            fields.update(it.times.as_dict())
+            fields["cost_model_errors"] = cost_model_errors(it.log, self.profile)
+            fields["engine_store_gpu_bytes"] = it.store.gpu_bytes
+            fields["engine_store_host_bytes"] = it.store.host_bytes
+        return fields
+
+
+def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
+    """How the profile's predictions compare with the iterations as they ran, per kind:
+    single prefills, batched prefills, decode steps (rebuilt batches apart). Per kind: how many,
+    the median of predicted / measured, and the median and p90 of |predicted - measured| /
+    measured. This separates the cost model's error from the queueing it causes."""
+    kinds: dict[str, tuple[list, list]] = {}
+    for entry in log:
+        if entry[0] == "prefill":
+            _, cached, new, seconds, _copy = entry
+            kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
+            predicted = prefill_compute_s(profile, cached, new)
+        else:
+            _, size, context, seconds, rebuilt = entry
+            kind = "decode_rebuilt" if rebuilt else "decode"
+            predicted = decode_step_s(profile, size, context)
+        pair = kinds.setdefault(kind, ([], []))
+        pair[0].append(predicted)
+        pair[1].append(seconds)
+    result = {}
+    for kind, (predicted, measured) in sorted(kinds.items()):
+        p, m = np.array(predicted), np.array(measured)
+        errors = np.abs(p - m) / m
+        result[kind] = {"iterations": len(m), "median_ratio": float(np.median(p / m)),
+                        "median_abs_error": float(np.median(errors)),
+                        "p90_abs_error": float(np.percentile(errors, 90)),
+                        "measured_s": float(m.sum()), "predicted_s": float(p.sum())}
+    return result
+
+
+def run_real(trace: Trace, config: SimConfig, profile: Profile, *, device: str = "cpu",
+             threads: int | None = None, seed: int = 0,
+             progress: Callable[[int, float], None] | None = None) -> RunResult:
+    """Serve ``trace`` under ``config`` for real, in real time, on the profile's model."""
+    trace = requests_to_run(trace, config)
+    started = time.perf_counter()
+    run = RealRun(trace, config, profile, device=device, threads=threads, model_seed=seed,
+                  progress=progress)
+    result = run.run()
+    result.summary["setup_s"] = time.perf_counter() - started - result.summary["elapsed_s"]
+    return result
