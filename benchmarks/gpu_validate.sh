@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One short run on a CUDA machine: what only a GPU can show.
+#
+#   benchmarks/gpu_validate.sh OUT_DIR [REQUESTS]
+#
+# 1. measures `ragsim profile --device cuda` for Mistral-7B in fp16 (the architecture of the
+#    derived h200-mistral-7b profile; the quick plan) and compares it with the derived profile
+#    at a few points (derived_vs_measured.json);
+# 2. runs `ragsim validate --backend torch --device cuda` on that measured profile at idle,
+#    ~50%, ~90% of the measured capacity and overload (REQUESTS requests each, default 120).
+#
+# Everything lands in OUT_DIR with the machine's description (machine.txt), so the numbers can
+# be committed with their date and device. Runs from the repository root without installing
+# (the policy core is Cython pure-Python code, importable uncompiled); the Python packages
+# ragsim needs must already be there (torch with CUDA, transformers, numpy, pandas, pyarrow,
+# scipy, matplotlib, simpy, typer, rich, tomli-w, Cython): a missing one is named and the script
+# stops (exit 3) before it spends GPU time.
+set -euo pipefail
+
+OUT=${1:?usage: benchmarks/gpu_validate.sh OUT_DIR [REQUESTS]}
+REQUESTS=${2:-120}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  "$PY" - <<'EOF'
+import platform
+print("python:", platform.python_version())
+missing = []
+for module in ("torch", "transformers", "numpy", "pandas", "pyarrow", "scipy", "matplotlib",
+               "simpy", "typer", "rich", "tomli_w", "cython"):
+    try:
+        m = __import__(module)
+        print(f"{module}: {getattr(m, '__version__', '?')}")
+    except ImportError:
+        missing.append(module)
+if missing:
+    raise SystemExit(f"missing Python packages: {', '.join(missing)}")
+import torch
+print("cuda:", torch.version.cuda, "available:", torch.cuda.is_available())
+if not torch.cuda.is_available():
+    raise SystemExit("no CUDA device visible to torch")
+print("device:", torch.cuda.get_device_name(0))
+EOF
+} > "$OUT/machine.txt" 2>&1 || { cat "$OUT/machine.txt"; exit 3; }
+cat "$OUT/machine.txt"
+
+PROFILE="$OUT/cuda-mistral-7b-fp16.json"
+echo "== profile (quick plan) =="
+time "$PY" -m ragsim profile --model mistral-7b --device cuda --dtype fp16 --quick \
+  --name h200-mistral-7b-measured --out "$PROFILE" 2>&1 | tee "$OUT/profile.txt"
+
+echo "== derived vs measured =="
+"$PY" - "$PROFILE" "$OUT/derived_vs_measured.json" <<'EOF'
+import json, sys
+from ragsim.profiles.profile import load_profile
+measured, derived = load_profile(sys.argv[1]), load_profile("h200-mistral-7b")
+points = [(0, 128), (0, 1024), (1024, 256), (2048, 1024), (0, 4096)]
+rows = [{"cached": a, "new": b, "measured_s": measured.prefill_s(a, b),
+         "derived_s": derived.prefill_s(a, b),
+         "derived_over_measured": derived.prefill_s(a, b) / measured.prefill_s(a, b)}
+        for a, b in points]
+decode = [{"batch": n, "context": c, "measured_s": measured.decode_s(n, c),
+           "derived_s": derived.decode_s(n, c),
+           "derived_over_measured": derived.decode_s(n, c) / measured.decode_s(n, c)}
+          for n, c in [(1, 512), (16, 2048)]]
+report = {"prefill": rows, "decode": decode,
+          "h2d_bytes_per_s": {"measured": measured.transfers.host_to_device_bytes_per_s,
+                              "derived": derived.transfers.host_to_device_bytes_per_s}}
+json.dump(report, open(sys.argv[2], "w"), indent=1)
+print(json.dumps(report, indent=1))
+EOF
+
+echo "== validate on CUDA =="
+time "$PY" -m ragsim validate --backend torch --device cuda --profile "$PROFILE" \
+  --trace mmlu --system ragcache --requests "$REQUESTS" --loads idle,50,90,over \
+  --out "$OUT/validate" 2>&1 | tee "$OUT/validate.txt"
