@@ -57,6 +57,7 @@ class Job:
         "attributed_s",
         "beta",
         "context_tokens",
+        "decision_s",
         "doc_tokens",
         "docs",
         "done",
@@ -109,6 +110,7 @@ class Job:
         # request of the batch gets its first token when the iteration ends)
         self.swap_in_s = 0.0
         self.prefill_start_s = self.first_token_s = self.finish_s = -1.0
+        self.decision_s = 0.0  # wall time the scheduler spent admitting it
         # KV the job needs at its peak: its context plus every generated token but the last
         self.footprint_tokens = sum(doc_tokens) + query_tokens + max(output_tokens - 1, 0)
 
@@ -317,6 +319,7 @@ class Engine:
         now = self.env.now
         while (pool and len(batch) < self.max_prefill_bs
                and len(self._decoding) + len(batch) < self.max_batch_size):
+            decided = perf_counter()
             key, job = pool.peek(lengths, now)
             need_bytes = job.footprint_tokens * kv
             if need_bytes > tree.gpu_available_bytes:
@@ -332,6 +335,8 @@ class Engine:
                 break  # a single request larger than the budget still runs alone
             pool.take(key, now)
             self._start(job)
+            # the policy core's time for this job: ordering, lookup, admission, eviction
+            job.decision_s = perf_counter() - decided
             budget -= job.beta
             batch.append(job)
         self.scheduler_s += perf_counter() - started

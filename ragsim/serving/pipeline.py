@@ -145,6 +145,7 @@ class Pipeline(EngineHooks):
         self.r_recomputed = np.zeros(n, dtype=np.int64)
         self.r_swap_in = np.zeros(n, dtype=np.int64)
         self.r_swap_in_s = np.zeros(n)  # host->GPU copy time its prefill iteration waited for
+        self.r_decision_s = np.full(n, np.nan)  # policy core's wall time admitting it
         self.r_spec_started = np.zeros(n, dtype=np.int64)
         self.r_spec_kept = np.zeros(n, dtype=bool)
         self.r_spec_wasted_s = np.zeros(n)
@@ -381,6 +382,7 @@ class Pipeline(EngineHooks):
         self.r_recomputed[i] = job.recomputed
         self.r_swap_in[i] = job.swap_in_bytes
         self.r_swap_in_s[i] = job.swap_in_s
+        self.r_decision_s[i] = job.decision_s
         self.r_prefill_start[i] = job.prefill_start_s
 
     def prefilled(self, job: Job) -> None:
@@ -478,6 +480,7 @@ class Pipeline(EngineHooks):
             "recomputed_tokens": self.r_recomputed,
             "swap_in_bytes": self.r_swap_in,
             "swap_in_s": self.r_swap_in_s,
+            "decision_s": self.r_decision_s,
             "speculations": self.r_spec_started,
             "speculation_kept": self.r_spec_kept,
             "speculation_wasted_s": self.r_spec_wasted_s,
