@@ -21,6 +21,8 @@ A profile is one JSON file::
 * ``batched_prefill``: one iteration that prefills several requests at once, priced on the
   prefill grid as the single request that computes as many tokens and query-key pairs (see
   ``BatchedPrefill``), plus a fitted term per extra request, never below its costliest member.
+  ``padding`` is ``"none"`` (varlen kernels), ``"left"`` or ``"left_masked"`` (the torch
+  reference engine: left padding under a 2-D mask, attention over the full padded rectangle).
   ``heldout_*_error`` are its relative errors on batches it was not fitted to (fractions).
 * ``decode``: one decode iteration (one token for each of ``batch_size`` requests) as a function
   of batch size and context length per request.
@@ -53,6 +55,7 @@ FORMAT_NAME = "ragsim.profile"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 BATCH_MODEL = "equivalent_request"
+PADDINGS = ("none", "left", "left_masked")  # see BatchedPrefill
 _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_parallel",
              "engine", "obtained", "kv_capacity_bytes", "overhead_s", "prefill",
              "batched_prefill", "decode", "transfers")
@@ -84,8 +87,15 @@ class BatchedPrefill:
 
     ``padding`` says what the engine computes: ``"none"`` for varlen kernels (vLLM: each request
     its own tokens and pairs), ``"left"`` for engines that left-pad the batch to its longest
-    cached prefix and longest new segment (the torch reference engine), where every row costs
-    what the longest does.
+    cached prefix and longest new segment, where every row costs what the longest does, and
+    ``"left_masked"`` for the torch reference engine, which left-pads too and hides the padding
+    with a 2-D mask: an attention kernel given a mask cannot skip the causal half, so every row
+    computes the full rectangle of longest-new queries by longest-cached + longest-new keys.
+    A single request with a cached prefix takes that masked path as well (its queries and keys
+    differ in length), computing ``beta * (alpha + beta)`` pairs, so a masked batch is priced on
+    the grid's columns with cached tokens; only ``T(0, beta)``, a request with nothing cached,
+    runs the causal fast path (measured on the CPU engine: T(1, 1024) is 15% above T(0, 1024)),
+    and so does a batch of equal uncached rows, which needs no mask.
     """
 
     grid: BilinearGrid
@@ -101,12 +111,43 @@ class BatchedPrefill:
         tokens, pairs = batch_features(cached_tokens, new_tokens, self.padding)
         if tokens <= 0:
             return 0.0
-        alpha = pairs / tokens - tokens / 2
         at = self.grid.at
+        if self.padding == "left_masked":
+            return self._masked_engine_s(cached_tokens, new_tokens, tokens, pairs)
+        alpha = pairs / tokens - tokens / 2
         if alpha >= 0:
             return at(alpha, tokens)
         none_cached = at(0.0, tokens)
         return max(2 * none_cached - at(-alpha, tokens), 0.0)
+
+    def _masked_engine_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float],
+                         tokens: float, pairs: float) -> float:
+        """``equivalent_s`` for the torch engine's two attention paths.
+
+        A masked batch is the masked request of ``tokens`` new tokens and ``pairs`` rectangle
+        pairs, ``beta (alpha + beta)``; an unmasked one (equal uncached rows) the causal fast
+        path's ``T(0, tokens)`` less the pairs it does not compute, ``beta^2 / 2 - pairs``.
+        Pairs missing below a column are priced at the masked columns' rate per cached token
+        (linear at a fixed beta, as attention is), never across the jump between T(0, .) and
+        T(1, .), which is the kernel switching paths, not the cost of one cached token.
+        """
+        at, first = self.grid.at, self._first_masked_column()
+        if masked(cached_tokens, new_tokens):
+            alpha = pairs / tokens - tokens
+            if alpha >= first:
+                return at(alpha, tokens)
+            anchor, missing = at(first, tokens), first - alpha
+        else:
+            alpha = pairs / tokens - tokens / 2
+            if alpha >= 0:
+                return at(alpha, tokens)
+            anchor, missing = at(0.0, tokens), -alpha
+        return max(anchor - (at(first + missing, tokens) - at(first, tokens)), 0.0)
+
+    def _first_masked_column(self) -> float:
+        """The fewest cached tokens the grid measured on the masked path (1 in the profiler's
+        plans); 0 if it measured none."""
+        return min((float(x) for x in self.grid.x_axis if x > 0), default=0.0)
 
     def iteration_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]) -> float:
         at = self.grid.at
@@ -140,7 +181,10 @@ class BatchedPrefill:
 def batch_features(cached_tokens: Sequence[float], new_tokens: Sequence[float],
                    padding: str = "none") -> tuple[float, float]:
     """(tokens computed, query-key pairs computed) by one batched prefill iteration."""
-    if padding == "left":
+    if padding == "left_masked" and masked(cached_tokens, new_tokens):
+        rows, longest_new = len(new_tokens), max(new_tokens)
+        return rows * longest_new, rows * longest_new * (max(cached_tokens) + longest_new)
+    if padding in ("left", "left_masked"):
         rows = len(new_tokens)
         longest_new, longest_cached = max(new_tokens), max(cached_tokens)
         return (rows * longest_new,
@@ -148,6 +192,13 @@ def batch_features(cached_tokens: Sequence[float], new_tokens: Sequence[float],
     tokens = float(sum(new_tokens))
     pairs = float(sum(b * (a + b / 2) for a, b in zip(cached_tokens, new_tokens, strict=True)))
     return tokens, pairs
+
+
+def masked(cached_tokens: Sequence[float], new_tokens: Sequence[float]) -> bool:
+    """Whether the torch reference engine runs this batch's attention with a mask: when any
+    request has a cached prefix or the new segments differ (padding). Only equal uncached rows
+    keep the causal fast path."""
+    return max(cached_tokens) > 0 or len(set(new_tokens)) > 1
 
 
 @dataclass(frozen=True)
@@ -354,9 +405,9 @@ def _batched(data: object, grid: BilinearGrid, version: int, source: str) -> Bat
         raise ProfileError(f"unknown model {data.get('model')!r}; version {version} files "
                            f"have {expected!r}", file=source, field=p + "model")
     padding = data.get("padding", "none")
-    if padding not in ("none", "left"):
-        raise ProfileError(f"unknown padding {padding!r}; known: 'none', 'left'",
-                           file=source, field=p + "padding")
+    if padding not in PADDINGS:
+        raise ProfileError(f"unknown padding {padding!r}; known: "
+                           f"{', '.join(map(repr, PADDINGS))}", file=source, field=p + "padding")
     if version == 1:
         # the rates of the separable model cannot be reused; the grid is the same
         return BatchedPrefill(grid, padding, fit={

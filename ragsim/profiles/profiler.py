@@ -9,15 +9,24 @@ a 2-D attention mask, per-row positions), decode runs one token for a batch over
 and transfers copy KV-sized tensors host<->device (pinned memory on CUDA). Every point is warmed
 up, repeated, and stored as its median with the spread (min, max).
 
+The prefill grid, the batches the batch model is fitted to, the held-out batches it is judged on
+and the held-out single requests are all timed in the same sweeps: each sweep times every one of
+them once, so a slow spell of a shared machine lands on all of them alike and the held-out errors
+are the model's, not the machine's drift between phases. ``obtained.validation.sweep_speed`` shows
+how fast each sweep ran against the typical one. Where their KV does not fit in memory at once
+(a large model's full plan on a small GPU), they are timed in consecutive groups, each a mix of
+grid rows, batches and held-out points.
+
 Measured medians are made non-decreasing along both grid axes (isotonic regression) before they
 are written: the format requires monotone grids; the raw medians and the timed batches stay in
-``obtained.raw``. Held-out points, not on the grid, and held-out batches are measured at the end
-and the file records how well the grid and the batch model predict them; where they miss the
-targets of ``ragsim.profiles.heldout`` the profile carries a warning saying why that happens and
-what to do (``obtained.warnings``, printed by ``ragsim profile`` and ``ragsim profiles show``).
+``obtained.raw``. The file records how well the grid and the batch model predict the held-out
+points and batches; where they miss the targets of ``ragsim.profiles.heldout`` the profile carries
+a warning saying why that happens and what to do (``obtained.warnings``, printed by
+``ragsim profile`` and ``ragsim profiles show``).
 
-A run writes ``OUT.partial.json`` after every point and resumes from it when started again with
-the same settings, so an interrupted profile loses at most one point.
+A run writes ``OUT.partial.json`` after every decode point, transfer size and group of sweeps and
+resumes from it when started again with the same settings, so an interrupted profile loses at most
+one of them (on a CPU's quick plan the sweeps are one group of about 40 s).
 """
 
 from __future__ import annotations
@@ -45,9 +54,16 @@ from ragsim.profiles.heldout import (
 )
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.profile import Batches, Profile, Transfers, fit_batched_prefill
-from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
+from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+# How the grid, batches and held-out points are timed; a partial file of another scheme is not
+# resumed. All of them share the same sweeps: when they were timed one phase after another, a
+# run saw 5 of its 8 held-out batches 15-39% faster than the grid-priced model predicted, and
+# another its reference grid points 1-21% faster in the batch phase than in the grid phase, every
+# batch over-predicted (see docs/profiles.md).
+SWEEP_TIMING = "grid, batches and held-out points in the same interleaved sweeps"
 
 
 @dataclass(frozen=True)
@@ -71,7 +87,7 @@ class ProfilePlan:
                    new_tokens=[1, 16, 64, 128, 256, 512, 1024],
                    batch_sizes=[1, 4, 16], context_tokens=[128, 512, 2048], batches=16,
                    held_out_points=10, held_out_batches=8,
-                   copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=5)
+                   copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=7)
 
     @classmethod
     def full(cls) -> ProfilePlan:
@@ -91,6 +107,16 @@ class Measurement:
 
 
 @dataclass
+class Timed:
+    """One set of interleaved sweeps: each pass's median and spread, and the machine's speed in
+    each sweep (median over the passes of time in that sweep / the pass's median; 1.0 is the
+    typical sweep, 1.3 one that ran 30% slow), which shows drift within the measurement."""
+
+    passes: list[Measurement]
+    sweep_speed: list[float]
+
+
+@dataclass
 class ProfilerState:
     """Everything measured so far (what ``OUT.partial.json`` holds)."""
 
@@ -101,6 +127,8 @@ class ProfilerState:
     copies: dict[str, list[float]] = field(default_factory=dict)
     held_out: list[dict] = field(default_factory=list)
     held_out_batches: list[dict] = field(default_factory=list)
+    groups_done: int = 0  # sweep groups measured (``_sweep_groups``)
+    sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
 
 
 class TorchEngine:
@@ -136,6 +164,25 @@ class TorchEngine:
                 times.append(time.perf_counter() - start)
         return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
 
+    def _sweeps(self, batches: list[Batch], warmup: int, repetitions: int) -> Timed:
+        """Time ``forward`` of every batch once per sweep; median and spread per batch."""
+        times: list[list[float]] = [[] for _ in batches]
+        for sweep in range(warmup + repetitions):
+            for k, batch in enumerate(batches):
+                self._sync()
+                start = time.perf_counter()
+                self.model.forward(batch)
+                self._sync()
+                elapsed = time.perf_counter() - start
+                self.model.undo_forward(batch)
+                if sweep >= warmup:
+                    times[k].append(elapsed)
+        medians = [float(np.median(t)) for t in times]
+        speed = [float(np.median([t[i] / m for t, m in zip(times, medians, strict=True)]))
+                 for i in range(repetitions)]
+        return Timed([Measurement(m, float(min(t)), float(max(t)))
+                      for m, t in zip(medians, times, strict=True)], speed)
+
     def prefix(self, tokens: int) -> list[LayerKV] | None:
         """A real cached prefix of ``tokens`` tokens (per-layer KV of one row), or None."""
         if not tokens:
@@ -147,40 +194,40 @@ class TorchEngine:
 
     def prefill_row(self, cached: int, new: list[int], warmup: int, repetitions: int
                     ) -> list[Measurement]:
-        """T(cached, b) for every b in ``new`` on one real prefix, in interleaved sweeps.
-
-        Each sweep times every point once, so a slow spell of a shared machine spreads over
-        the whole row instead of inflating the few points measured during it.
-        """
-        prefix = self.prefix(cached)
-        batches = [self.model.prepare([Row(prefix, self._tokens(b), cached)]) for b in new]
-        for batch in batches[1:]:
-            # one copy of the prefix serves the whole row (undo_forward crops back to it)
-            batch.cache = batches[0].cache
-        times: list[list[float]] = [[] for _ in new]
-        for sweep in range(warmup + repetitions):
-            for k, batch in enumerate(batches):
-                self._sync()
-                start = time.perf_counter()
-                self.model.forward(batch)
-                self._sync()
-                elapsed = time.perf_counter() - start
-                self.model.undo_forward(batch)
-                if sweep >= warmup:
-                    times[k].append(elapsed)
-        return [Measurement(float(np.median(t)), float(min(t)), float(max(t))) for t in times]
+        """T(cached, b) for every b in ``new`` on one real prefix, in interleaved sweeps."""
+        return self.sweeps([([cached], [b]) for b in new], warmup, repetitions).passes
 
     def prefill_batch(self, cached: list[int], new: list[int], warmup: int,
                       repetitions: int) -> Measurement:
         """Several requests in one forward pass, each on its own real prefix."""
-        batch = self.model.prepare([Row(self.prefix(a), self._tokens(b), a)
-                                    for a, b in zip(cached, new, strict=True)])
+        return self.sweeps([(cached, new)], warmup, repetitions).passes[0]
 
-        def run() -> None:
-            self.model.forward(batch)
-            self.model.undo_forward(batch)
+    def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
+               repetitions: int) -> Timed:
+        """Every pass (cached lengths, new lengths: one row per request) timed once per sweep.
 
-        return self._timed(run, warmup, repetitions)
+        Each sweep times every pass once, so a slow spell of a shared machine lands on all of
+        them alike instead of inflating the few measured during it: grid points, the batches
+        a model is fitted to and the points and batches it is judged on, timed in the same
+        sweeps, share the machine's speed. Single-request passes on the same cached length
+        share one copy of their prefix (``undo_forward`` crops back to it), as a grid row does.
+        """
+        prefixes: dict[int, list[LayerKV] | None] = {}
+        shared: dict[int, object] = {}
+
+        def prefix(a: int) -> list[LayerKV] | None:
+            if a not in prefixes:  # prepare copies a prefix, so rows may share one
+                prefixes[a] = self.prefix(a)
+            return prefixes[a]
+
+        prepared = []
+        for cached, new in passes:
+            batch = self.model.prepare([Row(prefix(a), self._tokens(b), a)
+                                        for a, b in zip(cached, new, strict=True)])
+            if len(new) == 1:
+                batch.cache = shared.setdefault(cached[0], batch.cache)
+            prepared.append(batch)
+        return self._sweeps(prepared, warmup, repetitions)
 
     def decode(self, batch: int, context: int, warmup: int, repetitions: int) -> Measurement:
         """One decode step of ``batch`` requests over ``context`` tokens each."""
@@ -245,7 +292,7 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                 progress: Progress | None = None) -> Profile:
     """Measure everything in ``plan`` and write the profile to ``out`` (resuming if possible)."""
     settings = {"model": asdict(spec), "device": device, "dtype": dtype, "plan": asdict(plan),
-                "threads": threads, "seed": seed}
+                "threads": threads, "seed": seed, "timing": SWEEP_TIMING}
     partial = out.with_name(out.name + ".partial.json")
     state = ProfilerState(settings=settings)
     if partial.exists():
@@ -263,14 +310,6 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         kv_capacity_bytes = engine.free_memory_bytes()
     plan = fit_plan_to_memory(plan, spec, kv_capacity_bytes)
 
-    for i, a in enumerate(plan.cached_tokens):
-        if any(_key(a, b) not in state.prefill for b in plan.new_tokens):
-            for b, m in zip(plan.new_tokens, engine.prefill_row(a, plan.new_tokens, w, r),
-                            strict=True):
-                state.prefill[_key(a, b)] = [m.median_s, m.min_s, m.max_s]
-            save()
-        report("prefill", i + 1, len(plan.cached_tokens))
-
     cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
     for i, (bs, ctx) in enumerate(cells):
         if _key(bs, ctx) not in state.decode:
@@ -278,17 +317,6 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             state.decode[_key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
             save()
         report("decode", i + 1, len(cells))
-
-    batch_rng = np.random.default_rng(seed + 7)
-    wanted = [_random_batch(batch_rng, plan) for _ in range(plan.batches + plan.held_out_batches)]
-    done = len(state.batches) + len(state.held_out_batches)
-    for i, (cached, new) in enumerate(wanted):
-        if i >= done:
-            m = engine.prefill_batch(cached, new, w, r)
-            target = state.batches if i < plan.batches else state.held_out_batches
-            target.append({"cached": cached, "new": new, "seconds": m.median_s})
-            save()
-        report("batched prefill", i + 1, len(wanted))
 
     for i, n_bytes in enumerate(plan.copy_bytes):
         for direction in ("h2d", "d2h"):
@@ -298,15 +326,20 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                 save()
         report("transfers", i + 1, len(plan.copy_bytes))
 
-    held_rng = np.random.default_rng(seed + 11)
-    for i in range(plan.held_out_points):
-        a = int(held_rng.integers(1, max(plan.cached_tokens) + 1))
-        b = int(held_rng.integers(plan.new_tokens[1], max(plan.new_tokens) + 1))
-        if i >= len(state.held_out):
-            m = engine.prefill(a, b, w, r)
-            state.held_out.append({"cached": a, "new": b, "seconds": m.median_s})
+    units = _sweep_units(plan, seed)
+    groups = _sweep_groups(units, spec.kv_bytes_per_token, kv_capacity_bytes // 2)
+    for g, group in enumerate(groups):
+        if g >= state.groups_done:
+            passes = [pass_ for unit in group for pass_ in unit.passes]
+            timed = engine.sweeps(passes, w, r)
+            found = iter(timed.passes)
+            for unit in group:
+                for (cached, new), m in zip(unit.passes, found, strict=False):
+                    _record(state, unit.kind, cached, new, m)
+            state.sweep_speed.append(timed.sweep_speed)
+            state.groups_done = g + 1
             save()
-        report("held-out points", i + 1, plan.held_out_points)
+        report("prefill grid, batches, held-out points", g + 1, len(groups))
 
     profile = _assemble(spec, name, device, dtype, plan, state, engine, kv_capacity_bytes,
                         label, threads)
@@ -330,6 +363,77 @@ def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: in
             f"only {budget_tokens:,} tokens of KV fit; the decode grid needs two batch sizes "
             f"at {longest:,} tokens of context", field="--device")
     return ProfilePlan(**{**asdict(plan), "batch_sizes": batches})
+
+
+def _held_out_flags(total: int, held_out: int) -> list[bool]:
+    """Which of ``total`` batches are held out: ``held_out`` of them, spread evenly (every
+    third of the quick plan's 24), so both kinds share every sweep group."""
+    return [(i + 1) * held_out // total > i * held_out // total for i in range(total)]
+
+
+@dataclass(frozen=True)
+class SweepUnit:
+    """What is timed together and recorded as one thing: a grid row (its passes share a prefix),
+    a fitted or held-out batch, or a held-out single request."""
+
+    kind: str  # "grid", "batch", "held_out_batch" or "held_out_point"
+    passes: list[tuple[list[int], list[int]]]
+
+    def kv_tokens(self) -> int:
+        """Tokens of KV its prepared passes hold at once (a grid row shares one prefix)."""
+        return max(len(new) * (max(cached) + max(new)) for cached, new in self.passes)
+
+
+def _sweep_units(plan: ProfilePlan, seed: int) -> list[SweepUnit]:
+    """The grid rows, the random batches (held-out ones spread among the fitted ones) and the
+    held-out single requests, mixed evenly so that any group of them holds every kind."""
+    grid = [SweepUnit("grid", [([a], [b]) for b in plan.new_tokens])
+            for a in plan.cached_tokens]
+    batch_rng = np.random.default_rng(seed + 7)
+    wanted = [_random_batch(batch_rng, plan) for _ in range(plan.batches + plan.held_out_batches)]
+    batches = [SweepUnit("held_out_batch" if held else "batch", [batch])
+               for batch, held in zip(wanted, _held_out_flags(len(wanted),
+                                                              plan.held_out_batches),
+                                      strict=True)]
+    held_rng = np.random.default_rng(seed + 11)
+    points = []
+    for _ in range(plan.held_out_points):
+        a = int(held_rng.integers(1, max(plan.cached_tokens) + 1))
+        b = int(held_rng.integers(plan.new_tokens[1], max(plan.new_tokens) + 1))
+        points.append(SweepUnit("held_out_point", [([a], [b])]))
+    kinds = [grid, batches, points]
+    # each unit at its fractional place in its own list, then all merged in that order
+    place = sorted((((i + 0.5) / len(k), j, i) for j, k in enumerate(kinds) for i in range(len(k))))
+    return [kinds[j][i] for _, j, i in place]
+
+
+def _sweep_groups(units: list[SweepUnit], kv_bytes_per_token: int, budget_bytes: int
+                  ) -> list[list[SweepUnit]]:
+    """Consecutive units whose prepared KV fits in ``budget_bytes`` together: each group is
+    timed in its own sweeps. A CPU's quick plan is one group, so everything shares the same
+    sweeps; a 7B model's full plan on a small GPU may need several."""
+    groups: list[list[SweepUnit]] = [[]]
+    used = 0
+    for unit in units:
+        size = unit.kv_tokens() * kv_bytes_per_token
+        if groups[-1] and used + size > budget_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(unit)
+        used += size
+    return groups
+
+
+def _record(state: ProfilerState, kind: str, cached: list[int], new: list[int],
+            m: Measurement) -> None:
+    spread = {"seconds": m.median_s, "min_s": m.min_s, "max_s": m.max_s}
+    if kind == "grid":
+        state.prefill[_key(cached[0], new[0])] = [m.median_s, m.min_s, m.max_s]
+    elif kind == "held_out_point":
+        state.held_out.append({"cached": cached[0], "new": new[0], **spread})
+    else:
+        target = state.held_out_batches if kind == "held_out_batch" else state.batches
+        target.append({"cached": cached, "new": new, **spread})
 
 
 def _batches(timed: list[dict]) -> Batches:
@@ -366,9 +470,11 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                           [float(b) for b in plan.batch_sizes],
                           [float(c) for c in plan.context_tokens], monotone_values(raw_decode))
     batched = fit_batched_prefill(
-        prefill, "left", _batches(state.batches), _batches(state.held_out_batches),
-        fitted_against=f"{len(state.batches)} measured batches of 2-4 requests",
-        heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests")
+        prefill, "left_masked", _batches(state.batches), _batches(state.held_out_batches),
+        fitted_against=f"{len(state.batches)} measured batches of 2-4 requests, timed in the "
+                       f"grid's sweeps",
+        heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests, "
+                        f"timed in the same sweeps")
     held_errors = relative_errors([prefill.at(h["cached"], h["new"]) for h in state.held_out],
                                   [h["seconds"] for h in state.held_out])
     prefill_median, prefill_max = median_and_max(held_errors)
@@ -404,9 +510,11 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
             "threads": threads,
             "warmup": plan.warmup,
             "repetitions": plan.repetitions,
-            "statistic": "median of the repetitions (interleaved sweeps along each prefill row); "
+            "statistic": "median of the repetitions (the grid, the batches and the held-out "
+                         "points in the same interleaved sweeps); "
                          "grids made non-decreasing by isotonic regression along each axis "
                          "(raw medians and min/max spread below)",
+            "timing": SWEEP_TIMING,
             "raw": {"prefill": state.prefill, "decode": state.decode,
                     "copies": state.copies, "batches": state.batches,
                     "held_out_batches": state.held_out_batches},
@@ -416,6 +524,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                 "held_out_prefill_points": len(held_errors),
                 "held_out_prefill_median_rel_error": prefill_median,
                 "held_out_prefill_max_rel_error": prefill_max,
+                "sweep_speed": state.sweep_speed,
                 "held_out_batches": len(state.held_out_batches),
                 "held_out_batch_median_rel_error": batched.heldout_median_error,
                 "held_out_batch_max_rel_error": batched.heldout_max_error,
