@@ -32,8 +32,10 @@ class Row:
     """One request's part of a forward pass.
 
     ``cached`` holds one (keys, values) pair per layer for the tokens already computed, or is
-    None; ``start`` is the position of the first new token (the cached length, unless the
-    caller knows better).
+    None; keys and values are each a tensor or a sequence of tensors, chunks along the token
+    axis in order (a prefix made of several stored nodes is copied into the batch chunk by
+    chunk, never concatenated first). ``start`` is the position of the first new token (the
+    cached length, unless the caller knows better).
     """
 
     cached: list[LayerKV] | None
@@ -124,7 +126,7 @@ class TorchModel:
         from transformers import DynamicCache
 
         torch, device = self.torch, self.device
-        cached = [0 if r.cached is None else int(r.cached[0][0].shape[-2]) for r in rows]
+        cached = [0 if r.cached is None else _tokens_of(r.cached[0][0]) for r in rows]
         new_ids = [self.token_tensor(r.token_ids) for r in rows]
         new = [int(t.shape[0]) for t in new_ids]
         if min(new) < 1:
@@ -132,19 +134,17 @@ class TorchModel:
         n, longest_cached, longest_new = len(rows), max(cached), max(new)
         cache = DynamicCache(config=self.config)
         if longest_cached:
+            heads, dim = self.config.num_key_value_heads, self.config.head_dim
             for layer in range(self.num_layers):
-                if all(c == longest_cached for c in cached):
-                    keys = torch.stack([r.cached[layer][0] for r in rows]).to(device)
-                    values = torch.stack([r.cached[layer][1] for r in rows]).to(device)
-                else:
-                    heads, dim = self.config.num_key_value_heads, self.config.head_dim
-                    keys = torch.zeros(n, heads, longest_cached, dim, device=device,
-                                       dtype=self.dtype)
-                    values = torch.zeros_like(keys)
-                    for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
-                        if a:
-                            keys[i, :, longest_cached - a:] = r.cached[layer][0]
-                            values[i, :, longest_cached - a:] = r.cached[layer][1]
+                # one copy of every cached token into the batch's cache, padding zeroed
+                full = all(c == longest_cached for c in cached)
+                keys = (torch.empty if full else torch.zeros)(
+                    n, heads, longest_cached, dim, device=device, dtype=self.dtype)
+                values = torch.empty_like(keys) if full else torch.zeros_like(keys)
+                for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
+                    if a:
+                        _copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
+                        _copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
                 cache.update(keys, values, layer_idx=layer)
         ids = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         positions = torch.zeros(n, longest_new, dtype=torch.long, device=device)
@@ -213,3 +213,22 @@ class TorchModel:
         if batch.mask is not None:
             batch.mask = batch.mask[:, :-1]
         batch.next_positions = batch.next_positions - 1
+
+
+def _tokens_of(kv: Any) -> int:
+    """Tokens in one layer's keys (or values): a tensor, or chunks along the token axis."""
+    if isinstance(kv, list | tuple):
+        return sum(int(chunk.shape[-2]) for chunk in kv)
+    return int(kv.shape[-2])
+
+
+def _copy_chunks(dst: Any, src: Any) -> None:
+    """Copy ``src`` (a tensor, or chunks along the token axis) into ``dst`` in order."""
+    if not isinstance(src, list | tuple):
+        dst.copy_(src)
+        return
+    at = 0
+    for chunk in src:
+        n = int(chunk.shape[-2])
+        dst[:, at:at + n].copy_(chunk)
+        at += n

@@ -99,7 +99,7 @@ class ContextTokens:
 class _Running:
     """A job between its prefill and its end: its whole context's KV and its next input."""
 
-    kv: NodeKV
+    kv: list  # per layer (keys, values), each a tensor or chunks along the token axis
     next_token: int
     tokens: int  # in kv
 
@@ -182,26 +182,30 @@ class TorchIterations:
                 self.store.apply(kind, n)
 
     # ------------------------------------------------------------------ prefill
-    def _prefix(self, job: Job) -> NodeKV | None:
-        """The KV of the job's first ``alpha`` tokens: the root's, then its path's nodes'."""
+    def _prefix(self, job: Job) -> list[tuple[list, list]] | None:
+        """The KV of the job's first ``alpha`` tokens, per layer as chunks along the token axis:
+        the root's, then its path's nodes', the last cut to ``alpha`` (views, not copies: the
+        batch copies them once)."""
         alpha = job.alpha
         if not alpha:
             return None
         parts: list[NodeKV] = []
         have = 0
-        nodes = [self.tree.root, *(job.path or ())]
-        for node in nodes:
+        for node in [self.tree.root, *(job.path or ())]:
             if have >= alpha:
                 break
             if node is self.tree.root and not self.tree.system_prompt_tokens:
                 continue
-            parts.append(self.store.get(node))
-            have += kv_tokens(parts[-1])
+            kv = self.store.get(node)
+            n = kv_tokens(kv)
+            if have + n > alpha:  # a block-granular engine reuses part of this node
+                kv = [(k[:, :alpha - have], v[:, :alpha - have]) for k, v in kv]
+                n = alpha - have
+            parts.append(kv)
+            have += n
         if have < alpha:
             raise AssertionError(f"request {job.request}: {alpha} tokens reused, {have} stored")
-        torch = self.model.torch
-        return [(torch.cat([p[layer][0] for p in parts], dim=-2)[:, :alpha],
-                 torch.cat([p[layer][1] for p in parts], dim=-2)[:, :alpha])
+        return [([p[layer][0] for p in parts], [p[layer][1] for p in parts])
                 for layer in range(self.model.num_layers)]
 
     def _waits_for_batch_mate(self, job: Job) -> bool:
@@ -218,7 +222,8 @@ class TorchIterations:
         return False
 
     def _store_computed(self, job: Job, new_kv: list[LayerKV]) -> None:
-        """Store the KV of the job's pending nodes that its row computed."""
+        """Store the KV of the job's pending nodes that its row computed (``new_kv``: per
+        layer, the row's new tokens, views into the batch)."""
         start = self.tree.system_prompt_tokens
         for node in job.path or ():
             end = start + node.tokens
@@ -236,19 +241,22 @@ class TorchIterations:
                 raise AssertionError(f"request {job.request}: context of {len(ids)} tokens, "
                                      f"the engine counts {job.alpha} + {job.beta}")
             rows.append(Row(self._prefix(job), ids[job.alpha:], job.alpha))
-            contexts.append(ids)
-        done = self.model.prefill(rows)
+            contexts.append(len(ids))
+        batch = self.model.prepare(rows)
+        logits = self.model.forward(batch)
         self.model.sync()
-        next_ids = done.logits.argmax(dim=-1).tolist()
-        torch = self.model.torch
+        next_ids = logits.argmax(dim=-1).tolist()
+        layers = batch.cache.layers[:self.model.num_layers]
+        end = int(layers[0].keys.shape[-2])  # a row's new tokens are its last ones
         for row, job in enumerate(jobs):
-            new_kv = done.new_kv[row]
+            b = batch.new_lengths[row]
+            new_kv = [(layer.keys[row, :, end - b:end], layer.values[row, :, end - b:end])
+                      for layer in layers]
             self._store_computed(job, new_kv)
             prefix = rows[row].cached
-            kv = new_kv if prefix is None else [
-                (torch.cat([p[0], n[0]], dim=-2), torch.cat([p[1], n[1]], dim=-2))
-                for p, n in zip(prefix, new_kv, strict=True)]
-            self._running[job] = _Running(kv, int(next_ids[row]), len(contexts[row]))
+            kv = [([k], [v]) for k, v in new_kv] if prefix is None else [
+                ([*pk, k], [*pv, v]) for (pk, pv), (k, v) in zip(prefix, new_kv, strict=True)]
+            self._running[job] = _Running(kv, int(next_ids[row]), contexts[row])
             self.outputs[job.request] = [int(next_ids[row])]
         self.times.prefill_passes += 1
 
@@ -299,8 +307,8 @@ class TorchIterations:
             if state is None:
                 continue
             lo = total - state.tokens
-            state.kv = [(layer.keys[i, :, lo:].clone(), layer.values[i, :, lo:].clone())
-                        for layer in layers]
+            # views: the next batch copies them, and this one lives until then
+            state.kv = [(layer.keys[i, :, lo:], layer.values[i, :, lo:]) for layer in layers]
         self._decode_batch = None
         self._decode_order = []
 
