@@ -39,18 +39,6 @@ SAME_RUN_RATIO_BOUND = 1.25
 ATTEMPTS = 3
 
 
-@pytest.fixture(scope="module")
-def quick_profile(tmp_path_factory):
-    """A quick CPU profile of a scaled-down Mistral-7B (about a minute on two cores); what
-    `ragsim profile` printed is kept next to it."""
-    out = tmp_path_factory.mktemp("profile") / "cpu.json"
-    result = runner.invoke(app, ["profile", "--model", "mistral-7b", "--layers", "2", "--hidden",
-                                 "256", "--device", "cpu", "--quick", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    (out.parent / "printed.txt").write_text(result.output)
-    return out
-
-
 def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_profile):
     p = load_profile(str(quick_profile))
     assert p.kind == "measured" and p.name == "cpu-mistral-7b-l2-h256"
