@@ -168,6 +168,18 @@ def component_errors(joined: pd.DataFrame) -> dict[str, dict]:
     return errors
 
 
+def iteration_time_ratio(real_summary: dict) -> float | None:
+    """Predicted over measured time of the real run's own iterations (prefills and decode
+    steps, as the profile prices each): the cost model's error before queueing amplifies it.
+    Near 1 with a large TTFT error points at the pipeline model; away from 1, at the profile
+    (or at a machine whose speed moved since it was measured). None for a simulated 'real'."""
+    costs = real_summary.get("cost_model_errors")
+    if not costs:
+        return None
+    measured = sum(kind["measured_s"] for kind in costs.values())
+    return sum(kind["predicted_s"] for kind in costs.values()) / measured if measured else None
+
+
 def dominant_component(components: dict[str, dict]) -> str | None:
     """The component whose error is largest in absolute terms (None when none is known)."""
     known = {name: abs(c["error_s"]) for name, c in components.items()
@@ -220,6 +232,7 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         **tost_log_ratio(ttft_sim, ttft_real),
         "components": components,
         "dominant_component": dominant_component(components),
+        "iteration_time_ratio": iteration_time_ratio(real.summary),
     }
     report["checks"] = checks(report, sequential=config.arrival == "sequential",
                               overload=load == LOAD_OVER)

@@ -266,3 +266,12 @@ def test_cli_bad_input_is_one_line_naming_the_option(tmp_path, args, flag):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def test_iteration_time_ratio_sums_every_kind():
+    # by hand: predicted 0.5 + 3.0 = 3.5 s against measured 2.0 + 2.0 = 4.0 s -> 0.875
+    summary = {"cost_model_errors": {
+        "prefill_single": {"predicted_s": 0.5, "measured_s": 2.0},
+        "decode": {"predicted_s": 3.0, "measured_s": 2.0}}}
+    assert v.iteration_time_ratio(summary) == pytest.approx(0.875)
+    assert v.iteration_time_ratio({}) is None  # a simulated "real" side has no iterations

@@ -262,6 +262,9 @@ def _print_report(r: dict) -> None:
         table.add_row(label, value, f"{c['sense']} {c['target']:.0%}", _mark(c["passed"]))
     for q in (50, 90, 99):
         table.add_row(f"TTFT p{q} error", _pct(r[f"ttft_p{q}_error"]), "", "")
+    if r.get("iteration_time_ratio") is not None:
+        table.add_row("iteration time, predicted / measured",
+                      f"{r['iteration_time_ratio']:.3f}", "", "")
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p)",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
