@@ -234,6 +234,8 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         "dominant_component": dominant_component(components),
         "iteration_time_ratio": iteration_time_ratio(real.summary),
     }
+    if config.arrival == "sequential":  # compared without the decisions that race with time
+        report["sequential_without"] = sorted(TIME_DRIVEN)
     report["checks"] = checks(report, sequential=config.arrival == "sequential",
                               overload=load == LOAD_OVER)
     report["real"], report["sim"] = real.summary, sim.summary
@@ -355,12 +357,29 @@ def parse_loads(text: str) -> list[str]:
         [LOAD_IDLE] if LOAD_IDLE in points else [])
 
 
+# Decisions that race with time even one request at a time: a speculative job started during a
+# request's search is admitted to the cache or not depending on whether the engine is still
+# busy with the previous one's iteration when the search moves on, and host replicas are copied
+# every ``replicate_every_s`` seconds, so a slower real run copies at other requests than the
+# simulation. Sequential comparisons turn them off (and say so), so that hit agreement tests the
+# cache policy exactly; the open-loop points keep every setting.
+TIME_DRIVEN = {"speculate": False, "host_replicas": 0}
+
+
+def sequential_config(config: SimConfig) -> tuple[SimConfig, dict]:
+    """One request at a time, without the time-driven decisions; returns the configuration and
+    the settings it changed (field -> (was, now))."""
+    changed = {field: (getattr(config, field), value) for field, value in TIME_DRIVEN.items()
+               if getattr(config, field) != value}
+    return config.replace(arrival="sequential", **TIME_DRIVEN), changed
+
+
 def config_at_load(config: SimConfig, load: str, capacity_rps: float | None) -> SimConfig:
     """The configuration of one load point: ``over`` (Poisson at ``config.rate_rps`` if given,
     else every request at once), a percentage of ``capacity_rps``, or ``idle`` (one request at a
     time)."""
     if load == LOAD_IDLE:
-        return config.replace(arrival="sequential")
+        return sequential_config(config)[0]
     if load == LOAD_OVER:
         return config.replace(arrival="poisson", rate_rps=config.rate_rps or BURST_RATE_RPS)
     return config.replace(arrival="poisson", rate_rps=capacity_rps * float(load) / 100)

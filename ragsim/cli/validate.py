@@ -84,7 +84,8 @@ def validate(
         "--profile-now", help="Profile the engine on this machine first (quick plan) and "
         "use that profile.")] = False,
     sequential: Annotated[bool, typer.Option(
-        "--sequential", help="One request at a time (hit agreement must then be 1.0).")
+        "--sequential", help="One request at a time, speculation and host replicas off "
+        "(their decisions race with time): hit agreement must then be 1.0.")
     ] = False,
     loads: Annotated[str | None, typer.Option(
         help="Compare at several loads, e.g. idle,50,90,over: the overload point's real "
@@ -116,7 +117,12 @@ def validate(
     config = config.replace(profile=str(out_dir / "profile.json") if profile_now
                             else profile or costs.name)
     if sequential:
-        config = config.replace(arrival="sequential")
+        config, changed = v.sequential_config(config)
+        if changed and not json_output:
+            err.print("[dim]note:[/] sequential: "
+                      + ", ".join(f"{k} {was} -> {now}" for k, (was, now) in changed.items())
+                      + " (decisions that race with time; the open-loop runs keep them)",
+                      highlight=False)
     reference = None
     if reference_profile is not None:
         from ragsim.profiles.profile import load_profile

@@ -1,0 +1,78 @@
+"""A small validation on this machine's CPU: the real engine against the simulation.
+
+``ragsim validate --backend torch --sequential`` on a small trace (200 requests of three short
+documents and four output tokens, tight GPU and host memories so that nodes are swapped out,
+back in and dropped), with a profile measured minutes earlier in this session (``quick_profile``).
+
+* **Hit agreement is exact**: one request at a time, the real run and the simulation make the
+  same cache decisions (the policy core's, not timing's), so every request's cached tokens per
+  tier must be equal: 1.0, no margin.
+* **TTFT errors within the targets plus a stated noise margin.** The targets are 10% (mean) and
+  25% (p90 of per-request |error|). A shared two-core machine's speed moves by more than that
+  within a minute: the same 530-token prefill measured 50, 43 and 33 ms in three runs seconds
+  apart (docs/validation.md), and the profile is measured before the runs, not during them. So
+  the test allows ``NOISE_MARGIN`` on top of each target: it fails when the model is wrong by
+  more than the machine's drift (a prefill priced at half its cost, a pipeline that forgets
+  the search), not when the machine had a slow minute. ``iteration_time_ratio`` in the report
+  tells the two apart; it is checked for sanity here, not for accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch  # noqa: F401 - [profile] is in [dev]: missing is a broken set-up, not a skip
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+from ragsim.traces.io import TraceBuilder, write_trace
+
+TARGET_MEAN_ABS_ERROR = 0.10
+TARGET_P90_ABS_ERROR = 0.25
+NOISE_MARGIN = 0.25  # the machine's drift between profiling and running (see above)
+REQUESTS = 200
+
+
+def small_trace(n: int = REQUESTS, seed: int = 5, documents: int = 40):
+    """Zipf-like retrieval of 3 of 40 documents (40-300 tokens), queries of 8-40 tokens, four
+    output tokens: prefills inside the quick profile's grid, decode short, a run of seconds."""
+    rng = np.random.default_rng(seed)
+    sizes = {d: int(rng.integers(40, 301)) for d in range(documents)}
+    weights = 1.0 / np.arange(1, documents + 1) ** 0.9
+    weights /= weights.sum()
+    b = TraceBuilder("validation-small")
+    for i in range(n):
+        docs = [int(d) for d in rng.choice(documents, size=3, replace=False, p=weights)]
+        b.add(i, 0.0, int(rng.integers(8, 41)), 4, docs, [sizes[d] for d in docs])
+    return b.build({"name": "validation-small"})
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory):
+    return write_trace(small_trace(), tmp_path_factory.mktemp("trace") / "small")
+
+
+@pytest.mark.parametrize("system", ["ragcache", "sglang", "vllm"])
+def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, system):
+    out = tmp_path / "validation"
+    result = CliRunner().invoke(app, [
+        "validate", "--backend", "torch", "--sequential", "--trace", str(trace_dir),
+        "--system", system, "--requests", str(REQUESTS), "--profile", str(quick_profile),
+        "--gpu-mem", "4MiB", "--host-mem", "2MiB", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report == json.loads((out / "validation.json").read_text())
+    assert report["requests"] == REQUESTS and report["requests_dropped"] == 0
+    assert report["backend"] == "torch" and report["real"]["backend"] == "torch"
+    assert report["hit_agreement"] == 1.0
+    if system != "vllm":  # vllm: no cache; the others must have reused and moved KV
+        assert report["real"]["token_hit_rate"] > 0
+        moves = report["real"]["engine_moves"]
+        assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
+    assert abs(report["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + NOISE_MARGIN, report
+    assert report["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + NOISE_MARGIN, report
+    assert 0.5 < report["iteration_time_ratio"] < 2.0
+    # the policy core's decision time per request (the paper: < 1 ms)
+    assert report["real"]["decision_p50_ms"] < 1.0
