@@ -132,3 +132,19 @@ def test_open_loop_real_run_writes_the_simulators_columns():
     assert np.isfinite(ttft).all() and (ttft > 0).all()
     # the same arrivals (re-timed with the same seed) in both
     assert real.columns["arrival_s"].tolist() == pytest.approx(sim.columns["arrival_s"].tolist())
+
+
+def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
+    """All requests at once: prefills of mixed cached lengths share passes, and the decode
+    batch changes at every join and leave (rows taken from the last step's cache, joiners
+    copied in). Greedy tokens must be those of the same requests served one at a time."""
+    trace = small_trace(n=16)
+    burst = {"arrival": "poisson", "rate_rps": 1e6, "max_prefill_bs": 4}
+    batched = real_run(trace, config("ragcache", **MEMORY, **burst))
+    alone = real_run(trace, config("vllm"))
+    summary = batched.result.summary
+    assert summary["iterations_prefill"] < 16  # requests shared prefill passes
+    assert summary["engine_decode_rebuilds"] > 1
+    outputs = batched.iterations.outputs
+    assert outputs == alone.iterations.outputs
+    assert all(len(tokens) == 3 for tokens in outputs.values())

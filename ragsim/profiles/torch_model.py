@@ -126,7 +126,7 @@ class TorchModel:
         from transformers import DynamicCache
 
         torch, device = self.torch, self.device
-        cached = [0 if r.cached is None else _tokens_of(r.cached[0][0]) for r in rows]
+        cached = [0 if r.cached is None else tokens_of(r.cached[0][0]) for r in rows]
         new_ids = [self.token_tensor(r.token_ids) for r in rows]
         new = [int(t.shape[0]) for t in new_ids]
         if min(new) < 1:
@@ -143,8 +143,8 @@ class TorchModel:
                 values = torch.empty_like(keys) if full else torch.zeros_like(keys)
                 for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
                     if a:
-                        _copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
-                        _copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
+                        copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
+                        copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
                 cache.update(keys, values, layer_idx=layer)
         ids = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         positions = torch.zeros(n, longest_new, dtype=torch.long, device=device)
@@ -215,14 +215,14 @@ class TorchModel:
         batch.next_positions = batch.next_positions - 1
 
 
-def _tokens_of(kv: Any) -> int:
+def tokens_of(kv: Any) -> int:
     """Tokens in one layer's keys (or values): a tensor, or chunks along the token axis."""
     if isinstance(kv, list | tuple):
         return sum(int(chunk.shape[-2]) for chunk in kv)
     return int(kv.shape[-2])
 
 
-def _copy_chunks(dst: Any, src: Any) -> None:
+def copy_chunks(dst: Any, src: Any) -> None:
     """Copy ``src`` (a tensor, or chunks along the token axis) into ``dst`` in order."""
     if not isinstance(src, list | tuple):
         dst.copy_(src)

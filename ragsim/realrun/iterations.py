@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 import simpy
+from transformers import DynamicCache
 
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
-from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
+from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_chunks
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
 from ragsim.realrun.tokens import document_token_ids, query_token_ids
 from ragsim.serving.engine import Job, PrefillTiming, Wait
@@ -99,7 +100,8 @@ class ContextTokens:
 class _Running:
     """A job between its prefill and its end: its whole context's KV and its next input."""
 
-    kv: list  # per layer (keys, values), each a tensor or chunks along the token axis
+    kv: list | None  # per layer (keys, values), each a tensor or chunks along the token axis;
+    #                   None once the job's row is in the decode batch
     next_token: int
     tokens: int  # in kv
 
@@ -283,45 +285,69 @@ class TorchIterations:
         return PrefillTiming(duration_s=duration, compute_s=duration - copy_s, copy_s=copy_s)
 
     # ------------------------------------------------------------------ decode
-    def _rebuild(self, order: list[Job]) -> Any:
-        """One padded decode batch for ``order``: each job's KV and its next token."""
-        self._collect()
-        rows = [Row(self._running[j].kv, [self._running[j].next_token],
-                    self._running[j].tokens) for j in order]
-        batch = self.model.prepare(rows)
-        self._decode_order = order
-        self._decode_batch = batch
+    def _rebuild(self, members: set[Job]) -> tuple[Batch, list[Job]]:
+        """The decode batch for ``members``: rows that ran the last step are taken from its
+        cache in one indexed copy per layer, rows that join are copied in from their prefill's
+        KV. Every row's KV ends at the same index (left padding, masked), so a step appends
+        every row's token at one position. (Copying each row from its own KV, as ``prepare``
+        does, cost a quarter of a second per change of a 100-request batch on this CPU.)"""
+        torch, model = self.model.torch, self.model
+        old, old_order = self._decode_batch, self._decode_order
+        kept = [j for j in old_order if j in members] if old is not None else []
+        kept_set = set(kept)
+        joined = sorted((j for j in members if j not in kept_set), key=lambda j: j.key)
+        order = kept + joined
+        lengths = [self._running[j].tokens for j in order]
+        n, longest = len(order), max(lengths)
+        heads, dim = model.config.num_key_value_heads, model.config.head_dim
+        device, dtype = model.device, model.dtype
+        cache = DynamicCache(config=model.config)
+        if kept:
+            where = {j: i for i, j in enumerate(old_order)}
+            index = torch.tensor([where[j] for j in kept], device=device)
+            old_layers = old.cache.layers[:model.num_layers]
+            old_total = int(old_layers[0].keys.shape[-2])
+            take = min(longest, old_total)
+        for layer in range(model.num_layers):
+            pair = []
+            for side in (0, 1):
+                buffer = torch.zeros(n, heads, longest, dim, device=device, dtype=dtype)
+                if kept:
+                    source = (old_layers[layer].keys if side == 0
+                              else old_layers[layer].values)
+                    buffer[:len(kept), :, longest - take:] = source.index_select(
+                        0, index)[:, :, old_total - take:]
+                for row, job in enumerate(joined, start=len(kept)):
+                    copy_chunks(buffer[row, :, longest - lengths[row]:],
+                                self._running[job].kv[layer][side])
+                pair.append(buffer)
+            cache.update(pair[0], pair[1], layer_idx=layer)
+        for job in joined:
+            self._running[job].kv = None  # its KV lives in the batch from now on
+        sizes = torch.tensor(lengths, device=device).reshape(n, 1)
+        mask = None
+        if len(set(lengths)) > 1:  # each row's own tokens and the one it feeds now
+            span = torch.arange(longest + 1, device=device).reshape(1, -1)
+            mask = (span >= longest - sizes).to(torch.long)
+        batch = Batch(ids=model.token_tensor([self._running[j].next_token for j in order]
+                                             ).reshape(n, 1),
+                      mask=mask, positions=sizes, cache=cache, cached_lengths=lengths,
+                      new_lengths=[1] * n, next_positions=sizes + 1)
+        self._decode_batch, self._decode_order = batch, order
         self.times.decode_rebuilds += 1
-        return batch
-
-    def _collect(self) -> None:
-        """Copy each row's KV out of the current decode batch back to its job (before the
-        batch is rebuilt or a job leaves it)."""
-        batch = self._decode_batch
-        if batch is None:
-            return
-        layers = batch.cache.layers[:self.model.num_layers]
-        total = int(layers[0].keys.shape[-2])
-        for i, job in enumerate(self._decode_order):
-            state = self._running.get(job)
-            if state is None:
-                continue
-            lo = total - state.tokens
-            # views: the next batch copies them, and this one lives until then
-            state.kv = [(layer.keys[i, :, lo:], layer.values[i, :, lo:]) for layer in layers]
-        self._decode_batch = None
-        self._decode_order = []
+        return batch, order
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
         started = perf_counter()
-        order = sorted(jobs, key=lambda j: j.key)
-        rebuilt = not (order == self._decode_order and self._decode_batch is not None)
+        order = self._decode_order
+        rebuilt = not (self._decode_batch is not None and len(order) == len(jobs)
+                       and all(j in jobs for j in order))
         if not rebuilt:
-            batch = self._decode_batch
-            logits = self.model.decode(batch, [self._running[j].next_token for j in order])
+            logits = self.model.decode(self._decode_batch,
+                                       [self._running[j].next_token for j in order])
         else:
             rebuild_started = perf_counter()
-            batch = self._rebuild(order)
+            batch, order = self._rebuild(jobs)
             self.times.decode_rebuild_s += perf_counter() - rebuild_started
             logits = self.model.forward(batch)
         self.model.sync()
