@@ -286,11 +286,11 @@ class TorchIterations:
 
     # ------------------------------------------------------------------ decode
     def _rebuild(self, members: set[Job]) -> tuple[Batch, list[Job]]:
-        """The decode batch for ``members``: rows that ran the last step are taken from its
-        cache in one indexed copy per layer, rows that join are copied in from their prefill's
-        KV. Every row's KV ends at the same index (left padding, masked), so a step appends
-        every row's token at one position. (Copying each row from its own KV, as ``prepare``
-        does, cost a quarter of a second per change of a 100-request batch on this CPU.)"""
+        """The decode batch for ``members``: rows that ran the last step are copied from its
+        cache, rows that join from their prefill's KV, each once, into a buffer zeroed only
+        where rows are padded. Every row's KV ends at the same index (left padding, masked), so
+        a step appends every row's token at one position. A real engine pages its KV and copies
+        none of it when its batch changes; this one copies the running KV once per change."""
         torch, model = self.model.torch, self.model
         old, old_order = self._decode_batch, self._decode_order
         kept = [j for j in old_order if j in members] if old is not None else []
@@ -304,20 +304,24 @@ class TorchIterations:
         cache = DynamicCache(config=model.config)
         if kept:
             where = {j: i for i, j in enumerate(old_order)}
-            index = torch.tensor([where[j] for j in kept], device=device)
+            old_rows = [where[j] for j in kept]
             old_layers = old.cache.layers[:model.num_layers]
             old_total = int(old_layers[0].keys.shape[-2])
             take = min(longest, old_total)
         for layer in range(model.num_layers):
             pair = []
             for side in (0, 1):
-                buffer = torch.zeros(n, heads, longest, dim, device=device, dtype=dtype)
+                # written once: each row's KV where it belongs, zeros only in its padding
+                buffer = torch.empty(n, heads, longest, dim, device=device, dtype=dtype)
                 if kept:
                     source = (old_layers[layer].keys if side == 0
                               else old_layers[layer].values)
-                    buffer[:len(kept), :, longest - take:] = source.index_select(
-                        0, index)[:, :, old_total - take:]
+                    for row, old_row in enumerate(old_rows):
+                        buffer[row, :, longest - take:] = source[old_row, :, old_total - take:]
+                    if longest > take:
+                        buffer[:len(kept), :, :longest - take].zero_()
                 for row, job in enumerate(joined, start=len(kept)):
+                    buffer[row, :, :longest - lengths[row]].zero_()
                     copy_chunks(buffer[row, :, longest - lengths[row]:],
                                 self._running[job].kv[layer][side])
                 pair.append(buffer)
