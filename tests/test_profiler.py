@@ -295,3 +295,23 @@ def test_scaled_down_keeps_the_architecture_family():
     assert spec.num_attention_heads * spec.head_dim == spec.hidden_size
     result = runner.invoke(app, ["profile", "--hidden", "100", "--quick"])
     assert result.exit_code == 2 and "--hidden" in result.output
+
+
+def test_padded_batch_past_the_grid_is_priced_row_by_row():
+    """A padded batch whose equivalent single request (rows x longest new) lies past the grid:
+    on a cost whose rows share nothing (no fixed part), each row costs a request of the padded
+    shape, which the model prices on the grid; the equivalent request, extrapolated to three
+    times the grid's new tokens, is far off (an overloaded CPU run's 8-row batches ran 14x it)."""
+    cost = _linear_cost(0.0, 4e-5, 1e-8, 0.0)
+    xs, ys = [0, 1, 128, 512, 1024, 2048], [16, 64, 256, 512, 1024]
+    grid = BilinearGrid("t", "cached_tokens", "new_tokens", [float(x) for x in xs],
+                        [float(y) for y in ys], [[cost([a], [b]) for b in ys] for a in xs])
+    model = BatchedPrefill(grid, "left_masked")
+    # longest rows on the grid's points, so interpolation adds nothing
+    for cached, new in [([0, 0, 0], [900, 800, 1024]), ([512, 0, 128, 0], [700, 1024, 300, 50])]:
+        # by hand: rows x cost of one masked request of the padded shape (>= 1 cached token)
+        by_hand = len(new) * cost([max(max(cached), 1)], [max(new)])
+        assert model.iteration_s(cached, new) == pytest.approx(by_hand, rel=1e-9)
+        assert model.iteration_s(cached, new) == pytest.approx(cost(cached, new), rel=2e-3)
+        extrapolated = model.equivalent_s(cached, new)
+        assert abs(extrapolated - cost(cached, new)) / cost(cached, new) > 0.2

@@ -154,9 +154,30 @@ class BatchedPrefill:
         costliest = max(at(a, b) for a, b in zip(cached_tokens, new_tokens, strict=True))
         if len(new_tokens) == 1:
             return costliest
+        if self._padded_beyond_grid(new_tokens):
+            return self._padded_rows_s(cached_tokens, new_tokens)
         batched = self.equivalent_s(cached_tokens, new_tokens) + self.per_extra_request_s * (
             len(new_tokens) - 1)
         return max(batched, costliest)
+
+    def _padded_beyond_grid(self, new_tokens: Sequence[float]) -> bool:
+        """A padded batch whose equivalent single request (rows x longest new tokens) lies past
+        the grid's new tokens: pricing it would extrapolate the grid several times its size."""
+        return (self.padding in ("left", "left_masked")
+                and len(new_tokens) * max(new_tokens) > max(self.grid.y_axis))
+
+    def _padded_rows_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
+                       ) -> float:
+        """Every row of a padded batch as a request of the padded shape (the longest cached and
+        new lengths; on the masked path where the batch is masked). Used past the grid, where
+        the equivalent request cannot be priced: an overloaded CPU run's 8-row batches of
+        ~3,000 tokens took 14x what the extrapolated equivalent request predicted, and about
+        this (each row costs what it computes; weight reads shared by rows are negligible next
+        to attention at these lengths)."""
+        longest_cached, longest_new = max(cached_tokens), max(new_tokens)
+        if self.padding == "left_masked" and masked(cached_tokens, new_tokens):
+            longest_cached = max(longest_cached, self._first_masked_column())
+        return len(new_tokens) * self.grid.at(longest_cached, longest_new)
 
     def describe(self) -> str:
         """One line for people (``ragsim profiles show``)."""
