@@ -180,6 +180,18 @@ def iteration_time_ratio(real_summary: dict) -> float | None:
     return sum(kind["predicted_s"] for kind in costs.values()) / measured if measured else None
 
 
+def beyond_profile_time_share(real_summary: dict) -> float | None:
+    """Share of the real engine's iteration time spent in iterations past what the profile
+    measured (larger batches, longer contexts: priced by extrapolation). A large share says the
+    profile, not the model, is what to extend. None for a simulated 'real'."""
+    costs = real_summary.get("cost_model_errors")
+    if not costs:
+        return None
+    measured = sum(kind["measured_s"] for kind in costs.values())
+    past = sum(kind.get("beyond_profile_measured_s", 0.0) for kind in costs.values())
+    return past / measured if measured else None
+
+
 def dominant_component(components: dict[str, dict]) -> str | None:
     """The component whose error is largest in absolute terms (None when none is known)."""
     known = {name: abs(c["error_s"]) for name, c in components.items()
@@ -233,6 +245,7 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         "components": components,
         "dominant_component": dominant_component(components),
         "iteration_time_ratio": iteration_time_ratio(real.summary),
+        "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }
     if config.arrival == "sequential":  # compared without the decisions that race with time
         report["sequential_without"] = sorted(TIME_DRIVEN)

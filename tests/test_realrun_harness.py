@@ -148,3 +148,25 @@ def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
     outputs = batched.iterations.outputs
     assert outputs == alone.iterations.outputs
     assert all(len(tokens) == 3 for tokens in outputs.values())
+
+
+def test_cost_model_errors_flag_iterations_past_the_profile():
+    """The shipped CPU profile measured prefills up to 2,048 cached and 3,072 new tokens and
+    decode steps up to 16 requests of 2,048 tokens: iterations past that are flagged."""
+    from ragsim.realrun.harness import cost_model_errors
+
+    profile = load_profile(PROFILE)
+    assert (max(profile.prefill.x_axis), max(profile.prefill.y_axis)) == (2048, 3072)
+    assert (max(profile.decode.x_axis), max(profile.decode.y_axis)) == (16, 2048)
+    log = [("prefill", [0], [500], 0.05, 0.0),             # inside
+           ("prefill", [0, 0], [2000, 1900], 1.0, 0.0),    # padded 2 x 2,000 > 3,072: past
+           ("prefill", [3000], [100], 0.05, 0.0),          # 3,000 cached > 2,048: past
+           ("decode", 64, 500.0, 0.2, False),              # 64 requests > 16: past
+           ("decode", 8, 1000.0, 0.01, False)]             # inside
+    errors = cost_model_errors(log, profile)
+    assert errors["prefill_single"]["beyond_profile_iterations"] == 1
+    assert errors["prefill_single"]["beyond_profile_measured_s"] == pytest.approx(0.05)
+    assert errors["prefill_batch"]["beyond_profile_iterations"] == 1
+    assert errors["decode"]["beyond_profile_iterations"] == 1
+    assert errors["decode"]["beyond_profile_measured_s"] == pytest.approx(0.2)
+    assert errors["decode"]["measured_s"] == pytest.approx(0.21)

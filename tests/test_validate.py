@@ -275,3 +275,12 @@ def test_iteration_time_ratio_sums_every_kind():
         "decode": {"predicted_s": 3.0, "measured_s": 2.0}}}
     assert v.iteration_time_ratio(summary) == pytest.approx(0.875)
     assert v.iteration_time_ratio({}) is None  # a simulated "real" side has no iterations
+
+
+def test_beyond_profile_time_share():
+    # by hand: 1.5 s of 4.0 s measured lay past the profile's grids -> 0.375
+    summary = {"cost_model_errors": {
+        "prefill_batch": {"measured_s": 2.0, "beyond_profile_measured_s": 1.5},
+        "decode": {"measured_s": 2.0, "beyond_profile_measured_s": 0.0}}}
+    assert v.beyond_profile_time_share(summary) == pytest.approx(0.375)
+    assert v.beyond_profile_time_share({}) is None

@@ -271,6 +271,9 @@ def _print_report(r: dict) -> None:
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
+    if r.get("beyond_profile_time_share") is not None:
+        table.add_row("engine time past the profile's range",
+                      f"{r['beyond_profile_time_share']:.1%}", "", "")
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p)",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "

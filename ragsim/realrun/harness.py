@@ -119,29 +119,39 @@ class RealRun(Pipeline):
 def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
     """How the profile's predictions compare with the iterations as they ran, per kind:
     single prefills, batched prefills, decode steps (rebuilt batches apart). Per kind: how many,
-    the median of predicted / measured, and the median and p90 of |predicted - measured| /
-    measured. This separates the cost model's error from the queueing it causes."""
-    kinds: dict[str, tuple[list, list]] = {}
+    the median of predicted / measured, the median and p90 of |predicted - measured| /
+    measured, and how many (and how much measured time) lay past what the profile measured
+    (priced by extrapolation). This separates the cost model's error from the queueing it
+    causes, and an extrapolation from a wrong model."""
+    prefill_x, prefill_y = max(profile.prefill.x_axis), max(profile.prefill.y_axis)
+    decode_x, decode_y = max(profile.decode.x_axis), max(profile.decode.y_axis)
+    kinds: dict[str, list[list]] = {}
     for entry in log:
         if entry[0] == "prefill":
             _, cached, new, seconds, _copy = entry
             kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
             predicted = prefill_compute_s(profile, cached, new)
+            padded_new = len(new) * max(new)  # what a padded batch prices on the grid
+            beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
             _, size, context, seconds, rebuilt = entry
             kind = "decode_rebuilt" if rebuilt else "decode"
             predicted = decode_step_s(profile, size, context)
-        pair = kinds.setdefault(kind, ([], []))
-        pair[0].append(predicted)
-        pair[1].append(seconds)
+            beyond = size > decode_x or context > decode_y
+        columns = kinds.setdefault(kind, [[], [], []])
+        columns[0].append(predicted)
+        columns[1].append(seconds)
+        columns[2].append(beyond)
     result = {}
-    for kind, (predicted, measured) in sorted(kinds.items()):
-        p, m = np.array(predicted), np.array(measured)
+    for kind, (predicted, measured, beyond) in sorted(kinds.items()):
+        p, m, past = np.array(predicted), np.array(measured), np.array(beyond, dtype=bool)
         errors = np.abs(p - m) / m
         result[kind] = {"iterations": len(m), "median_ratio": float(np.median(p / m)),
                         "median_abs_error": float(np.median(errors)),
                         "p90_abs_error": float(np.percentile(errors, 90)),
-                        "measured_s": float(m.sum()), "predicted_s": float(p.sum())}
+                        "measured_s": float(m.sum()), "predicted_s": float(p.sum()),
+                        "beyond_profile_iterations": int(past.sum()),
+                        "beyond_profile_measured_s": float(m[past].sum())}
     return result
 
 
