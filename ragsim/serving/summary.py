@@ -53,6 +53,12 @@ def _swap_in_after_search(cols: dict[str, np.ndarray]) -> np.ndarray:
 
 TTFT_COMPONENTS = ("search_wait", "search", "queue", "swap_in", "prefill")
 
+# What a run measures of the process that ran it (wall time, this CPU), not of the modelled
+# system: every other column and field is the same for the same seed, these never are.
+WALL_CLOCK_COLUMNS = ("decision_s",)
+WALL_CLOCK_FIELDS = ("elapsed_s", "sim_requests_per_wall_s", "sim_s_per_wall_s",
+                     "scheduler_overhead_ms_per_decision", "decision_p50_ms", "decision_p99_ms")
+
 
 def ttft_components(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Each request's TTFT split into search wait + search + queue + host->GPU copy + prefill
