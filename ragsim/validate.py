@@ -410,4 +410,5 @@ def load_row(report: dict) -> dict:
             "real_throughput_rps": report["real"]["throughput_rps"],
             "sim_throughput_rps": report["sim"]["throughput_rps"],
             "dominant_component": report["dominant_component"],
+            "interrupted": bool(report.get("interrupted", False)),
             **{f"{name}_passed": passed for name, passed in marks.items()}}

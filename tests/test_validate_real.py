@@ -76,3 +76,30 @@ def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, s
     assert 0.5 < report["iteration_time_ratio"] < 2.0
     # the policy core's decision time per request (the paper: < 1 ms)
     assert report["real"]["decision_p50_ms"] < 1.0
+
+
+def test_sigterm_keeps_and_compares_what_ended(tmp_path):
+    """A validation stopped by SIGTERM mid-run (the real run takes a minute) compares and
+    writes the requests that ended in both runs, says so, and exits with 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cut"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragsim", "validate", "--backend", "torch", "--sequential",
+         "--trace", "mmlu", "--requests", "400", "--out", str(out), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    # wait until the real run is serving (its progress is not printed with --json: poll for
+    # the model's start by time), then stop it
+    time.sleep(20)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 10))
+    assert process.returncode == 143, stderr
+    report = json.loads((out / "validation.json").read_text())
+    assert report["interrupted"] is True
+    assert 0 < report["requests"] < 400
+    assert report["hit_agreement"] == 1.0
+    assert "terminated" in stderr

@@ -5,6 +5,7 @@ writes and prints)."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -18,12 +19,14 @@ from ragsim.cli.common import (
     check_out_dir,
     counting_progress,
     err,
+    exit_interrupted,
     friendly_errors,
     ms,
     out,
     phased_progress,
     print_json,
     require_extra,
+    sigterm_like_ctrl_c,
     write_results,
 )
 from ragsim.errors import RagsimInputError
@@ -144,24 +147,49 @@ def validate(
                                    reference_profile=reference,
                                    progress=lambda ended, _now: done(ended))
         report = v.compare(real, sim, backend=backend, load=load)
+        # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
+        report["interrupted"] = bool(real.summary.get("interrupted"))
         _write_pair(folder, real, sim, report, backend)
         return report
 
-    if points is None:
-        report = one(config, None, out_dir)
-        print_json(report) if json_output else _print_report(report)
-        return
-    rows, capacity_rps = [], None
-    for load in points:
-        report = one(v.config_at_load(config, load, capacity_rps), load, out_dir / f"load-{load}")
-        if load == v.LOAD_OVER:
-            capacity_rps = report["real"]["throughput_rps"]
-        rows.append(v.load_row(report))
-    combined = {"backend": backend, "real_is_simulated": backend == "sim",
-                "system": config.system, "trace": config.trace, "profile": config.profile,
-                "capacity_rps": capacity_rps, "loads": rows}
-    _write_loads(out_dir, combined)
+    with sigterm_like_ctrl_c() as signals, _kept_on_interrupt(out_dir, signals):
+        if points is None:
+            report = one(config, None, out_dir)
+            signals.disarm()
+            print_json(report) if json_output else _print_report(report)
+            if report["interrupted"]:
+                exit_interrupted(f"after {report['requests']:,} requests ended in both runs "
+                                 "(compared)", out_dir, signals)
+            return
+        rows, capacity_rps = [], None
+        combined = {"backend": backend, "real_is_simulated": backend == "sim",
+                    "system": config.system, "trace": config.trace,
+                    "profile": config.profile, "capacity_rps": None, "loads": rows}
+        for load in points:
+            report = one(v.config_at_load(config, load, capacity_rps), load,
+                         out_dir / f"load-{load}")
+            if load == v.LOAD_OVER:
+                capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
+            rows.append(v.load_row(report))
+            _write_loads(out_dir, combined)  # after every load: an interruption keeps them
+            if report["interrupted"]:
+                break
+        signals.disarm()
     print_json(combined) if json_output else _print_loads(combined)
+    if rows and rows[-1].get("interrupted"):
+        exit_interrupted(f"at load {rows[-1]['load']} ({len(rows)} of {len(points)} loads, the "
+                         "last cut short)", out_dir, signals)
+
+
+@contextmanager
+def _kept_on_interrupt(out_dir: Path, signals):
+    """Ctrl-C or SIGTERM outside a real run (while profiling, simulating or writing): what
+    finished is already in ``out_dir`` (each load's folder, loads.json after every load); say
+    so and exit 130 (143 for SIGTERM) instead of click's bare "Aborted!"."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        exit_interrupted("before this comparison ended; what finished", out_dir, signals)
 
 
 def _config(config_file: Path | None, *, trace: str, system: str, rate: float | None,
