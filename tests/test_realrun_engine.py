@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch  # [profile] is in [dev]: missing is a broken set-up, not a skip
 
-torch = pytest.importorskip("torch")
-
-from ragsim.profiles.models import ModelSpec  # noqa: E402
-from ragsim.profiles.torch_model import TorchModel  # noqa: E402
-from ragsim.realrun.engine import (  # noqa: E402
+from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.torch_model import TorchModel
+from ragsim.realrun.engine import (
     Document,
     EngineRequest,
     KVCapacityError,
@@ -22,7 +21,7 @@ from ragsim.realrun.engine import (  # noqa: E402
     ReferenceEngine,
     kv_bytes,
 )
-from ragsim.realrun.tokens import document_token_ids, query_token_ids  # noqa: E402
+from ragsim.realrun.tokens import document_token_ids, query_token_ids
 
 VOCAB = 512
 # measured: cached vs uncached last-token logits differ by at most 1.2e-7 (fp32, this model,

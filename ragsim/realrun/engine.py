@@ -11,8 +11,13 @@ Requests with different cached lengths share one forward pass and greedy decode 
 (``TorchModel``: left padding, a 2-D mask, per-row positions), the same passes the profiler
 times. The store has two tiers, a GPU pool (the model's device) and a host pool (CPU memory),
 each with a byte budget; moves between them are real copies. Which node lives where is the
-caller's decision (the knowledge tree's, once it is wired in): this module only does what it is
-told and refuses what does not fit.
+caller's decision (the knowledge tree's: ``TorchIterations`` carries out its moves): this module
+only does what it is told and refuses what does not fit.
+
+``KVStore`` is what the real harness uses. ``ReferenceEngine`` is a standalone engine over it
+(lockstep batches, no tree) that the exactness tests drive; its prefix assembly and node
+storing repeat ``TorchIterations``' (``iterations.py``) in a simpler setting, and should become
+tests of ``TorchIterations`` itself.
 """
 
 from __future__ import annotations
@@ -155,10 +160,10 @@ class KVStore:
 
     def apply(self, kind: str, key: Hashable) -> None:
         """Carry out one of the tree's moves. ``admit_gpu`` is not the store's to do: the
-        request's prefill computes that KV and ``ReferenceEngine.run`` stores it."""
+        request's prefill computes that KV and the engine stores it (``TorchIterations``)."""
         if kind == "admit_gpu":
             raise ValueError("admit_gpu: the engine stores a computed node's KV after its "
-                             "prefill (ReferenceEngine.run)")
+                             "prefill (TorchIterations)")
         try:
             operation = _MOVE_OPERATIONS[kind]
         except KeyError:
