@@ -1,0 +1,26 @@
+"""Query normalisation and the exact-match key.
+
+Two requests share an exact-match entry when their *normalised* text is equal: Unicode NFKC,
+case folded, surrounding whitespace stripped and inner runs of whitespace collapsed to one space.
+Punctuation is kept (a trailing "?" is removed only when it is the last character, since "what is
+x?" and "what is x" ask the same thing while inner punctuation can change meaning). The key is
+``exact:{md5 hex of the UTF-8 normalised text}``, the article's L2 key, used for L1 too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+
+_SPACES = re.compile(r"\s+")
+
+
+def normalize_query(query: str) -> str:
+    text = _SPACES.sub(" ", unicodedata.normalize("NFKC", query).casefold()).strip()
+    return text[:-1].rstrip() if text.endswith(("?", "？")) else text
+
+
+def exact_key(query: str) -> str:
+    """The exact-match key of a raw query (normalised here)."""
+    return "exact:" + hashlib.md5(normalize_query(query).encode("utf-8")).hexdigest()
