@@ -1,8 +1,11 @@
-"""The reference engine's KV reuse is exact: cached runs generate what uncached runs generate.
+"""The real engine's KV reuse is exact: cached runs generate what uncached runs generate.
 
-The expected output comes from a second implementation: the model run by hand on the whole
-prompt with no cache at all, greedy, recomputing everything at every step (no padding, no
-position ids, no KV store). Model: 2 layers, hidden 64, 4 heads over 2 KV heads, fp32, CPU.
+The engine is ``TorchIterations`` as the real harness drives it (the knowledge tree decides,
+the store holds the tensors, prefills run on the cached prefix). The expected output comes from
+a second implementation: the profile's model run by hand on the whole prompt with no cache at
+all, greedy, recomputing everything at every step (no padding, no position ids, no KV store),
+with the prompt's token ids drawn here from the trace (``realrun.tokens``' deterministic ids
+per document and per query).
 """
 
 from __future__ import annotations
@@ -11,49 +14,57 @@ import numpy as np
 import pytest
 import torch  # [profile] is in [dev]: missing is a broken set-up, not a skip
 
-from ragsim.profiles.models import ModelSpec
-from ragsim.profiles.torch_model import TorchModel
-from ragsim.realrun.engine import (
-    Document,
-    EngineRequest,
-    KVCapacityError,
-    KVStore,
-    ReferenceEngine,
-    kv_bytes,
-)
+from ragsim.profiles.profile import load_profile
+from ragsim.realrun.engine import KVCapacityError, KVStore, kv_bytes
+from ragsim.realrun.harness import RealRun
 from ragsim.realrun.tokens import document_token_ids, query_token_ids
+from ragsim.serving.config import build_config
+from ragsim.traces.io import TraceBuilder
 
 VOCAB = 512
-# measured: cached vs uncached last-token logits differ by at most 1.2e-7 (fp32, this model,
-# logits of magnitude ~0.5); 1e-5 leaves ~80x margin, far below a wrong-position error
-LOGITS_ATOL = 1e-5
-SPEC = ModelSpec(name="tiny", num_layers=2, num_attention_heads=4, num_kv_heads=2, head_dim=16,
-                 hidden_size=64, intermediate_size=128, vocab_size=VOCAB, dtype="fp32")
-DOC_TOKENS = {"a": 37, "b": 21, "c": 29, "d": 13, "e": 44}
+PROFILE = "cpu-mistral-7b-l2-h256"  # 2 layers, hidden 256, fp32, vocab 32,000
+KV = load_profile(PROFILE).model.kv_bytes_per_token
+# measured: cached vs uncached logits differ by at most ~2e-6 (fp32, this model, logits of
+# magnitude ~1); 1e-4 leaves a wide margin and is far below what a wrong position or a
+# wrong prefix does (~1e-1)
+LOGITS_ATOL = 1e-4
+SYSTEM_PROMPT_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def model() -> TorchModel:
-    return TorchModel.build(SPEC, "cpu", "fp32", threads=1, seed=0)
+def trace_of(requests: list[tuple[list[int], int]], sizes: dict[int, int], gap_s: float = 0.05):
+    """A trace of (documents, query tokens) requests, 2-5 output tokens each (so requests
+    leave a decode batch at different steps)."""
+    b = TraceBuilder("exactness-test")
+    for i, (docs, query_tokens) in enumerate(requests):
+        b.add(i, gap_s * i, query_tokens, 2 + i % 4, docs, [sizes[d] for d in docs])
+    return b.build({"name": "exactness-test"})
 
 
-def _request(rid: str, docs: str, query_tokens: int, max_new: int = 6) -> EngineRequest:
-    """Documents keyed by their path (a document's KV depends on everything before it)."""
-    documents = [Document(tuple(docs[:i + 1]), document_token_ids(d, DOC_TOKENS[d], VOCAB))
-                 for i, d in enumerate(docs)]
-    return EngineRequest(rid, documents, query_token_ids(rid, query_tokens, VOCAB), max_new)
+def served(trace, **flags) -> RealRun:
+    given = {"trace": "mmlu", "system": "ragcache", "profile": PROFILE, "arrival": "sequential",
+             "speculate": False, "search_s": 0.001,
+             "system_prompt_tokens": SYSTEM_PROMPT_TOKENS, **flags}
+    run = RealRun(trace, build_config(given), load_profile(PROFILE))
+    run.iterations.record_logits = True
+    run.result = run.run()
+    assert (run.result.columns["status"] == "completed").all()
+    return run
 
 
-def _reference(model: TorchModel, request: EngineRequest
-               ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """Greedy generation recomputing the whole sequence at every step, no cache at all:
-    the tokens, the first step's logits and the last step's."""
-    ids = np.concatenate([*(d.token_ids for d in request.documents), request.query_ids])
-    sequence = torch.as_tensor(ids, dtype=torch.long)[None]
+def uncached_generation(run: RealRun, trace, row: int) -> tuple[list[int], torch.Tensor,
+                                                                  torch.Tensor]:
+    """Greedy generation recomputing the whole sequence at every step, no cache at all: the
+    tokens, the first token's logits and the last one's."""
+    vocab = run.profile.model.vocab_size
+    parts = [document_token_ids("__system_prompt__", SYSTEM_PROMPT_TOKENS, vocab)]
+    parts += [document_token_ids(int(d), SIZES[int(d)], vocab) for d in trace.docs_of(row)]
+    parts.append(query_token_ids(int(trace.request_id[row]), int(trace.query_tokens[row]),
+                                 vocab))
+    sequence = torch.as_tensor(np.concatenate(parts), dtype=torch.long)[None]
     tokens, first = [], None
     with torch.no_grad():
-        for _ in range(request.max_new_tokens):
-            logits = model.model(input_ids=sequence, use_cache=False).logits[0, -1]
+        for _ in range(int(trace.output_tokens[row])):
+            logits = run.model.model(input_ids=sequence, use_cache=False).logits[0, -1]
             first = logits if first is None else first
             token = int(logits.argmax())
             tokens.append(token)
@@ -61,8 +72,16 @@ def _reference(model: TorchModel, request: EngineRequest
     return tokens, first, logits
 
 
-def _engine(model: TorchModel, capacity: int = 1 << 30) -> ReferenceEngine:
-    return ReferenceEngine(model, KVStore("cpu", capacity, host_capacity_bytes=1 << 30))
+def assert_exact(run: RealRun, trace) -> None:
+    for row in range(trace.n_requests):
+        tokens, first, last = uncached_generation(run, trace, row)
+        assert run.iterations.outputs[row] == tokens, f"request {row}"
+        got_first, got_last = run.iterations.logits[row]
+        assert torch.allclose(got_first, first, atol=LOGITS_ATOL, rtol=0), f"request {row}"
+        assert torch.allclose(got_last, last, atol=LOGITS_ATOL, rtol=0), f"request {row}"
+
+
+SIZES = {0: 37, 1: 21, 2: 29, 3: 13, 4: 44, 5: 60}
 
 
 def test_document_tokens_are_deterministic_per_id():
@@ -75,88 +94,67 @@ def test_document_tokens_are_deterministic_per_id():
     assert len(document_token_ids(7, 0, VOCAB)) == 0
 
 
-def test_cached_single_request_generates_the_uncached_tokens(model):
-    engine = _engine(model)
-    request = _request("q1", "ab", query_tokens=9)
-    expected_tokens, expected_first, expected_last = _reference(model, request)
-
-    cold = engine.run([request])[0]
-    assert cold.cached_documents == 0 and cold.stored == [("a",), ("a", "b")]
-    warm = engine.run([request])[0]
-    assert warm.cached_documents == 2 and warm.cached_tokens == 37 + 21
-    assert warm.computed_tokens == 9
-    for result in (cold, warm):
-        assert result.tokens == expected_tokens
-        assert torch.allclose(result.first_logits, expected_first, atol=LOGITS_ATOL, rtol=0)
-        assert torch.allclose(result.last_logits, expected_last, atol=LOGITS_ATOL, rtol=0)
+def test_cached_single_requests_generate_the_uncached_tokens():
+    """One request at a time: the second (a, b) reuses both documents, (a, e) one of them."""
+    trace = trace_of([([0, 1], 9), ([0, 1], 5), ([0, 4], 11), ([2, 3], 3)], SIZES)
+    run = served(trace)
+    hits = run.result.columns["cached_tokens"].tolist()
+    assert hits == [SYSTEM_PROMPT_TOKENS, SYSTEM_PROMPT_TOKENS + 37 + 21,
+                    SYSTEM_PROMPT_TOKENS + 37, SYSTEM_PROMPT_TOKENS]
+    assert_exact(run, trace)
 
 
-def test_batch_with_mixed_cached_lengths_is_exact(model):
-    engine = _engine(model)
-    engine.run([_request("warmup", "ab", query_tokens=3)])  # caches (a,) and (a, b)
-    requests = [_request("none", "cd", query_tokens=5),   # nothing cached
-                _request("one", "ae", query_tokens=11),   # one-document prefix
-                _request("two", "ab", query_tokens=2)]    # two-document prefix
-    results = engine.run(requests)
-    assert [r.cached_documents for r in results] == [0, 1, 2]
-    assert [r.cached_tokens for r in results] == [0, 37, 58]
-    for request, result in zip(requests, results, strict=True):
-        expected_tokens, expected_first, expected_last = _reference(model, request)
-        assert result.tokens == expected_tokens, request.request_id
-        assert torch.allclose(result.first_logits, expected_first, atol=LOGITS_ATOL, rtol=0)
-        assert torch.allclose(result.last_logits, expected_last, atol=LOGITS_ATOL, rtol=0)
+def test_a_batch_with_mixed_cached_lengths_is_exact():
+    """Requests arriving together share prefill passes although their cached prefixes differ
+    (left padding, per-row positions), and the decode batch changes as they join and leave."""
+    warm = [([0, 1], 3), ([0, 4], 2)]
+    burst = [([2, 3], 5), ([0, 5], 11), ([0, 1], 2), ([0, 4], 7), ([5, 2], 4)]
+    trace = trace_of(warm + burst, SIZES)
+    run = served(trace, arrival="poisson", rate_rps=1e6, max_prefill_bs=4)
+    summary = run.result.summary
+    assert summary["iterations_prefill"] < trace.n_requests  # some requests shared a pass
+    assert summary["engine_decode_rebuilds"] > 1
+    assert len(set(run.result.columns["cached_tokens"].tolist())) >= 3
+    assert_exact(run, trace)
 
 
-def test_kv_moved_to_host_and_back_generates_the_same(model):
-    engine = _engine(model)
-    request = _request("q2", "abc", query_tokens=7)
-    engine.run([request])
-    before = engine.run([request])[0]
-    keys = [d.key for d in request.documents]
-    originals = {k: [(kk.clone(), vv.clone()) for kk, vv in engine.store.get(k)] for k in keys}
-    gpu_bytes = engine.store.gpu_bytes
-    for key in keys:
-        engine.store.copy_to_host(key)  # swap out once: both copies for a moment
-        engine.store.free_gpu(key)
-    assert engine.store.gpu_bytes == 0 and engine.store.host_bytes == gpu_bytes
-    assert engine.cached_documents(request) == 0  # a forward pass reads only the GPU pool
-    for key in keys:
-        engine.store.copy_to_gpu(key)  # a host hit: the host copy stays
-        assert engine.store.tier(key) == "gpu" and key in engine.store.host
-        assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0)
-                   in zip(engine.store.get(key), originals[key], strict=True))
-    assert engine.store.host_bytes == engine.store.gpu_bytes == gpu_bytes
-    after = engine.run([request])[0]
-    assert after.cached_documents == 3
-    assert after.tokens == before.tokens
-    assert torch.equal(after.first_logits, before.first_logits)
+def test_kv_swapped_out_dropped_and_swapped_in_stays_exact():
+    """GPU room for ~2 documents and host room for ~3: the tree evicts to the host, swaps back
+    in and drops, and every move is a real copy of real tensors; generation stays exact and
+    the store never holds more than its budgets."""
+    rng = np.random.default_rng(5)
+    requests = [([int(d) for d in rng.choice(6, size=2, replace=False)], int(rng.integers(2, 9)))
+                for _ in range(14)]
+    trace = trace_of(requests, SIZES)
+    run = served(trace, gpu_kv_bytes=(SYSTEM_PROMPT_TOKENS + 110) * KV,
+                 host_cache_bytes=130 * KV)
+    moves = run.result.summary["engine_moves"]
+    assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
+    assert moves.get("drop", 0) + moves.get("free_gpu", 0) > 0
+    assert run.result.columns["hit_tokens_host"].sum() > 0
+    store = run.iterations.store
+    assert store.gpu_bytes <= run.tree.gpu_capacity_bytes
+    assert store.host_bytes <= run.tree.host_capacity_bytes
+    assert_exact(run, trace)
 
 
-def test_dropped_node_is_recomputed_to_the_same_kv(model):
-    engine = _engine(model)
-    request = _request("q3", "ab", query_tokens=4)
-    engine.run([request])
-    original = [(k.clone(), v.clone()) for k, v in engine.store.get(("a", "b"))]
-    engine.store.drop(("a", "b"))
-    assert engine.store.tier(("a", "b")) is None
-    again = engine.run([request])[0]
-    assert again.cached_documents == 1 and again.stored == [("a", "b")]
-    for (k, v), (k0, v0) in zip(engine.store.get(("a", "b")), original, strict=True):
-        assert k.shape == k0.shape == (2, 21, 16)
-        assert torch.allclose(k, k0, atol=LOGITS_ATOL, rtol=0)
-        assert torch.allclose(v, v0, atol=LOGITS_ATOL, rtol=0)
-
-
-def test_the_gpu_pool_refuses_what_does_not_fit(model):
-    engine = _engine(model)
-    engine.run([_request("q4", "a", query_tokens=2)], store_new=False)
-    assert engine.store.gpu == {}
+def test_the_gpu_pool_refuses_what_does_not_fit():
     one_doc = 2 * 2 * 37 * 2 * 16 * 4  # layers x (K, V) x tokens x kv heads x head dim x fp32
-    small = _engine(model, capacity=one_doc)
-    small.run([_request("q5", "a", query_tokens=2)])
-    assert kv_bytes(small.store.get(("a",))) == one_doc == small.store.gpu_bytes
+    store = KVStore("cpu", one_doc, host_capacity_bytes=one_doc)
+    kv = [(torch.ones(2, 37, 16), torch.ones(2, 37, 16)) for _ in range(2)]
+    store.put("a", kv)
+    assert kv_bytes(store.get("a")) == one_doc == store.gpu_bytes
     with pytest.raises(KVCapacityError, match="GPU pool"):
-        small.run([_request("q6", "ab", query_tokens=2)])
+        store.put("b", [(k.clone(), v.clone()) for k, v in kv])
+    store.copy_to_host("a")  # swap out once: both copies for a moment
+    store.free_gpu("a")
+    assert store.gpu_bytes == 0 and store.host_bytes == one_doc
+    store.copy_to_gpu("a")  # a host hit keeps the host copy, and copies, never aliases
+    assert store.tier("a") == "gpu" and "a" in store.host
+    assert store.get("a")[0][0].data_ptr() != store.host["a"][0][0].data_ptr()
+    assert torch.equal(store.get("a")[0][0], kv[0][0])
+    store.drop("a")
+    assert store.tier("a") is None and store.gpu_bytes == store.host_bytes == 0
 
 
 def test_the_trees_moves_applied_to_the_store_keep_it_in_step_with_the_tree():

@@ -1,32 +1,20 @@
-"""The reference engine: a real transformer whose KV cache is held per knowledge-tree node.
+"""The reference engine's KV store: real tensors per knowledge-tree node, in two tiers.
 
-A request is a path of documents (each a tree node, in retrieval order) and a query. The KV of
-the path's leading nodes that sit in the GPU pool is concatenated along the token axis into the
-request's cached prefix; only the rest (documents not cached, then the query) is prefilled, with
-positions continuing from the cached length, and the new documents' KV slices are stored under
-their node keys. A document's KV depends on everything before it, so a node's key must name its
-whole path (the tree's node object does, and so does the tuple of document ids up to it).
-
-Requests with different cached lengths share one forward pass and greedy decode steps
-(``TorchModel``: left padding, a 2-D mask, per-row positions), the same passes the profiler
-times. The store has two tiers, a GPU pool (the model's device) and a host pool (CPU memory),
-each with a byte budget; moves between them are real copies. Which node lives where is the
-caller's decision (the knowledge tree's: ``TorchIterations`` carries out its moves): this module
-only does what it is told and refuses what does not fit.
-
-``KVStore`` is what the real harness uses. ``ReferenceEngine`` is a standalone engine over it
-(lockstep batches, no tree) that the exactness tests drive; its prefix assembly and node
-storing repeat ``TorchIterations``' (``iterations.py``) in a simpler setting, and should become
-tests of ``TorchIterations`` itself.
+A node's KV is that document's keys and values *at its position on its path* (a document's KV
+depends on everything before it), so the key is the tree's node object. The store has two
+tiers, a GPU pool (the model's device) and a host pool (CPU memory), each with a byte budget;
+moves between them are real copies. Which node lives where is the knowledge tree's decision:
+``TorchIterations`` (``iterations.py``) carries out the tree's moves here and assembles each
+prefill's cached prefix from the stored nodes. This module only does what it is told and
+refuses what does not fit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Any
 
-from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
+from ragsim.profiles.torch_model import LayerKV
 
 NodeKV = list[LayerKV]  # one (keys, values) pair per layer, each [kv_heads, tokens, head_dim]
 
@@ -174,112 +162,3 @@ class KVStore:
 _MOVE_OPERATIONS = {"swap_in": "copy_to_gpu", "swap_out": "copy_to_host",
                     "replicate": "copy_to_host", "free_gpu": "free_gpu",
                     "fail_gpu": "free_gpu", "free_host": "free_host", "drop": "drop"}
-
-
-@dataclass
-class Document:
-    """A document on a request's path: its node key and its token ids."""
-
-    key: Hashable
-    token_ids: Sequence[int] | Any
-
-
-@dataclass
-class EngineRequest:
-    request_id: Hashable
-    documents: list[Document]
-    query_ids: Sequence[int] | Any
-    max_new_tokens: int = 1
-
-
-@dataclass
-class EngineResult:
-    request_id: Hashable
-    tokens: list[int]  # greedy output, ``max_new_tokens`` of them
-    first_logits: Any  # [vocab]: logits of the prompt's last token
-    cached_documents: int
-    cached_tokens: int
-    computed_tokens: int  # prefilled: uncached documents and the query
-    stored: list[Hashable] = field(default_factory=list)  # node keys stored by this request
-    last_logits: Any = None  # [vocab]: logits that chose the last generated token
-
-
-class ReferenceEngine:
-    """Serve batches of requests on a ``TorchModel`` with per-node KV in a ``KVStore``."""
-
-    def __init__(self, model: TorchModel, store: KVStore) -> None:
-        self.model = model
-        self.store = store
-
-    def cached_documents(self, request: EngineRequest) -> int:
-        """How many leading documents of the path have their KV in the GPU pool."""
-        n = 0
-        for doc in request.documents:
-            if self.store.tier(doc.key) != "gpu":
-                break
-            n += 1
-        return n
-
-    def _prefix(self, request: EngineRequest, n_docs: int) -> NodeKV | None:
-        """The cached documents' KV, concatenated along the token axis in path order.
-
-        (Attention over cached keys does not depend on their order, since RoPE has already put
-        each key's position into it; path order keeps the layout the uncached run would have.)
-        """
-        if not n_docs:
-            return None
-        torch = self.model.torch
-        nodes = [self.store.get(doc.key) for doc in request.documents[:n_docs]]
-        return [(torch.cat([node[layer][0] for node in nodes], dim=-2),
-                 torch.cat([node[layer][1] for node in nodes], dim=-2))
-                for layer in range(self.model.num_layers)]
-
-    def run(self, requests: Sequence[EngineRequest], store_new: bool = True
-            ) -> list[EngineResult]:
-        """Prefill all ``requests`` in one pass, then decode greedily in lockstep.
-
-        With ``store_new`` the KV of every document computed here is put into the GPU pool
-        under its key (the first request computing a key stores it).
-        """
-        torch = self.model.torch
-        rows, plans = [], []
-        for request in requests:
-            if len(request.query_ids) < 1 or request.max_new_tokens < 1:
-                raise ValueError(f"request {request.request_id!r}: needs a query token and "
-                                 "max_new_tokens >= 1")
-            n_cached = self.cached_documents(request)
-            prefix = self._prefix(request, n_cached)
-            cached_tokens = 0 if prefix is None else kv_tokens(prefix)
-            new_docs = request.documents[n_cached:]
-            parts = [self.model.token_tensor(d.token_ids) for d in new_docs]
-            parts.append(self.model.token_tensor(request.query_ids))
-            rows.append(Row(prefix, torch.cat(parts), cached_tokens))
-            plans.append((n_cached, cached_tokens, new_docs, [int(p.shape[0]) for p in parts]))
-        prefilled = self.model.prefill(rows)
-        results = []
-        for request, (n_cached, cached_tokens, new_docs, lengths), new_kv in zip(
-                requests, plans, prefilled.new_kv, strict=True):
-            stored = []
-            offset = 0
-            for doc, n in zip(new_docs, lengths, strict=False):
-                if store_new and self.store.tier(doc.key) is None:
-                    self.store.put(doc.key, [(k[:, offset:offset + n].clone(),
-                                              v[:, offset:offset + n].clone())
-                                             for k, v in new_kv])
-                    stored.append(doc.key)
-                offset += n
-            results.append(EngineResult(
-                request_id=request.request_id, tokens=[],
-                first_logits=prefilled.logits[len(results)], cached_documents=n_cached,
-                cached_tokens=cached_tokens, computed_tokens=sum(lengths), stored=stored))
-        steps = max(r.max_new_tokens for r in requests)
-        logits = prefilled.logits
-        for step in range(steps):
-            next_ids = logits.argmax(dim=-1)
-            for row, (result, request) in enumerate(zip(results, requests, strict=True)):
-                if step < request.max_new_tokens:
-                    result.tokens.append(int(next_ids[row]))
-                    result.last_logits = logits[row]
-            if step + 1 < steps:
-                logits = self.model.decode(prefilled.batch, next_ids)
-        return results

@@ -131,6 +131,10 @@ class TorchIterations:
         self._root_host: NodeKV | None = None
         # request -> the tokens its latest attempt generated (greedy; exactness is tested on it)
         self.outputs: dict[int, list[int]] = {}
+        # with ``record_logits``: request -> (logits of its first token, of its latest), so a
+        # test can hold cached generation to a tolerance, not only to the same argmax
+        self.record_logits = False
+        self.logits: dict[int, tuple[Any, Any]] = {}
         self._store_root()
 
     # ------------------------------------------------------------------ the tree's moves
@@ -260,6 +264,9 @@ class TorchIterations:
                 ([*pk, k], [*pv, v]) for (pk, pv), (k, v) in zip(prefix, new_kv, strict=True)]
             self._running[job] = _Running(kv, int(next_ids[row]), contexts[row])
             self.outputs[job.request] = [int(next_ids[row])]
+            if self.record_logits:
+                first = logits[row].detach().to("cpu", copy=True)
+                self.logits[job.request] = (first, first)
         self.times.prefill_passes += 1
 
     def prefill(self, jobs: list[Job]) -> Wait:
@@ -355,11 +362,15 @@ class TorchIterations:
             self.times.decode_rebuild_s += perf_counter() - rebuild_started
             logits = self.model.forward(batch)
         self.model.sync()
-        for job, token in zip(order, logits.argmax(dim=-1).tolist(), strict=True):
+        for row, (job, token) in enumerate(zip(order, logits.argmax(dim=-1).tolist(),
+                                               strict=True)):
             state = self._running[job]
             state.next_token = int(token)
             state.tokens += 1
             self.outputs[job.request].append(int(token))
+            if self.record_logits:
+                self.logits[job.request] = (self.logits[job.request][0],
+                                            logits[row].detach().to("cpu", copy=True))
         duration = perf_counter() - started
         self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt))
         self.times.decode_s += duration
