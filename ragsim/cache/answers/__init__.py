@@ -16,12 +16,13 @@ from ragsim.cache.answers.tiers import (
     TIERS,
     AnswerCache,
     AnswerCacheConfig,
+    Counters,
     Entry,
     Instances,
     Lookup,
     similarity_to_distance,
 )
 
-__all__ = ["NULL_RESULT", "TIERS", "AnswerCache", "AnswerCacheConfig", "Entry", "Instances",
-           "L1Store", "Lookup", "ModelSharedStore", "SharedStore", "exact_key", "normalize_query",
-           "similarity_to_distance"]
+__all__ = ["NULL_RESULT", "TIERS", "AnswerCache", "AnswerCacheConfig", "Counters", "Entry",
+           "Instances", "L1Store", "Lookup", "ModelSharedStore", "SharedStore", "exact_key",
+           "normalize_query", "similarity_to_distance"]

@@ -204,6 +204,15 @@ class AnswerCache:
             self.l1.put(key, entry, ttl_s, now_s)
 
     # -- write-back -------------------------------------------------------------------------
+    def entry_for(self, query: str, answer: str | None, now_s: float, *,
+                  answer_key: str = "") -> tuple[str, Entry, float]:
+        """(exact key, entry, shared TTL with jitter) of an answer written back at ``now_s``."""
+        negative = answer is None or answer == NULL_RESULT
+        ttl_s = self.ttl_with_jitter(self.config.null_ttl_s if negative else self.config.ttl_s)
+        entry = Entry(exact_key(query), query, NULL_RESULT if negative else answer, answer_key,
+                      now_s + ttl_s)
+        return entry.key, entry, ttl_s
+
     def write_back(self, query: str, answer: str | None, now_s: float, *,
                    embedding: Embedding = None, answer_key: str = "",
                    history: bool = False) -> bool:
@@ -218,8 +227,7 @@ class AnswerCache:
                 and not self._hot.is_hot(key, now_s)):
             self.counters.not_admitted += 1
             return False
-        ttl_s = self.ttl_with_jitter(self.config.null_ttl_s if negative else self.config.ttl_s)
-        entry = Entry(key, query, NULL_RESULT if negative else answer, answer_key, now_s + ttl_s)
+        key, entry, ttl_s = self.entry_for(query, answer, now_s, answer_key=answer_key)
         self.l1.put(key, entry, self._l1_ttl(entry, now_s), now_s)
         vector = None
         if not negative and self.config.semantic and embedding is not None:

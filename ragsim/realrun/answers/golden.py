@@ -1,0 +1,173 @@
+"""The article's acceptance test and the per-tier latency benchmark, on the real tiers.
+
+Golden set: replay fixed questions twice through the real answer cache. Pass one starts cold:
+each miss "runs RAG" — the file's answer stands in for it, so no LLM is needed — and writes the
+answer back to every tier. Pass two should be (almost) all hits, with the same answers, much
+faster. What is timed is the answer cache's own work per request (lookup, and on a miss the
+query embedding, the semantic search and the write-back); RAG itself costs nothing here, so the
+speed-up is a lower bound on a real system's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Counters
+from ragsim.cache.answers.stores import L1Store
+from ragsim.errors import RagsimInputError
+from ragsim.realrun.answers.server import EmbeddedServer
+from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect
+
+
+@contextlib.contextmanager
+def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
+    """(url, description): the user's Redis, checked to answer, or an embedded one."""
+    if redis_url:
+        client = connect(redis_url, timeout_s=2.0)
+        try:
+            client.ping()
+        except Exception as error:
+            raise RagsimInputError(f"no Redis answers at {redis_url}: {error}",
+                                   field="--redis-url") from None
+        modules = {m.get(b"name", m.get("name")) for m in client.execute_command("MODULE LIST")}
+        if not modules & {b"search", "search", b"searchlight", "searchlight"}:
+            raise RagsimInputError(f"the Redis at {redis_url} has no vector search (RediSearch "
+                                   f"module): use Redis Stack or Redis 8", field="--redis-url")
+        yield redis_url, f"user Redis at {redis_url}"
+        return
+    with EmbeddedServer() as server:
+        yield server.url, server.description
+
+
+@dataclass(frozen=True)
+class Golden:
+    questions: list[str]
+    answers: list[str | None]
+
+
+def timed_request(cache: AnswerCache, question: str, answer: str | None,
+                  embed: Callable[[str], np.ndarray]) -> tuple[str, float, str]:
+    """One request through the cache: (answer served, seconds, tier)."""
+    start = time.perf_counter()
+    got = cache.lookup(question, time.time(), embedding=lambda: embed(question))
+    if got.hit:
+        served = got.entry.answer
+    else:
+        cache.write_back(question, answer, time.time(), embedding=lambda: embed(question))
+        served = answer if answer is not None else "NULL_RESULT"
+    return served, time.perf_counter() - start, got.tier
+
+
+def run_golden(golden: Golden, url: str, embed: Callable[[str], np.ndarray], dims: int, *,
+               config: AnswerCacheConfig, index: VectorIndex, cold_l1: bool = False,
+               progress: Callable[[int], None] | None = None) -> dict:
+    store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
+                             index=index, embed=lambda text: embed(text).tolist())
+    first_cache = AnswerCache(config, store)
+    passes = []
+    done = 0
+    for number in (1, 2):
+        cache = first_cache
+        if number == 2 and cold_l1:  # another instance: its L1 is empty, L2 is shared
+            cache = AnswerCache(config, store, l1=L1Store(config.l1_size), seed_offset=1)
+        served, seconds, tiers = [], [], []
+        for question, answer in zip(golden.questions, golden.answers, strict=True):
+            a, s, t = timed_request(cache, question, answer, embed)
+            served.append(a)
+            seconds.append(s)
+            tiers.append(t)
+            done += 1
+            if progress is not None:
+                progress(done)
+        passes.append((served, np.asarray(seconds), tiers, cache.counters))
+    (a1, s1, t1, _), (a2, s2, t2, _) = passes
+    n = len(golden.questions)
+    hits2 = sum(t not in ("miss", "bypass") for t in t2)
+    return {
+        "questions": n,
+        "first_pass_hit_rate": sum(t not in ("miss", "bypass") for t in t1) / n,
+        "second_pass_hit_rate": hits2 / n,
+        "second_pass_hits": {tier: sum(t == tier for t in t2) for tier in ("l1", "l2",
+                                                                         "semantic")},
+        "answers_identical": a1 == a2,
+        "first_pass_mean_s": float(s1.mean()),
+        "second_pass_mean_s": float(s2.mean()),
+        "speedup": float(s1.mean() / s2.mean()) if s2.mean() > 0 else float("inf"),
+        "cold_l1": cold_l1,
+        "config": config.as_dict(),
+        "index": vars(index),
+    }
+
+
+def _percentiles(seconds: Sequence[float]) -> dict:
+    arr = np.asarray(seconds) * 1e6
+    return {"p50_us": float(np.percentile(arr, 50)), "p99_us": float(np.percentile(arr, 99)),
+            "mean_us": float(arr.mean()), "samples": int(arr.size)}
+
+
+def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
+              index: VectorIndex, seed: int = 0, batch: int = 500,
+              progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Fill the shared tiers with ``entries`` random unit vectors, then time lookups that end
+    in each tier (vectors given: embedding time is not part of a lookup's latency here)."""
+    rng = np.random.default_rng(seed)
+    config = AnswerCacheConfig(ttl_jitter=0.0, distance_threshold=0.1, ttl_s=86400.0,
+                               l1_size=max(100, samples))
+    # bulk transactions of HNSW inserts take longer than a lookup's fail-fast timeout
+    store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
+                             index=index, timeout_s=60.0)
+    store.clear()
+    writer = AnswerCache(config, store)
+    vectors = rng.normal(size=(entries, dims)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    now = time.time()
+    fill_start = time.perf_counter()
+    for start in range(0, entries, batch):
+        items = []
+        for i in range(start, min(entries, start + batch)):
+            q = f"bench question {i}"
+            entry_key = writer.entry_for(q, f"answer {i}", now, answer_key=str(i))
+            items.append((entry_key[0], entry_key[1], entry_key[2], vectors[i]))
+        store.write_many(items)
+        if progress is not None:
+            progress("fill", min(entries, start + batch), entries)
+    fill_s = time.perf_counter() - fill_start
+    picks = rng.choice(entries, size=min(samples, entries), replace=False)
+
+    def timed(cache: AnswerCache, query: str, vector: np.ndarray, want: str) -> float:
+        start = time.perf_counter()
+        got = cache.lookup(query, time.time(), embedding=vector)
+        elapsed = time.perf_counter() - start
+        if got.tier != want:
+            raise RuntimeError(f"benchmark lookup expected {want}, got {got.tier}")
+        return elapsed
+
+    results: dict[str, dict] = {}
+    l1_cache = AnswerCache(config, store)
+    for i in picks:
+        l1_cache.lookup(f"bench question {i}", time.time(), embedding=vectors[i])
+    results["l1"] = _percentiles([timed(l1_cache, f"bench question {i}", vectors[i], "l1")
+                                  for i in picks])
+    results["l2"] = _percentiles([timed(AnswerCache(config, store), f"bench question {i}",
+                                        vectors[i], "l2") for i in picks])
+    # a paraphrase: the stored vector turned by ~0.03 in cosine distance, text never stored
+    noisy = []
+    for i in picks:
+        v = vectors[i] + rng.normal(scale=0.25 / np.sqrt(dims), size=dims).astype(np.float32)
+        noisy.append(v / np.linalg.norm(v))
+    results["semantic"] = _percentiles([timed(AnswerCache(config, store), f"paraphrase {i}", v,
+                                              "semantic") for i, v in zip(picks, noisy,
+                                                                          strict=True)])
+    far = rng.normal(size=(len(picks), dims)).astype(np.float32)
+    results["miss"] = _percentiles([timed(AnswerCache(config, store), f"unseen {k}", far[k],
+                                          "miss") for k in range(len(picks))])
+    return {"entries": entries, "dims": dims, "fill_s": fill_s, "lookup": results,
+            "index": vars(index), "counters_note": "lookups with vectors given (no embedding)"}
+
+
+__all__ = ["Counters", "Golden", "answer_server", "run_bench", "run_golden"]
