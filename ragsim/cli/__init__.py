@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from ragsim.cli import policies, profiles, replay, run, trace, validate
+from ragsim.cli import answers, policies, profiles, replay, run, trace, validate
 from ragsim.cli.common import CORPUS_NAMES, QUESTION_NAMES, TRACE_NAMES, Command, Group
 
 __all__ = ["CORPUS_NAMES", "QUESTION_NAMES", "TRACE_NAMES", "app"]
@@ -17,6 +17,7 @@ app = typer.Typer(cls=Group, no_args_is_help=True, add_completion=False,
                   help="Simulate KV-cache and scheduling policies for RAG serving.")
 app.add_typer(trace.app, name="trace")
 app.add_typer(profiles.app, name="profiles")
+app.add_typer(answers.app, name="answers")
 app.command(cls=run.RunCommand)(run.run)
 app.command(cls=Command)(run.systems)
 app.command(cls=replay.ReplayCommand)(replay.replay)

