@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from ragsim.cli import answers, policies, profiles, replay, run, trace, validate
+from ragsim.cli import answers, policies, profiles, replay, run, study, trace, validate
 from ragsim.cli.common import CORPUS_NAMES, QUESTION_NAMES, TRACE_NAMES, Command, Group
 
 __all__ = ["CORPUS_NAMES", "QUESTION_NAMES", "TRACE_NAMES", "app"]
@@ -25,3 +25,4 @@ app.command(cls=Command)(replay.models)
 app.command(cls=Command)(policies.policies)
 app.command(cls=Command)(profiles.profile)
 app.command(cls=validate.ValidateCommand)(validate.validate)
+app.command(cls=Command)(study.sweep)
