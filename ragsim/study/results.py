@@ -1,0 +1,62 @@
+"""The results table of a sweep: one row per point and seed.
+
+A row holds the point's id and seed, every configuration field the run used (named as in
+``config.toml``; replay: as in its summary's ``config``) and every field of the ``--json``
+summary. Nested summary values (``failed_by_reason``, ``trace_info``, ``warnings``) are kept as
+JSON text, so every column is a scalar and the table reads back the same in any tool.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ragsim.atomic import write_atomically
+
+RESULTS_FILE = "results.parquet"
+SWEEP_FILE = "sweep.toml"
+POINTS_DIR = "points"
+# columns every row starts with (then the configuration, then the summary)
+KEY_COLUMNS = ("point_id", "seed", "mode", "swept")
+
+
+def result_row(point_id: str, mode: str, swept: tuple[str, ...], summary: dict) -> dict:
+    """A results row from a point's ``--json`` summary (which carries the configuration)."""
+    row: dict = {"point_id": point_id, "mode": mode, "swept": ",".join(swept)}
+    for name, value in summary["config"].items():
+        row[name] = _scalar(value)
+    for name, value in summary.items():
+        if name == "config":
+            continue
+        if name in summary["config"] and value is None:
+            continue  # the configuration's value stands (an unset field the run resolved)
+        row[name] = _scalar(value)
+    row["seed"] = summary["config"]["seed"]
+    return row
+
+
+def _scalar(value):
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
+def read_results(out_dir: Path):
+    """The table in ``out_dir`` (an empty frame when there is none yet)."""
+    import pandas as pd
+
+    path = Path(out_dir) / RESULTS_FILE
+    if not path.exists():
+        return pd.DataFrame(columns=list(KEY_COLUMNS))
+    return pd.read_parquet(path)
+
+
+def write_results_table(out_dir: Path, rows: list[dict]) -> None:
+    """Rewrite the whole table atomically (a reader never sees half of it)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    front = [c for c in KEY_COLUMNS if c in frame.columns]
+    frame = frame[front + [c for c in frame.columns if c not in front]]
+    write_atomically(Path(out_dir) / RESULTS_FILE,
+                     lambda tmp: frame.to_parquet(tmp, index=False))

@@ -1,0 +1,188 @@
+"""`ragsim sweep`: its rows are the runs a user would start by hand, whichever executor ran them;
+an interrupted sweep keeps what finished and resumes; bad sweep files are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+from ragsim.serving.summary import WALL_CLOCK_FIELDS
+
+runner = CliRunner()
+
+SMALL = """
+seeds = [0, 3]
+[base]
+trace = "mmlu"
+n_requests = 150
+rate_rps = 4.0
+gpu_mem = "2GiB"
+[axes]
+policy = ["pgdsf", "lru"]
+host_cache_bytes = ["1GiB", "4GiB"]
+"""
+
+
+def sweep(tmp_path: Path, text: str, *args: str, name: str = "out"):
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(text)
+    out = tmp_path / name
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(out), *args])
+    return result, out
+
+
+def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table without what measures this machine's speed (differs between any two runs)."""
+    keep = [c for c in frame.columns if c not in WALL_CLOCK_FIELDS]
+    return frame[keep].sort_values("point_id").reset_index(drop=True)
+
+
+def test_rows_are_the_runs_ragsim_run_gives(tmp_path):
+    result, out = sweep(tmp_path, SMALL, "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 2 * 2 * 2 and table["point_id"].is_unique
+    # swept options are columns named as in config.toml, sizes resolved to bytes
+    assert {"policy", "host_cache_bytes", "seed", "gpu_kv_bytes"} <= set(table.columns)
+    assert set(table["host_cache_bytes"]) == {2**30, 4 * 2**30}
+    for policy, host, seed in [("lru", "1GiB", 3), ("pgdsf", "4GiB", 0)]:
+        by_hand = runner.invoke(app, ["run", "--json", "--trace", "mmlu", "--requests", "150",
+                                      "--rate", "4", "--gpu-mem", "2GiB", "--policy", policy,
+                                      "--host-mem", host, "--seed", str(seed)])
+        assert by_hand.exit_code == 0, by_hand.output
+        summary = json.loads(by_hand.stdout)
+        row = table[(table["policy"] == policy) & (table["seed"] == seed)
+                    & (table["host_cache_bytes"] == summary["config"]["host_cache_bytes"])]
+        assert len(row) == 1
+        row = row.iloc[0]
+        for name, value in summary.items():
+            if name in WALL_CLOCK_FIELDS or name == "config":
+                continue
+            if isinstance(value, dict | list):
+                assert json.loads(row[name]) == value, name
+            elif value is None:
+                assert row[name] is None or pd.isna(row[name]), name
+            else:
+                assert row[name] == value, name
+        for name, value in summary["config"].items():
+            if name not in summary:
+                expected = json.dumps(value) if isinstance(value, list) else value
+                assert (row[name] == expected or (value is None and pd.isna(row[name]))), name
+    # the seeds are repetitions: the same point under another seed is another run
+    lru = table[(table["policy"] == "lru") & (table["host_cache_bytes"] == 2**30)]
+    assert lru["ttft_mean_s"].nunique() == 2
+    # each point keeps what `ragsim run --out` writes
+    point = out / "points" / table["point_id"].iloc[0]
+    assert {p.name for p in point.iterdir()} == {"summary.json", "config.toml",
+                                                 "requests.parquet"}
+    resolved = (out / "sweep.toml").read_text()
+    assert all(pid in resolved for pid in table["point_id"])
+
+
+def test_replay_mode(tmp_path):
+    text = """
+[base]
+mode = "replay"
+trace = "mmlu"
+requests = 400
+gpu_mem = "1GiB"
+[axes]
+policy = ["pgdsf", "lru"]
+host_capacity_bytes = [0, 2147483648]
+"""
+    result, out = sweep(tmp_path, text, "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(out / "results.parquet")
+    by_hand = runner.invoke(app, ["replay", "--json", "--trace", "mmlu", "--requests", "400",
+                                  "--gpu-mem", "1GiB", "--host-mem", "2GiB", "--policy", "lru"])
+    summary = json.loads(by_hand.stdout)
+    row = table[(table["policy"] == "lru") & (table["host_capacity_bytes"] == 2**31)].iloc[0]
+    for name in ("token_hit_rate", "token_hit_rate_host", "evictions_gpu", "swap_in_bytes"):
+        assert row[name] == summary[name], name
+    assert row["mode"] == "replay"
+
+
+def test_ray_and_local_processes_give_the_same_table(tmp_path):
+    pytest.importorskip("ray")  # the [study] extra; installed by [dev]
+    local, local_out = sweep(tmp_path, SMALL, "--jobs", "2", name="local")
+    assert local.exit_code == 0, local.output
+    ray_run, ray_out = sweep(tmp_path, SMALL, "--executor", "ray", "--jobs", "2", name="ray")
+    assert ray_run.exit_code == 0, ray_run.output
+    a = comparable(pd.read_parquet(local_out / "results.parquet"))
+    b = comparable(pd.read_parquet(ray_out / "results.parquet"))
+    assert len(a) == 8
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text("""
+seeds = [0, 1, 2]
+[base]
+trace = "mmlu"
+n_requests = 4000
+rate_rps = 2.0
+[axes]
+policy = ["pgdsf", "lru"]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out", str(out),
+               "--jobs", "2"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "results.parquet").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True,
+                             text=True).stdout.split()
+    assert workers, "the sweep runs its points in worker processes"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    kept = pd.read_parquet(out / "results.parquet")
+    assert 1 <= len(kept) < 6, "interrupt a sweep that has not ended"
+    assert "run the same command to resume" in stderr
+    resumed = subprocess.run(command, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{6 - len(kept)} point(s) run, {len(kept)} already done" in resumed.stderr
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 6 and table["point_id"].is_unique
+    again = comparable(table[table["point_id"].isin(kept["point_id"])])
+    pd.testing.assert_frame_equal(again, comparable(kept))
+    # no worker outlived the interrupted sweep (a zombie left to init is gone)
+    assert all(not _alive(int(pid)) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("[base]\npolicy = 'lru'\n[axes]\npolicy = 'lru'\n", "field 'axes.policy'"),
+    ("[base]\n[axes]\npolicy = ['lru', 'nope']\n", "field 'axes.policy'"),
+    ("[base]\nwarp = 9\n", "field 'base.warp'"),
+    ("color = 1\n", "field 'color'"),
+    ("seeds = [0, -1]\n", "field 'seeds'"),
+    ("[base]\nmode = 'replay'\n[axes]\nreorder = [true]\n", "field 'axes.reorder'"),
+    ("[[points]]\nrate_rps = -1\n", "field 'points[0].rate_rps'"),
+    ("[axes\n", "not valid TOML"),
+])
+def test_bad_sweep_files_are_one_line_exit_2(tmp_path, text, where):
+    result, out = sweep(tmp_path, text)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert str(tmp_path / "out.toml") in result.output.replace("\n", "")
+    assert where in result.output.replace("\n", "")
+    assert not (out / "results.parquet").exists()
