@@ -50,9 +50,11 @@ class VectorIndex:
 
 
 def _errors() -> tuple[type[Exception], ...]:
+    """What an unreachable, slow or full server raises (redisvl wraps redis-py's errors)."""
     import redis
+    from redisvl.exceptions import RedisVLError
 
-    return (redis.exceptions.RedisError, OSError)
+    return (redis.exceptions.RedisError, RedisVLError, OSError)
 
 
 def connect(url: str, *, timeout_s: float = 0.25):
