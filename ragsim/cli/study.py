@@ -83,3 +83,43 @@ def sweep(
         err.print(f"[red]failed:[/] point {point_id}: {why}", highlight=False)
     if outcome.failed:
         raise typer.Exit(1)
+
+
+@friendly_errors
+def plot(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep's --out folder.",
+                                              show_default=False)],
+    out_file: Annotated[Path, typer.Option(
+        "--out", help="Figure file: .png, .svg or .pdf.", show_default=False)],
+    x: Annotated[str | None, typer.Option(help="Column on the x axis (e.g. host_cache_bytes).")
+                 ] = None,
+    y: Annotated[str | None, typer.Option(help="Column on the y axis (e.g. ttft_p90_s).")
+                 ] = None,
+    by: Annotated[str | None, typer.Option(help="One curve per value of this column.")] = None,
+    preset: Annotated[str | None, typer.Option(
+        help="A paper figure: hit-rate-vs-host-memory, ttft-vs-rate, ttft-vs-top-k, "
+             "reorder-ablation, speculation-ablation, ttft-cdf (--x/--y/--by override).")
+    ] = None,
+    where: Annotated[list[str] | None, typer.Option(
+        help="Keep rows with COLUMN=VALUE (repeatable).")] = None,
+) -> None:
+    """Draw a sweep's results: mean over seeds with a 95% confidence band, per curve."""
+    from ragsim.cli.common import check_out_file
+    from ragsim.figures import check_plot_path, save_figure
+    from ragsim.study.plot import plot_figure
+
+    check_plot_path(out_file, field="--out")
+    check_out_file(out_file)
+    table = _read_table(sweep_dir)
+    fig = plot_figure(sweep_dir, table, x=x, y=y, by=by, preset=preset, where=where)
+    save_figure(fig, out_file)
+    err.print(f"wrote {out_file}", highlight=False)
+
+
+def _read_table(sweep_dir: Path):
+    from ragsim.study.results import RESULTS_FILE, read_results
+
+    if not (sweep_dir / RESULTS_FILE).exists():
+        raise RagsimInputError(f"no {RESULTS_FILE} here (is it a `ragsim sweep --out` folder?)",
+                               file=str(sweep_dir))
+    return read_results(sweep_dir)

@@ -1,0 +1,238 @@
+"""Curves from a sweep's table: a metric against a swept option, one curve per value of another,
+the mean over seeds with a 95% confidence band (Student's t over the seeds' results).
+
+Columns carry their units in their names (``_s``, ``_bytes``, ``_rps``), so axis labels say the
+unit without a table of names to keep up to date; sizes are drawn in GiB. Presets name the
+paper's figures. A plot refuses to average over an option that varies but is neither the x
+axis, the curves nor the seed: those points are different experiments, not repetitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ragsim.errors import RagsimInputError
+from ragsim.study.results import POINTS_DIR
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+GiB = 2**30
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named figure: its axes, its curves, and what the paper's figure shows."""
+
+    x: str
+    y: str
+    by: str | None
+    title: str
+    kind: str = "curve"  # or "cdf": per-request TTFT from each point's records
+
+
+PRESETS = {
+    "hit-rate-vs-host-memory": Preset("host_cache_bytes", "token_hit_rate", "policy",
+                                      "Token hit rate vs host memory (paper Fig. 17)"),
+    "ttft-vs-rate": Preset("rate_rps", "ttft_mean_s", "system",
+                           "TTFT vs request rate (paper Figs. 13, 14, 16)"),
+    "ttft-vs-top-k": Preset("top_k", "ttft_mean_s", "system", "TTFT vs top-k (paper Fig. 15)"),
+    "reorder-ablation": Preset("rate_rps", "ttft_mean_s", "reorder",
+                               "Cache-aware reordering (paper Fig. 18)"),
+    "speculation-ablation": Preset("rate_rps", "ttft_mean_s", "speculate",
+                                   "Dynamic speculative pipelining (paper Fig. 19)"),
+    "ttft-cdf": Preset("ttft_s", "cdf", "system", "TTFT distribution", kind="cdf"),
+}
+# replay names its memory columns after its own configuration
+REPLAY_COLUMNS = {"host_cache_bytes": "host_capacity_bytes", "gpu_kv_bytes": "gpu_capacity_bytes"}
+_UNITS = (("_bytes", "GiB"), ("_rps", "req/s"), ("_ms", "ms"), ("_s", "s"),
+          ("_tokens", "tokens"))
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "rps": "", "kv": "KV",
+          "gpu": "GPU", "p50": "p50", "p90": "p90", "p99": "p99", "k": "k"}
+
+
+def label(column: str) -> str:
+    """``ttft_p90_s`` -> ``TTFT p90 (s)``, ``host_cache_bytes`` -> ``host cache (GiB)``."""
+    unit = next((u for suffix, u in _UNITS if column.endswith(suffix)), None)
+    stem = column
+    if unit is not None:
+        stem = column[: -len(next(s for s, u in _UNITS if column.endswith(s)))]
+    words = [_WORDS.get(w, w) for w in stem.split("_")]
+    text = " ".join(w for w in words if w)
+    return f"{text} ({unit})" if unit else text
+
+
+def scale(column: str) -> float:
+    """What a column's values are divided by to be drawn in its label's unit."""
+    return float(GiB) if column.endswith("_bytes") else 1.0
+
+
+def check_column(table: pd.DataFrame, column: str, flag: str) -> str:
+    """The column, or the replay column of the same meaning; else a clear error."""
+    if column in table.columns:
+        return column
+    if REPLAY_COLUMNS.get(column) in table.columns:
+        return REPLAY_COLUMNS[column]
+    numeric = sorted(c for c in table.columns if c not in ("point_id", "swept", "mode"))
+    raise RagsimInputError(f"no column {column!r} in the results; columns: {', '.join(numeric)}",
+                           field=flag)
+
+
+def select(table: pd.DataFrame, where: list[str]) -> pd.DataFrame:
+    """Rows matching every ``COLUMN=VALUE`` (values compared as the column's text)."""
+    for condition in where:
+        name, sep, value = condition.partition("=")
+        if not sep:
+            raise RagsimInputError(f"must be COLUMN=VALUE, got {condition!r}", field="--where")
+        name = check_column(table, name.strip(), "--where")
+        table = table[table[name].astype(str) == value.strip()]
+        if table.empty:
+            raise RagsimInputError(f"no row has {name} = {value.strip()}", field="--where")
+    return table
+
+
+def _check_repetitions(table: pd.DataFrame, x: str, by: str | None) -> None:
+    swept = set()
+    for names in table.get("swept", []):
+        swept.update(n for n in str(names).split(",") if n)
+    aliases = {**REPLAY_COLUMNS, **{v: k for k, v in REPLAY_COLUMNS.items()}}
+    keep = {x, by, "seed", aliases.get(x), aliases.get(by)}
+    varying = sorted(name for name in swept - keep
+                     if name in table.columns and table[name].astype(str).nunique() > 1)
+    if varying:
+        raise RagsimInputError(
+            f"{', '.join(varying)} also vary in these results: averaging over them would mix "
+            f"experiments; pick one with --where {varying[0]}=VALUE or draw them with --by "
+            f"{varying[0]}", field="--by" if by is None else "--where")
+
+
+def aggregate(table: pd.DataFrame, x: str, y: str, by: str | None = None) -> pd.DataFrame:
+    """Per curve and x: the mean of ``y`` over seeds, its 95% confidence interval (Student's t;
+    none with a single seed: lo = hi = mean) and the number of seeds."""
+    from scipy import stats
+
+    if not np.issubdtype(table[y].dtype, np.number):
+        raise RagsimInputError(f"{y} is not a number column", field="--y")
+    if not np.issubdtype(table[x].dtype, np.number):
+        raise RagsimInputError(f"{x} is not a number column", field="--x")
+    keys = [by, x] if by is not None else [x]
+    rows = []
+    for key, group in table.groupby(keys, sort=True, dropna=False):
+        values = group[y].dropna().to_numpy(dtype=float)
+        n = len(values)
+        mean = float(values.mean()) if n else float("nan")
+        half = 0.0
+        if n > 1:
+            half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * values.std(ddof=1)
+                         / np.sqrt(n))
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(keys, key, strict=True)), "mean": mean, "lo": mean - half,
+                     "hi": mean + half, "n": n})
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
+                title: str | None = None) -> Figure:
+    """The figure: a line of means per curve with its confidence band."""
+    from ragsim.figures import new_figure
+
+    _check_repetitions(table, x, by)
+    stats = aggregate(table, x, y, by)
+    fig = new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    groups = stats.groupby(by, sort=True) if by is not None else [(None, stats)]
+    for value, curve in groups:
+        curve = curve.sort_values(x)
+        xs = curve[x].to_numpy(dtype=float) / scale(x)
+        name = None if by is None else f"{by} = {_shown(value)}"
+        (line,) = ax.plot(xs, curve["mean"], marker="o", label=name)
+        ax.fill_between(xs, curve["lo"], curve["hi"], alpha=0.2, color=line.get_color(),
+                        linewidth=0)
+    ax.set_xlabel(label(x))
+    ax.set_ylabel(label(y))
+    seeds = int(stats["n"].max()) if len(stats) else 0
+    ax.set_title(title or f"{label(y)} vs {label(x)}", fontsize=10)
+    note = (f"mean over {seeds} seeds, {CONFIDENCE:.0%} confidence band" if seeds > 1
+            else "one seed (no confidence band)")
+    ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
+            color="0.4")
+    if by is not None:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _shown(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
+             column: str = "ttft_s") -> Figure:
+    """Per-request ``column`` CDFs, one per value of ``by``, pooling the seeds' requests (from
+    each point's ``requests.parquet``; a sweep run with --no-requests has none)."""
+    import pandas as pd
+
+    from ragsim.figures import new_figure
+
+    _check_repetitions(table, "seed", by)
+    fig = new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    groups = table.groupby(by, sort=True) if by is not None else [(None, table)]
+    for value, rows in groups:
+        values = []
+        for point_id in rows["point_id"]:
+            path = Path(out_dir) / POINTS_DIR / point_id / "requests.parquet"
+            if not path.exists():
+                raise RagsimInputError("has no per-request records (the sweep ran with "
+                                       "--no-requests)", file=str(path))
+            values.append(pd.read_parquet(path, columns=[column])[column].dropna().to_numpy())
+        data = np.sort(np.concatenate(values))
+        ys = np.arange(1, len(data) + 1) / len(data)
+        ax.step(data, ys, where="post",
+                label=None if by is None else f"{by} = {_shown(value)}")
+    ax.set_xlabel(label(column))
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{label(column)} CDF", fontsize=10)
+    if by is not None:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_figure(out_dir: Path, table: pd.DataFrame, *, x: str | None, y: str | None,
+                by: str | None, preset: str | None = None, where: list[str] | None = None
+                ) -> Figure:
+    """The figure ``ragsim plot`` draws: a preset (whose axes the options may override) or
+    ``x``/``y``/``by`` given."""
+    chosen = None
+    if preset is not None:
+        if preset not in PRESETS:
+            raise RagsimInputError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}",
+                                   field="--preset")
+        chosen = PRESETS[preset]
+        by = by or chosen.by
+    table = select(table, where or [])
+    if by is not None:
+        by = check_column(table, by, "--by")
+    if chosen is not None and chosen.kind == "cdf":
+        return draw_cdf(out_dir, table, by)
+    x = x or (chosen.x if chosen else None)
+    y = y or (chosen.y if chosen else None)
+    if x is None or y is None:
+        raise RagsimInputError("give --x and --y, or a --preset", field="--x" if x is None
+                               else "--y")
+    x, y = check_column(table, x, "--x"), check_column(table, y, "--y")
+    return draw_curves(table, x, y, by, title=chosen.title if chosen else None)
+

@@ -1,0 +1,137 @@
+"""`ragsim plot`: the drawn curves are the seeds' means of the table, the bands their Student-t
+95% intervals (computed here with pandas and scipy, not with the plotting code), axes in units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PolyCollection
+from scipy import stats
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+from ragsim.study.plot import plot_figure
+
+runner = CliRunner()
+
+REPLAY = """
+seeds = [0, 1, 2]
+[base]
+mode = "replay"
+trace = "mmlu"
+requests = 1500
+gpu_mem = "1GiB"
+[axes]
+policy = ["pgdsf", "lru"]
+host_mem = ["1GiB", "3GiB", "6GiB"]
+"""
+RUN = """
+seeds = [0, 1]
+[base]
+trace = "mmlu"
+n_requests = 200
+[axes]
+system = ["ragcache", "vllm"]
+rate_rps = [1.0, 4.0]
+"""
+
+
+def _sweep(tmp: Path, text: str) -> Path:
+    spec = tmp / "s.toml"
+    spec.write_text(text)
+    result = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp / "out"), "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def replay_sweep(tmp_path_factory) -> Path:
+    return _sweep(tmp_path_factory.mktemp("replay"), REPLAY)
+
+
+@pytest.fixture(scope="module")
+def run_sweep(tmp_path_factory) -> Path:
+    return _sweep(tmp_path_factory.mktemp("run"), RUN)
+
+
+def test_curves_are_seed_means_with_t_bands(replay_sweep):
+    table = pd.read_parquet(replay_sweep / "results.parquet")
+    fig = plot_figure(replay_sweep, table, x=None, y=None, by=None,
+                      preset="hit-rate-vs-host-memory")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "host capacity (GiB)" and ax.get_ylabel() == "token hit rate"
+    expected = table.groupby(["policy", "host_capacity_bytes"])["token_hit_rate"]
+    means, sems, counts = expected.mean(), expected.sem(), expected.count()
+    assert (counts == 3).all()
+    assert means.loc["pgdsf"].to_numpy().tolist() != means.loc["lru"].to_numpy().tolist()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert set(lines) == {"policy = pgdsf", "policy = lru"} and len(bands) == 2
+    for (label, line), band in zip(sorted(lines.items()), sorted(
+            bands, key=lambda b: _band_key(b, lines)), strict=True):
+        policy = label.removeprefix("policy = ")
+        xs = means.loc[policy].index.to_numpy() / 2**30
+        np.testing.assert_allclose(line.get_xdata(), xs)
+        np.testing.assert_allclose(line.get_ydata(), means.loc[policy].to_numpy(), rtol=1e-12)
+        vertices = band.get_paths()[0].vertices
+        for x, mean, sem in zip(xs, means.loc[policy], sems.loc[policy], strict=True):
+            lo, hi = stats.t.interval(0.95, 2, loc=mean, scale=sem)
+            at = vertices[np.isclose(vertices[:, 0], x)][:, 1]
+            assert at.min() == pytest.approx(lo, abs=1e-12)
+            assert at.max() == pytest.approx(hi, abs=1e-12)
+
+
+def _band_key(band, lines) -> str:
+    """The label of the line drawn in the band's colour."""
+    colour = tuple(band.get_facecolor()[0][:3])
+    for label, line in lines.items():
+        from matplotlib.colors import to_rgb
+
+        if np.allclose(to_rgb(line.get_color()), colour):
+            return label
+    raise AssertionError("a band without its line")
+
+
+def test_cli_writes_png_and_svg(replay_sweep, tmp_path):
+    for name in ("fig.png", "fig.svg"):
+        result = runner.invoke(app, ["plot", str(replay_sweep), "--x",
+                                     "host_cache_bytes", "--y", "token_hit_rate",
+                                     "--by", "policy", "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "fig.svg").read_bytes()[:400]
+
+
+def test_averaging_over_a_swept_option_is_refused(replay_sweep, tmp_path):
+    result = runner.invoke(app, ["plot", str(replay_sweep), "--x", "host_cache_bytes", "--y",
+                                 "token_hit_rate", "--out", str(tmp_path / "f.png")])
+    assert result.exit_code == 2
+    assert "policy also vary" in result.output and "--by policy" in result.output
+    assert not (tmp_path / "f.png").exists()
+    result = runner.invoke(app, ["plot", str(replay_sweep), "--x", "host_cache_bytes", "--y",
+                                 "nope", "--out", str(tmp_path / "f.png")])
+    assert result.exit_code == 2 and "no column 'nope'" in result.output
+
+
+def test_rate_preset_and_ttft_cdf(run_sweep):
+    table = pd.read_parquet(run_sweep / "results.parquet")
+    fig = plot_figure(run_sweep, table, x=None, y=None, by=None, preset="ttft-vs-rate")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "rate (req/s)" and ax.get_ylabel() == "TTFT mean (s)"
+    vllm = next(line for line in ax.get_lines() if line.get_label() == "system = vllm")
+    means = table[table["system"] == "vllm"].groupby("rate_rps")["ttft_mean_s"].mean()
+    np.testing.assert_allclose(vllm.get_ydata(), means.to_numpy(), rtol=1e-12)
+    fig = plot_figure(run_sweep, table, x=None, y=None, by=None, preset="ttft-cdf",
+                      where=["rate_rps=4.0"])
+    ax = fig.axes[0]
+    for line in ax.get_lines():
+        system = line.get_label().removeprefix("system = ")
+        ids = table[(table["system"] == system) & (table["rate_rps"] == 4.0)]["point_id"]
+        ttft = np.sort(np.concatenate([
+            pd.read_parquet(run_sweep / "points" / i / "requests.parquet")["ttft_s"].dropna()
+            for i in ids]))
+        np.testing.assert_allclose(line.get_xdata(), ttft)
+        assert line.get_ydata()[-1] == 1.0 and len(ttft) == 2 * 200
