@@ -123,3 +123,23 @@ def _read_table(sweep_dir: Path):
         raise RagsimInputError(f"no {RESULTS_FILE} here (is it a `ragsim sweep --out` folder?)",
                                file=str(sweep_dir))
     return read_results(sweep_dir)
+
+
+@friendly_errors
+def report(
+    folder: Annotated[Path, typer.Argument(
+        help="A sweep's --out folder (or one run's --out folder).", show_default=False)],
+    out_file: Annotated[Path, typer.Option(
+        "--out", help="HTML file: one page, figures embedded, opens offline.",
+        show_default=False)],
+) -> None:
+    """Write one self-contained HTML page of a sweep or run: figures, tables, configuration."""
+    from ragsim.atomic import write_text_atomically
+    from ragsim.cli.common import check_out_file
+    from ragsim.study.report import build_report
+
+    if out_file.suffix.lower() not in (".html", ".htm"):
+        raise RagsimInputError(f"must end in .html, got {out_file.name!r}", field="--out")
+    check_out_file(out_file)
+    write_text_atomically(out_file, build_report(folder))
+    err.print(f"wrote {out_file}", highlight=False)

@@ -115,11 +115,12 @@ def _check_repetitions(table: pd.DataFrame, x: str, by: str | None) -> None:
 def aggregate(table: pd.DataFrame, x: str, y: str, by: str | None = None) -> pd.DataFrame:
     """Per curve and x: the mean of ``y`` over seeds, its 95% confidence interval (Student's t;
     none with a single seed: lo = hi = mean) and the number of seeds."""
+    from pandas.api.types import is_numeric_dtype
     from scipy import stats
 
-    if not np.issubdtype(table[y].dtype, np.number):
+    if not is_numeric_dtype(table[y]):
         raise RagsimInputError(f"{y} is not a number column", field="--y")
-    if not np.issubdtype(table[x].dtype, np.number):
+    if not is_numeric_dtype(table[x]):
         raise RagsimInputError(f"{x} is not a number column", field="--x")
     keys = [by, x] if by is not None else [x]
     rows = []

@@ -1,0 +1,208 @@
+"""One HTML page for a sweep (or a single run's --out folder): figures, tables, configuration.
+
+The page is self-contained: figures are PNGs embedded as data URIs, the style is inline, there
+is no script and no outside reference, so it opens from a file in any browser, offline, and can
+be mailed or archived as one file. Which figures a sweep gets is read from what it swept: each
+swept number becomes an x axis, the first other swept option the curves, and the metrics that
+answer ragsim's question (TTFT, throughput, hit rate) the y axes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ragsim.errors import RagsimInputError
+from ragsim.study.plot import aggregate, draw_cdf, draw_curves, label
+from ragsim.study.results import POINTS_DIR, RESULTS_FILE, SWEEP_FILE, read_results
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+RUN_METRICS = ("ttft_mean_s", "ttft_p90_s", "throughput_rps", "token_hit_rate")
+REPLAY_METRICS = ("token_hit_rate", "token_hit_rate_host", "swap_in_bytes")
+MAX_FIGURES = 24
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+figure { display: inline-block; margin: 0.5em; vertical-align: top; }
+figure img { width: 32em; max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.85em; color: #555; max-width: 38em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }
+th { background: #f3f3f3; } pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; }
+"""
+
+
+def _png(fig: Figure) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _figure(fig: Figure, caption: str) -> str:
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
+            f'{_png(fig)}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+def _varying(table: pd.DataFrame) -> list[str]:
+    """Swept columns with more than one value here (the seed aside), in the sweep's order."""
+    names: list[str] = []
+    for text in table.get("swept", []):
+        for name in str(text).split(","):
+            if name and name not in names and name != "seed":
+                names.append(name)
+    replay = {"host_mem": "host_capacity_bytes", "gpu_mem": "gpu_capacity_bytes",
+              "cache_depth": "max_cached_depth", "requests": "n_requests"}
+    names = [replay.get(n, n) if n not in table.columns else n for n in names]
+    return [n for n in names if n in table.columns and table[n].astype(str).nunique() > 1]
+
+
+def _numeric(table: pd.DataFrame, name: str) -> bool:
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    return is_numeric_dtype(table[name]) and not is_bool_dtype(table[name])
+
+
+def sweep_figures(out_dir: Path, table: pd.DataFrame) -> list[tuple[Figure, str]]:
+    """The sweep's figures with their captions (see the module's docstring for the choice)."""
+    varying = _varying(table)
+    metrics = RUN_METRICS if (table["mode"] == "run").all() else REPLAY_METRICS
+    figures: list[tuple[Figure, str]] = []
+    for x in [n for n in varying if _numeric(table, n)]:
+        others = [n for n in varying if n != x]
+        by = others[0] if others else None
+        rest = others[1:]
+        groups = table.groupby(rest, sort=True) if rest else [((), table)]
+        for values, part in groups:
+            values = values if isinstance(values, tuple) else (values,)
+            fixed = ", ".join(f"{n} = {v}" for n, v in zip(rest, values, strict=True))
+            for y in metrics:
+                if len(figures) >= MAX_FIGURES:
+                    return figures
+                title = f"{label(y)} vs {label(x)}" + (f" ({fixed})" if fixed else "")
+                figures.append((draw_curves(part, x, y, by, title=title),
+                                title + (f", one curve per {by}" if by else "")))
+    if (table["mode"] == "run").all() and _has_records(out_dir, table):
+        by = next((n for n in varying if not _numeric(table, n)), None)
+        rest = [n for n in varying if n != by]
+        part = table
+        fixed = []
+        for name in rest:  # the CDF at the first value of every other swept option
+            first = sorted(part[name].unique(), key=str)[0]
+            part = part[part[name] == first]
+            fixed.append(f"{name} = {first}")
+        caption = "TTFT CDF" + (f" per {by}" if by else "") + (
+            f" ({', '.join(fixed)})" if fixed else "") + ", requests of every seed pooled"
+        figures.append((draw_cdf(out_dir, part, by), caption))
+    return figures
+
+
+def _has_records(out_dir: Path, table: pd.DataFrame) -> bool:
+    return all((out_dir / POINTS_DIR / p / "requests.parquet").exists()
+               for p in table["point_id"])
+
+
+def summary_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per point (seeds pooled): the number of seeds, each metric's mean and 95% interval."""
+    import pandas as pd
+
+    varying = _varying(table) or ["trace"]
+    metrics = RUN_METRICS if (table["mode"] == "run").all() else REPLAY_METRICS
+    key = " | ".join(varying)
+    work = table.assign(**{key: table[varying].astype(str).agg(" | ".join, axis=1), "_x": 0})
+    rows = None
+    for metric in metrics:
+        grouped = aggregate(work, "_x", metric, key)
+        if rows is None:
+            rows = pd.DataFrame({key: grouped[key], "seeds": grouped["n"]})
+        rows[label(metric)] = [f"{m:.4g} ± {h - m:.2g}" if n > 1 else f"{m:.4g}"
+                               for m, h, n in zip(grouped["mean"], grouped["hi"], grouped["n"],
+                                                  strict=True)]
+    return rows
+
+
+def _table_html(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, escape=True, border=0)
+
+
+def sweep_report(out_dir: Path) -> str:
+    table = read_results(out_dir)
+    if table.empty:
+        raise RagsimInputError("the sweep has no finished point yet",
+                               file=str(out_dir / RESULTS_FILE))
+    spec = (out_dir / SWEEP_FILE).read_text() if (out_dir / SWEEP_FILE).exists() else ""
+    shown = _sweep_file_without_points(spec)
+    parts = [f"<h1>ragsim sweep: {html.escape(out_dir.name)}</h1>",
+             f"<p>{len(table)} run(s): {table['point_id'].nunique()} point(s) and seed(s), "
+             f"mode {html.escape(str(table['mode'].iloc[0]))}. Bands and ± are 95% confidence "
+             "intervals over seeds (Student's t).</p>", "<h2>Figures</h2>"]
+    parts += [_figure(fig, caption) for fig, caption in sweep_figures(out_dir, table)]
+    parts += ["<h2>Results (mean over seeds)</h2>", _table_html(summary_table(table)),
+              "<h2>Configuration</h2>", f"<pre>{html.escape(shown)}</pre>"]
+    return _page(f"ragsim sweep {out_dir.name}", parts)
+
+
+def _sweep_file_without_points(text: str) -> str:
+    """The resolved sweep file without its per-point list (that is the table's job)."""
+    if not text:
+        return "(no sweep.toml)"
+    import tomli_w
+
+    data = tomllib.loads(text)
+    data.pop("resolved", None)
+    return tomli_w.dumps(data)
+
+
+def run_report(out_dir: Path) -> str:
+    """The page of one ``ragsim run --out`` (or replay) folder."""
+    import pandas as pd
+
+    summary = json.loads((out_dir / "summary.json").read_text())
+    config = summary.get("config", {})
+    metrics = {k: v for k, v in summary.items()
+               if not isinstance(v, dict | list) and k != "config"}
+    parts = [f"<h1>ragsim run: {html.escape(out_dir.name)}</h1>"]
+    records = out_dir / "requests.parquet"
+    if records.exists() and "ttft_s" in pd.read_parquet(records).columns:
+        from ragsim.figures import new_figure
+
+        ttft = np.sort(pd.read_parquet(records, columns=["ttft_s"])["ttft_s"].dropna())
+        fig = new_figure(6.4, 4.2)
+        ax = fig.add_subplot()
+        ax.step(ttft, np.arange(1, len(ttft) + 1) / max(len(ttft), 1), where="post")
+        ax.set_xlabel(label("ttft_s"))
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        parts += ["<h2>Figures</h2>", _figure(fig, f"TTFT CDF over {len(ttft)} requests")]
+    parts += ["<h2>Summary</h2>", _table_html(pd.DataFrame(
+                  {"metric": list(metrics), "value": [str(v) for v in metrics.values()]})),
+              "<h2>Configuration</h2>", _table_html(pd.DataFrame(
+                  {"setting": list(config), "value": [str(v) for v in config.values()]}))]
+    return _page(f"ragsim run {out_dir.name}", parts)
+
+
+def build_report(out_dir: Path) -> str:
+    """The HTML of a sweep folder (results.parquet) or a run folder (summary.json)."""
+    if (out_dir / RESULTS_FILE).exists():
+        return sweep_report(out_dir)
+    if (out_dir / "summary.json").exists():
+        return run_report(out_dir)
+    raise RagsimInputError(f"neither a sweep folder ({RESULTS_FILE}) nor a run folder "
+                           "(summary.json)", file=str(out_dir))
+
+
+def _page(title: str, parts: list[str]) -> str:
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
+            f"<body>\n{body}\n</body></html>\n")

@@ -1,0 +1,134 @@
+"""`ragsim report`: one HTML file that a real headless browser (Debian's chromium) renders
+offline, with its figures drawn (their curves' colours are on the screenshot) and its tables
+filled (read back from the browser's DOM)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+
+runner = CliRunner()
+SWEEP = """
+seeds = [0, 1]
+[base]
+trace = "mmlu"
+n_requests = 200
+[axes]
+system = ["ragcache", "vllm"]
+rate_rps = [1.0, 4.0]
+"""
+# matplotlib's first two curve colours (C0, C1), as 8-bit RGB
+BLUE, ORANGE = (31, 119, 180), (255, 127, 14)
+
+
+class _Dom(HTMLParser):
+    """What the browser's DOM holds: images (and their sources), table rows, text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.rows = 0
+        self.cells: list[str] = []
+        self.text: list[str] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs).get("src", ""))
+        elif tag == "tr":
+            self.rows += 1
+        elif tag in ("td", "th"):
+            self._in_cell = True
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self._in_cell = False
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._in_cell:
+            self.cells.append(data.strip())
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "Debian's chromium package is needed (apt-get install chromium; CI installs it)"
+    return path
+
+
+def browse(page: Path, tmp: Path) -> tuple[_Dom, np.ndarray]:
+    """The DOM chromium built from the file and a screenshot of the page."""
+    flags = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={tmp / 'profile'}", "--window-size=1280,4200"]
+    url = page.resolve().as_uri()
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    shot = tmp / "shot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True, timeout=120,
+                   check=True)
+    parsed = _Dom()
+    parsed.feed(dom)
+    return parsed, (imread(shot)[:, :, :3] * 255).round().astype(int)
+
+
+def pixels_of(image: np.ndarray, rgb: tuple[int, int, int]) -> int:
+    return int((np.abs(image - np.array(rgb)).max(axis=2) <= 3).sum())
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    (tmp / "s.toml").write_text(SWEEP)
+    result = runner.invoke(app, ["sweep", str(tmp / "s.toml"), "--out", str(tmp / "out"),
+                                 "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    return tmp / "out"
+
+
+def test_report_renders_in_a_real_browser(sweep_dir, tmp_path):
+    page = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", str(sweep_dir), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    dom, shot = browse(page, tmp_path)
+    # one figure per metric against the swept rate (curves per system) and a TTFT CDF
+    assert len(dom.images) == 4 + 1
+    assert all(src.startswith("data:image/png;base64,") for src in dom.images)
+    table = pd.read_parquet(sweep_dir / "results.parquet")
+    points = table.groupby(["rate_rps", "system"]).size()
+    assert dom.rows == 1 + len(points)  # the results table: a header and a row per point
+    ttft = table.groupby(["rate_rps", "system"])["ttft_mean_s"].mean()
+    for value in ttft:
+        assert any(cell.startswith(f"{value:.4g}") for cell in dom.cells), value
+    assert "[axes]" in "".join(dom.text)  # the configuration
+    # drawn: both curve colours cover real areas of the screenshot (a broken image shows none)
+    assert pixels_of(shot, BLUE) > 300 and pixels_of(shot, ORANGE) > 300
+
+
+def test_report_of_one_run(tmp_path):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--requests", "100", "--json", "--out", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    page = tmp_path / "run.html"
+    assert runner.invoke(app, ["report", str(run_dir), "--out", str(page)]).exit_code == 0
+    dom, shot = browse(page, tmp_path)
+    assert len(dom.images) == 1 and "ttft_p90_s" in dom.cells
+    assert pixels_of(shot, BLUE) > 100
+
+
+def test_report_refuses_other_folders(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "neither a sweep folder" in result.output
+    result = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r.png")])
+    assert result.exit_code == 2 and "must end in .html" in result.output
