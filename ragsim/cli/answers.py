@@ -98,7 +98,7 @@ def golden(
     redis_url: RedisUrl = None,
     threshold: Annotated[float | None, typer.Option(
         help="Semantic hit when cosine similarity >= this (the article's 0.88-0.95). "
-             "[default: 0.9]")] = None,
+             "\\[default: 0.9]")] = None,
     distance_threshold: Annotated[float | None, typer.Option(
         help="Or as redisvl says it: cosine distance <= this (1 - similarity).")] = None,
     l1_size: Annotated[int, typer.Option(help="L1 entries.")] = 100,

@@ -33,6 +33,7 @@ from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
     "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Backend", "Output")
+ANSWERS = "Answer cache"
 
 
 # run's options whose configuration field has another name (the others: the same name). Help
@@ -43,6 +44,7 @@ FIELD_OF_OPTION = {
     "rate": "rate_rps", "fail_gpu_at": "fail_gpu_at_s",
     "gpu_failure_rate": "gpu_failure_rate_per_h", "gpu_recovery": "gpu_recovery_s",
     "retry_timeout": "retry_timeout_s", "requests": "n_requests",
+    "answer_ttl": "answer_ttl_s",
     "drift": "trace_drift_per_1k_requests", "frequency_window": "frequency_window_s",
 }
 # what an unset (None) field means, for help
@@ -242,6 +244,21 @@ def run(
         FAULTS, "Seconds before a failed request is retried.")] = None,
     max_retries: Annotated[int | None, _opt(
         FAULTS, "Retries before a request fails for good.")] = None,
+    # answer cache
+    answer_cache: Annotated[bool | None, _opt(
+        ANSWERS, "Put the answer cache (L1 / L2 exact, semantic) in front of retrieval.",
+        "--answer-cache/--no-answer-cache")] = None,
+    answer_threshold: Annotated[float | None, _opt(
+        ANSWERS, "Semantic hit when cosine similarity >= this (the article's 0.88-0.95). "
+        "\\[default: 0.9]")] = None,
+    answer_distance: Annotated[float | None, _opt(
+        ANSWERS, "Or as redisvl says it: cosine distance <= this (1 - similarity).")] = None,
+    answer_l1_size: Annotated[int | None, _opt(ANSWERS, "L1 entries per instance.")] = None,
+    answer_ttl: Annotated[float | None, _opt(ANSWERS, "L2 / semantic TTL, seconds.")] = None,
+    instances: Annotated[int | None, _opt(
+        ANSWERS, "Service instances, each with its own L1 (shared L2 / semantic).")] = None,
+    answer_routing: Annotated[str | None, _opt(
+        ANSWERS, "Requests to instances: round-robin or hash.")] = None,
     # backend
     backend: Annotated[str, _opt(
         BACKEND, "sim: simulate (virtual time, the profile's costs); torch: serve for real, in "
@@ -294,6 +311,9 @@ def run(
         "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
         "max_retries": max_retries,
         "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
+        "answer_cache": answer_cache, "answer_distance": _answer_distance(
+            answer_threshold, answer_distance), "answer_l1_size": answer_l1_size,
+        "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
     }
     try:
         config = build_config(flags, base=base,
@@ -344,6 +364,20 @@ def run(
                   "nothing left could end them. This is a bug in ragsim; please report it with "
                   f"the run's config.toml{kept}", highlight=False)
         raise typer.Exit(1)
+
+
+def _answer_distance(similarity: float | None, distance: float | None) -> float | None:
+    """--answer-threshold (cosine similarity, the article's) or --answer-distance (redisvl's
+    cosine distance): one field, the distance."""
+    if similarity is not None and distance is not None:
+        raise RagsimInputError("give --answer-threshold or --answer-distance, not both",
+                               field="--answer-threshold")
+    if similarity is not None:
+        if not 0.0 <= similarity <= 1.0:
+            raise RagsimInputError(f"must be a cosine similarity in [0, 1], got {similarity}",
+                                   field="--answer-threshold")
+        return 1.0 - similarity
+    return distance
 
 
 def _print_run_summary(s: dict) -> None:

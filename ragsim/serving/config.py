@@ -116,10 +116,33 @@ class SimConfig:
     gpu_recovery_s: float = 10.0
     retry_timeout_s: float = 1.0
     max_retries: int = 3
+    # answer cache in front of retrieval (ragsim/cache/answers; off: none of these apply, and
+    # they are left out of the recorded configuration, so runs without it are unchanged)
+    answer_cache: bool = False
+    answer_distance: float = 0.1  # semantic hit: cosine distance <= this (similarity 0.9)
+    answer_semantic: bool = True  # the semantic tier (needs query_text in the trace)
+    answer_l1_size: int = 100
+    answer_l1_ttl_s: float = 60.0
+    answer_ttl_s: float = 3600.0  # L2 and semantic entries
+    answer_null_ttl_s: float = 600.0
+    answer_ttl_jitter: float = 0.1
+    answer_hot_top_n: int | None = None
+    answer_hot_window_s: float = 60.0
+    instances: int = 1  # service instances, each with its own L1
+    answer_routing: str = "round-robin"  # or hash
+    # lookup latencies per tier (p50 measured here on the embedded server: ragsim answers bench)
+    # and the query embedding (all-MiniLM-L6-v2 on one CPU thread), paid before a semantic lookup
+    answer_l1_s: float = 5e-6
+    answer_l2_s: float = 8e-5
+    answer_semantic_s: float = 1e-3
+    answer_embed_s: float = 5e-3
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["fail_gpu_at_s"] = list(self.fail_gpu_at_s)
+        if not self.answer_cache:
+            for name in ANSWER_FIELDS:
+                data.pop(name)
         return data
 
     def to_toml(self) -> str:
@@ -149,6 +172,12 @@ SYSTEM_DESCRIPTIONS = {
     "ragcache": "RAGCache: knowledge tree in GPU + host, PGDSF, cache-aware reordering, "
                 "dynamic speculative pipelining, host replicas of the upper nodes",
 }
+
+
+ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_l1_size",
+                 "answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_ttl_jitter",
+                 "answer_hot_top_n", "answer_hot_window_s", "instances", "answer_routing",
+                 "answer_l1_s", "answer_l2_s", "answer_semantic_s", "answer_embed_s")
 
 
 def preset(system: str) -> dict:
@@ -304,6 +333,19 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "must be >= 0", source)
     _check(all(t >= 0 for t in c.fail_gpu_at_s), "fail_gpu_at_s",
            "failure times must be >= 0", source)
+    _check(0 <= c.answer_distance <= 2, "answer_distance",
+           "must be a cosine distance in [0, 2]", source)
+    for name in ("answer_l1_size", "instances"):
+        _check(getattr(c, name) >= 1, name, "must be >= 1", source)
+    for name in ("answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_hot_window_s"):
+        _check(getattr(c, name) > 0, name, "must be > 0", source)
+    for name in ("answer_ttl_jitter", "answer_l1_s", "answer_l2_s", "answer_semantic_s",
+                 "answer_embed_s"):
+        _check(getattr(c, name) >= 0, name, "must be >= 0", source)
+    _check(c.answer_hot_top_n is None or c.answer_hot_top_n >= 1, "answer_hot_top_n",
+           "must be >= 1", source)
+    _check(c.answer_routing in ("round-robin", "hash"), "answer_routing",
+           "must be round-robin or hash", source)
     return config
 
 

@@ -31,6 +31,7 @@ from ragsim.cache.policies import make_policy
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
+from ragsim.serving.answer_stage import AnswerStage
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine import Engine, EngineHooks, Iterations, Job
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -128,6 +129,7 @@ class Pipeline(EngineHooks):
                                    latency=config.search_latency,
                                    time_scale=config.search_time_scale)
         self.arrival_s = planned_arrivals(trace, config)
+        self.answers = AnswerStage(trace, config) if config.answer_cache else None
         self._previous_ended: simpy.Event | None = None  # sequential: the one in the system
         # per-request records: preallocated columns (numpy), so a 1M-request run stays small
         self.r_search_start = np.full(n, np.nan)
@@ -223,6 +225,13 @@ class Pipeline(EngineHooks):
     def _request(self, i: int):
         env = self.env
         config = self.config
+        if self.answers is not None:  # the answer cache first: a hit never reaches retrieval
+            answered, lookup_s = self.answers.lookup(i, env.now)
+            yield env.timeout(lookup_s)
+            if answered:
+                self.r_first_token[i] = env.now
+                self._end(i, COMPLETED)
+                return
         if not self.retrieval:  # no search behind the trace's documents: straight to the pool
             self.r_search_start[i] = self.r_search_end[i] = env.now
             self._submit(self._new_job(i, self._final_docs(i), speculative=False))
@@ -401,6 +410,8 @@ class Pipeline(EngineHooks):
             self.r_first_token[i] = self.env.now
             self._record_hits(job)
         self.r_attempts[i] += 1
+        if self.answers is not None:
+            self.answers.write_back(i, self.env.now)
         self._end(i, COMPLETED)
 
     def aborted(self, job: Job, reason: str) -> None:
@@ -455,7 +466,11 @@ class Pipeline(EngineHooks):
                     stalled = True
         elapsed = time.perf_counter() - started
         columns = self._columns()
+        if self.answers is not None:
+            self.answers.adjust(columns)
         summary = summarize(self, columns, elapsed, interrupted, stalled)
+        if self.answers is not None:
+            summary.update(self.answers.summary(columns))
         return RunResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:

@@ -170,4 +170,31 @@ def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
             "index": vars(index), "counters_note": "lookups with vectors given (no embedding)"}
 
 
-__all__ = ["Counters", "Golden", "answer_server", "run_bench", "run_golden"]
+
+
+def replay_decisions(texts: Sequence[str], answer_keys: Sequence[str],
+                     embeddings: np.ndarray | None, url: str, *, config: AnswerCacheConfig,
+                     instances: int = 1, routing: str = "round-robin",
+                     index: VectorIndex | None = None) -> list[str]:
+    """A trace's requests one after another through the real tiers (wall time): each miss
+    "runs RAG" (its answer key is the answer) and writes back before the next request, as a
+    sequential simulation does. Returns each request's tier."""
+    from ragsim.cache.answers import Instances
+
+    dims = 2 if embeddings is None else int(embeddings.shape[1])
+    store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
+                             index=index or VectorIndex(algorithm="flat"), timeout_s=5.0)
+    group = Instances(config, store, instances, routing=routing)
+    tiers = []
+    for i, text in enumerate(texts):
+        cache = group.route(text)
+        vector = None if embeddings is None else embeddings[i]
+        got = cache.lookup(text, time.time(), embedding=vector)
+        if not got.hit:
+            cache.write_back(text, answer_keys[i], time.time(), embedding=vector,
+                             answer_key=answer_keys[i])
+        tiers.append(got.tier)
+    return tiers
+
+
+__all__ = ["Counters", "Golden", "answer_server", "replay_decisions", "run_bench", "run_golden"]

@@ -1,0 +1,160 @@
+"""The answer cache as a stage in front of retrieval, in simulated time.
+
+Each arriving request asks the answer cache first — the *same* tier logic as the real run
+(``ragsim.cache.answers``), over modelled stores: the real L1 class (cachetools, driven by the
+simulated clock) and ``ModelSharedStore`` (exact-match dict and exact cosine KNN). A hit is
+answered after the lookup latency of the tier that served it and never reaches retrieval or
+the engine; a miss pays the lookups and goes on; the answer is written back to every tier when
+the request completes. Several instances (``instances``) each have their own L1 over one shared
+L2/semantic tier.
+
+What a request is, for the cache: its ``query_text`` (else its ``answer_key`` stands for the
+text: a trace whose text was redacted still repeats questions exactly), its ``answer_key`` (the
+ground truth: a semantic hit with another key is a *false hit*) and ``has_history`` (bypass).
+Embeddings for the semantic tier are those of the real run's embedder on ``query_text``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Instances, ModelSharedStore
+from ragsim.cache.hit_rates import hit_rate_fields
+from ragsim.errors import RagsimInputError
+from ragsim.serving.config import SimConfig
+from ragsim.traces.schema import Trace
+
+TIER_NAMES = ("", "l1", "l2", "semantic", "miss", "bypass")  # "": not asked (pending)
+_CODE = {name: code for code, name in enumerate(TIER_NAMES)}
+
+
+def core_config(config: SimConfig) -> AnswerCacheConfig:
+    return AnswerCacheConfig(
+        l1_size=config.answer_l1_size, l1_ttl_s=config.answer_l1_ttl_s,
+        ttl_s=config.answer_ttl_s, null_ttl_s=config.answer_null_ttl_s,
+        ttl_jitter=config.answer_ttl_jitter, distance_threshold=config.answer_distance,
+        semantic=config.answer_semantic, hot_top_n=config.answer_hot_top_n,
+        hot_window_s=config.answer_hot_window_s, seed=config.seed)
+
+
+def request_texts(trace: Trace) -> tuple[list[str], list[str], bool]:
+    """(text for exact matching, answer key, whether the text is real query text)."""
+    if trace.query_text is not None:
+        texts = [t or "" for t in trace.query_text.to_pylist()]
+        real = True
+    elif trace.answer_key is not None:
+        texts = [k or "" for k in trace.answer_key.to_pylist()]
+        real = False
+    else:
+        raise RagsimInputError("the answer cache needs the trace's query_text or answer_key "
+                               "(build one with ragsim trace build)", field="query_text")
+    keys = [k or "" for k in trace.answer_key.to_pylist()] if trace.answer_key is not None \
+        else list(texts)
+    return texts, keys, real
+
+
+def embed_texts(texts: list[str]) -> np.ndarray:
+    """The real run's embedder (all-MiniLM-L6-v2), its vectors cached on disk."""
+    from ragsim.traces.corpus.embedding import Embedder, default_cache_dir
+
+    unique = sorted(set(texts))
+    vectors = Embedder(cache_dir=default_cache_dir()).embed(unique)
+    row = {t: i for i, t in enumerate(unique)}
+    return vectors[[row[t] for t in texts]]
+
+
+class AnswerStage:
+    """Per-request decisions of the answer cache, driven by the pipeline's clock."""
+
+    def __init__(self, trace: Trace, config: SimConfig, *,
+                 embed: Callable[[list[str]], np.ndarray] = embed_texts) -> None:
+        self.config = config
+        self.texts, self.answer_keys, real_text = request_texts(trace)
+        n = len(self.texts)
+        self.history = (np.zeros(n, dtype=bool) if trace.has_history is None
+                        else np.asarray(trace.has_history, dtype=bool))
+        self.semantic = config.answer_semantic and real_text
+        self.embeddings = embed(self.texts) if self.semantic and n else None
+        cache_config = core_config(config)
+        if not self.semantic:
+            cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "semantic": False})
+        self.instances = Instances(cache_config, ModelSharedStore(), config.instances,
+                                   routing=config.answer_routing)
+        self.tier = np.zeros(n, dtype=np.int8)
+        self.false_hit = np.zeros(n, dtype=bool)
+        self.distance = np.full(n, np.nan)
+        self.instance = np.full(n, -1, dtype=np.int64)
+        self._caches: list[AnswerCache] = list(self.instances.caches)
+
+    def lookup(self, i: int, now_s: float) -> tuple[bool, float]:
+        """(answered from the cache?, lookup seconds) for request ``i`` arriving at ``now_s``."""
+        c = self.config
+        cache = self.instances.route(self.texts[i])
+        self.instance[i] = self._caches.index(cache)
+        vector = None if self.embeddings is None else self.embeddings[i]
+        got = cache.lookup(self.texts[i], now_s, embedding=vector,
+                           history=bool(self.history[i]))
+        self.tier[i] = _CODE[got.tier]
+        delay = {"bypass": 0.0, "l1": c.answer_l1_s, "l2": c.answer_l1_s + c.answer_l2_s}.get(
+            got.tier, c.answer_l1_s + c.answer_l2_s
+            + (c.answer_embed_s + c.answer_semantic_s if vector is not None else 0.0))
+        if got.hit:
+            self.false_hit[i] = got.entry.answer_key != self.answer_keys[i]
+            if got.distance is not None:
+                self.distance[i] = got.distance
+        return got.hit, delay
+
+    def write_back(self, i: int, now_s: float) -> None:
+        """RAG answered request ``i``: its answer goes to every tier of its instance."""
+        if TIER_NAMES[self.tier[i]] != "miss":
+            return
+        cache = self._caches[self.instance[i]]
+        vector = None if self.embeddings is None else self.embeddings[i]
+        cache.write_back(self.texts[i], self.answer_keys[i], now_s, embedding=vector,
+                         answer_key=self.answer_keys[i])
+
+    def answered(self) -> np.ndarray:
+        return np.isin(self.tier, [_CODE["l1"], _CODE["l2"], _CODE["semantic"]])
+
+    def adjust(self, cols: dict[str, np.ndarray]) -> None:
+        """Requests the cache answered retrieved and prefilled nothing and decoded nothing."""
+        answered = self.answered()
+        cols["doc_tokens"] = np.where(answered, 0, cols["doc_tokens"])
+        cols["tpot_s"] = np.where(answered, np.nan, cols["tpot_s"])
+        cols["answer_tier"] = np.array(TIER_NAMES, dtype=object)[self.tier]
+        cols["answer_false_hit"] = self.false_hit.copy()
+        cols["answer_distance"] = self.distance.copy()
+
+    def summary(self, cols: dict[str, np.ndarray]) -> dict:
+        asked = self.tier > 0
+        answered = self.answered()
+        n_asked = int(asked.sum())
+        hits = {name: int((self.tier == _CODE[name]).sum()) for name in ("l1", "l2", "semantic")}
+        n_hits = sum(hits.values())
+        engine = (cols["status"] == "completed") & ~answered & np.isfinite(cols["first_token_s"])
+        doc = int(cols["doc_tokens"][engine].sum())
+        gpu = int(cols["hit_tokens_gpu"][engine].sum())
+        host = int(cols["hit_tokens_host"][engine].sum())
+        any_hit = (cols["hit_tokens_gpu"] + cols["hit_tokens_host"])[engine] > 0
+        ttft = cols["ttft_s"]
+        return {
+            "answer_cache_hit_rate": n_hits / n_asked if n_asked else 0.0,
+            "answer_cache_hits": hits,
+            "answer_cache_misses": int((self.tier == _CODE["miss"]).sum()),
+            "answer_cache_bypassed": int((self.tier == _CODE["bypass"]).sum()),
+            "answer_cache_false_hits": int(self.false_hit.sum()),
+            "answer_cache_false_hit_rate": float(self.false_hit.sum()) / n_hits if n_hits
+            else 0.0,
+            "answer_cache_semantic": self.semantic,
+            "answer_cache_counters": self.instances.counters.as_dict(),
+            "answer_cache_ttft_mean_s_hits": float(np.nanmean(ttft[answered]))
+            if answered.any() else None,
+            # the KV cache behind the answer cache: the requests that reached the engine
+            "answer_cache_engine": {
+                "requests": int(engine.sum()),
+                **hit_rate_fields(doc, gpu, host, any_hit),
+                "ttft_mean_s": float(np.nanmean(ttft[engine])) if engine.any() else None,
+            },
+        }
