@@ -25,7 +25,8 @@ from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.engine import KVStore
-from ragsim.realrun.iterations import ContextTokens, TorchIterations
+from ragsim.realrun.iterations import TorchIterations
+from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.serving.config import SimConfig
 from ragsim.serving.costs import decode_step_s, prefill_compute_s
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, planned_arrivals, requests_to_run
@@ -68,12 +69,13 @@ class RealRun(Pipeline):
         env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
         self.iterations: TorchIterations | None = None
         model = self.model
+        texts, why_no_text = trace_texts(trace)
 
         def iterations(tree):
             store = KVStore(model.device, gpu_capacity_bytes=tree.gpu_capacity_bytes,
                             host_capacity_bytes=tree.host_capacity_bytes)
-            tokens = ContextTokens(trace.request_id, tree.system_prompt_tokens,
-                                   profile.model.vocab_size)
+            tokens = PromptTokens(trace, tree.system_prompt_tokens, profile.model.vocab_size,
+                                  texts, why_no_text)
             self.iterations = TorchIterations(env, tree, model, store, tokens, profile)
             return self.iterations
 
@@ -113,6 +115,7 @@ class RealRun(Pipeline):
             fields["cost_model_errors"] = cost_model_errors(it.log, self.profile)
             fields["engine_store_gpu_bytes"] = it.store.gpu_bytes
             fields["engine_store_host_bytes"] = it.store.host_bytes
+            fields["token_ids"] = it.tokens.report.as_dict()
         return fields
 
 

