@@ -143,3 +143,149 @@ def report(
     check_out_file(out_file)
     write_text_atomically(out_file, build_report(folder))
     err.print(f"wrote {out_file}", highlight=False)
+
+
+@friendly_errors
+def plan(
+    trace: Annotated[str, typer.Option(help="Built-in name or trace path.")] = "mmlu",
+    rate: Annotated[float, typer.Option(help="Request rate to serve, requests/s.")] = 1.0,
+    slo: Annotated[str, typer.Option(
+        help="Service objective on a summary field: METRIC<=VALUE, e.g. ttft_p90_s<=0.5.")
+    ] = "ttft_p90_s<=0.5",
+    model: Annotated[str, typer.Option(help="Model: the shipped profiles of it are the GPU "
+                                            "types searched.")] = "mistral-7b",
+    system: Annotated[str, typer.Option(help="System preset (see `ragsim systems`).")
+                      ] = "ragcache",
+    host_mem: Annotated[list[str] | None, typer.Option(
+        help="Host memory per replica to try (repeatable). [default: 0, 32GiB, 192GiB]",
+        show_default=False)] = None,
+    replicas: Annotated[list[int] | None, typer.Option(
+        help="Replica counts to try (repeatable). [default: 1, 2, 4, 8]", show_default=False)
+    ] = None,
+    requests: Annotated[int, typer.Option(help="Requests simulated per candidate.")] = 2000,
+    seeds: Annotated[int, typer.Option(help="Seeds per candidate (the SLO metric's mean).")
+                     ] = 1,
+    prices: Annotated[Path | None, typer.Option(
+        help="TOML price table: gpu_usd_per_h = {a10g = 1.0, ...}, host_usd_per_gib_h = N. "
+             "[default: rounded on-demand cloud prices, see docs/studies.md]",
+        show_default=False)] = None,
+    jobs: Annotated[int | None, typer.Option(help="Candidates at once. [default: all cores]",
+                                             show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Keep the candidates' sweep here (results.parquet, plan.json).")] = None,
+    plot_file: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw the margin curve (.png, .svg).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The cheapest GPU type, GPU count and host memory that meet a TTFT SLO at a rate,
+    searched with the simulator over the shipped profiles."""
+    import json
+    import tempfile
+
+    from ragsim.cli.common import print_json
+    from ragsim.figures import check_plot_path
+    from ragsim.study import plan as planning
+    from ragsim.study.executors import default_jobs
+    from ragsim.units import parse_bytes
+
+    goal = planning.parse_slo(slo)
+    if not rate > 0:
+        raise RagsimInputError("must be > 0", field="--rate")
+    for name, value in (("--requests", requests), ("--seeds", seeds), ("--jobs", jobs or 1)):
+        if value < 1:
+            raise RagsimInputError("must be >= 1", field=name)
+    if any(n < 1 for n in replicas or ()):
+        raise RagsimInputError("must be >= 1", field="--replicas")
+    if plot_file is not None:
+        check_plot_path(plot_file)
+    if out_dir is not None:
+        check_out_dir(out_dir)
+    price_table = planning.load_prices(prices)
+    options = planning.gpu_options(model, price_table)
+    host_gib = ([parse_bytes(h, field="--host-mem") / planning.GiB for h in host_mem]
+                if host_mem else list(planning.DEFAULT_HOST_MEM_GIB))
+    counts = sorted(set(replicas or planning.DEFAULT_REPLICAS))
+    base = {"system": system, "n_requests": requests}
+    spec = planning.plan_sweep(trace=trace, rate_rps=rate, options=options, host_gib=host_gib,
+                               replicas=counts, base=base, seeds=list(range(seeds)))
+    folder = out_dir or Path(tempfile.mkdtemp(prefix="ragsim-plan-"))
+    table = _run_quietly(spec, folder, jobs or default_jobs(), json_output, "plan")
+    candidates = planning.choose(table, goal, options, rate, price_table)
+    met = [c for c in candidates if c["meets_slo"]]
+    best = met[0] if met else None
+    curve = []
+    if best is not None:
+        per_replica = best["rate_rps_per_replica"]
+        points = [{"profile": best["profile"], "system": system, "n_requests": requests,
+                   "trace": trace, "host_cache_bytes": best["host_cache_bytes_per_replica"],
+                   "rate_rps": per_replica * f} for f in planning.MARGIN_FACTORS]
+        from ragsim.study.spec import parse_sweep
+
+        margin_spec = parse_sweep({"seeds": list(range(seeds)), "points": points}, "<plan>")
+        margin = _run_quietly(margin_spec, folder / "margin", jobs or default_jobs(),
+                              json_output, "margin")
+        for f in planning.MARGIN_FACTORS:
+            rows = margin[abs(margin["rate_rps"] - per_replica * f) < 1e-12]
+            value = float(rows[goal.metric].mean())
+            curve.append({"rate_rps": rate * f, "rate_factor": f, goal.metric: value,
+                          "meets_slo": goal.met(value)})
+    result = {"trace": trace, "rate_rps": rate, "slo": str(goal), "model": model,
+              "system": system, "requests": requests, "seeds": seeds,
+              "prices": price_table, "best": best, "margin_curve": curve,
+              "candidates": candidates, "results_dir": str(folder)}
+    if out_dir is not None:
+        (out_dir / "plan.json").write_text(json.dumps(result, indent=2) + "\n")
+    if plot_file is not None and curve:
+        from ragsim.figures import save_figure
+
+        save_figure(planning.margin_figure(curve, goal, best), plot_file)
+    if json_output:
+        print_json(result)
+        return
+    _print_plan(result, goal)
+
+
+def _run_quietly(spec, folder: Path, jobs: int, quiet: bool, what: str):
+    from ragsim.study.results import read_results
+    from ragsim.study.sweep import run_sweep
+
+    progress = make_bar(enabled=not quiet)
+    task = progress.add_task(what, total=len(spec.points))
+    with progress:
+        outcome = run_sweep(spec, folder, jobs=jobs, keep_requests=False,
+                            on_progress=lambda done, total: progress.update(task,
+                                                                            completed=done))
+    if outcome.failed:
+        raise RagsimInputError(f"{len(outcome.failed)} candidate run(s) failed: "
+                               f"{outcome.failed[0][1]}")
+    return read_results(folder)
+
+
+def _print_plan(result: dict, goal) -> None:
+    from rich.table import Table
+
+    from ragsim.cli.common import out
+
+    best = result["best"]
+    if best is None:
+        out.print(f"no candidate meets {goal} at {result['rate_rps']:g} req/s; try more "
+                  "--replicas or --host-mem", highlight=False)
+    else:
+        out.print(f"cheapest meeting {goal} at {result['rate_rps']:g} req/s: "
+                  f"{best['replicas']} x {best['profile']} ({best['gpus']} GPU(s)), "
+                  f"{best['host_cache_bytes_per_replica'] / 2**30:g} GiB host memory each, "
+                  f"${best['cost_usd_per_h']:.2f}/h; {goal.metric} = "
+                  f"{best[goal.metric]:.3f} (margin {best['margin']:.0%})", highlight=False)
+    table = Table(title="candidates, cheapest first (first 15)")
+    for header in ("profile", "replicas", "host GiB", "$/h", goal.metric, "meets"):
+        table.add_column(header)
+    for c in result["candidates"][:15]:
+        table.add_row(c["profile"], str(c["replicas"]),
+                      f"{c['host_cache_bytes_per_replica'] / 2**30:g}",
+                      f"{c['cost_usd_per_h']:.2f}", f"{c[goal.metric]:.3f}",
+                      "yes" if c["meets_slo"] else "no")
+    out.print(table)
+    if result["margin_curve"]:
+        out.print("margin: " + ", ".join(
+            f"{p['rate_rps']:g} req/s -> {p[goal.metric]:.3f}" for p in result["margin_curve"]),
+            highlight=False)

@@ -1,0 +1,81 @@
+"""`ragsim plan`: the configuration it picks meets the SLO when run by hand, everything cheaper
+misses it, and the cost is the price table's arithmetic (worked here by hand)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+
+runner = CliRunner()
+PRICES = """
+gpu_usd_per_h = { a10g = 1.0, a100 = 4.0 }
+host_usd_per_gib_h = 0.01
+"""
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plan")
+    (tmp / "prices.toml").write_text(PRICES)
+    result = runner.invoke(app, [
+        "plan", "--trace", "mmlu", "--rate", "4", "--slo", "ttft_p90_s<=0.2", "--requests",
+        "300", "--replicas", "1", "--replicas", "2", "--host-mem", "0", "--host-mem", "8GiB",
+        "--prices", str(tmp / "prices.toml"), "--jobs", "1", "--json", "--out", str(tmp / "o"),
+        "--plot", str(tmp / "margin.png")])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), tmp
+
+
+def run_by_hand(profile: str, rate: float, host_bytes: int) -> dict:
+    result = runner.invoke(app, ["run", "--json", "--trace", "mmlu", "--requests", "300",
+                                 "--system", "ragcache", "--profile", profile, "--rate",
+                                 repr(rate), "--host-mem", str(host_bytes)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_the_plan_holds_when_run_by_hand(planned):
+    plan, tmp = planned
+    candidates, best = plan["candidates"], plan["best"]
+    # the priced GPUs' profiles of the model x 2 host sizes x 2 replica counts
+    assert {c["profile"] for c in candidates} == {"a10g-mistral-7b", "a100-mistral-7b"}
+    assert len(candidates) == 2 * 2 * 2
+    price = {"a10g": 1.0, "a100": 4.0}
+    for c in candidates:
+        host_gib = c["host_cache_bytes_per_replica"] / 2**30
+        assert c["cost_usd_per_h"] == pytest.approx(c["replicas"] * (price[c["gpu"]]
+                                                                     + 0.01 * host_gib))
+        assert c["rate_rps_per_replica"] == pytest.approx(4 / c["replicas"])
+    assert best is not None and best["ttft_p90_s"] <= 0.2
+    by_hand = run_by_hand(best["profile"], best["rate_rps_per_replica"],
+                          best["host_cache_bytes_per_replica"])
+    assert by_hand["ttft_p90_s"] == pytest.approx(best["ttft_p90_s"], rel=1e-12)
+    cheaper = [c for c in candidates if c["cost_usd_per_h"] < best["cost_usd_per_h"]]
+    assert cheaper, "a plan where the cheapest candidate wins tests nothing"
+    assert all(c["ttft_p90_s"] > 0.2 for c in cheaper)
+    cheapest = candidates[0]
+    missed = run_by_hand(cheapest["profile"], cheapest["rate_rps_per_replica"],
+                         cheapest["host_cache_bytes_per_replica"])
+    assert missed["ttft_p90_s"] > 0.2
+    # the margin curve passes through the winner at the asked rate and is written
+    at_rate = next(p for p in plan["margin_curve"] if p["rate_factor"] == 1.0)
+    assert at_rate["ttft_p90_s"] == pytest.approx(best["ttft_p90_s"], rel=1e-12)
+    assert (tmp / "margin.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp / "o" / "plan.json").read_text())["best"] == best
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--slo", "ttft_p90_s=0.5"], "field '--slo'"),
+    (["--slo", "ttft_nope_s<=0.5", "--requests", "50", "--replicas", "1", "--host-mem", "0",
+      "--model", "llama2-70b"], "field '--slo'"),
+    (["--model", "gpt-9"], "field '--model'"),
+    (["--rate", "0"], "field '--rate'"),
+])
+def test_bad_plans_exit_2(args, message):
+    result = runner.invoke(app, ["plan", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
