@@ -54,6 +54,9 @@ def run_point(mode: str, settings: dict, point_id: str, keep_requests: bool = Tr
                     _replay(settings, out_dir)
         except typer.Exit as exc:
             outcome.exit_code = exc.exit_code
+        except Exception as exc:  # a bug in this point's run: the others still run
+            outcome.exit_code = 1
+            stderr.write(f"\n{type(exc).__name__}: {exc}")
         outcome.message = stderr.getvalue().strip()
         summary_file = out_dir / "summary.json"
         if summary_file.exists():
