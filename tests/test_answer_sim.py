@@ -139,3 +139,15 @@ def test_sim_and_real_make_the_same_decisions(paraphrased, profile, answer_url):
     sim_tiers = sim.columns["answer_tier"].tolist()
     assert sim_tiers == real
     assert {"l1", "l2", "semantic", "miss"} <= set(real)  # every kind of decision compared
+
+
+def test_a_semantic_hit_on_another_answer_key_is_a_false_hit(profile):
+    # the second text paraphrases the first but is labelled with another answer: whatever the
+    # cache serves it is the first one's answer, a false hit; the third is unrelated
+    texts = ["What is the capital of France?", "Quick question: What is the capital of France?",
+             "How many legs does a spider have?"]
+    result = simulate(small_trace(texts, ["paris", "lyon", "eight"]), profile,
+                      answer_semantic=True)
+    assert result.columns["answer_tier"].tolist() == ["miss", "semantic", "miss"]
+    assert result.columns["answer_false_hit"].tolist() == [False, True, False]
+    assert result.summary["answer_cache_false_hit_rate"] == 1.0

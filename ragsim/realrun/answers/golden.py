@@ -139,12 +139,13 @@ def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
     fill_s = time.perf_counter() - fill_start
     picks = rng.choice(entries, size=min(samples, entries), replace=False)
 
+    found: dict[str, list[bool]] = {}
+
     def timed(cache: AnswerCache, query: str, vector: np.ndarray, want: str) -> float:
         start = time.perf_counter()
         got = cache.lookup(query, time.time(), embedding=vector)
         elapsed = time.perf_counter() - start
-        if got.tier != want:
-            raise RuntimeError(f"benchmark lookup expected {want}, got {got.tier}")
+        found.setdefault(want, []).append(got.tier == want)
         return elapsed
 
     results: dict[str, dict] = {}
@@ -166,6 +167,10 @@ def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
     far = rng.normal(size=(len(picks), dims)).astype(np.float32)
     results["miss"] = _percentiles([timed(AnswerCache(config, store), f"unseen {k}", far[k],
                                           "miss") for k in range(len(picks))])
+    for tier, row in results.items():
+        # how often the lookup ended where it should: below 1 for "semantic", the approximate
+        # index missed a neighbour within the threshold (its recall at this size)
+        row["expected_tier_rate"] = float(np.mean(found[tier]))
     return {"entries": entries, "dims": dims, "fill_s": fill_s, "lookup": results,
             "index": vars(index), "counters_note": "lookups with vectors given (no embedding)"}
 
