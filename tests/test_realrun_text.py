@@ -149,3 +149,36 @@ def test_a_real_run_on_a_built_trace_prefills_its_text(built):
     assert report["source"].startswith("mistral") and report["documents_drawn"] == 0
     assert report["queries_encoded"] == trace.n_requests
     assert result.columns["cached_tokens"].sum() > 0  # reuse of real text's KV
+
+
+def test_a_built_traces_search_runs_for_real_on_the_worker_pool(built):
+    """--search-latency trace on a trace built with its text: every request's staged faiss
+    search runs on the worker pool, stage by stage, and speculation acts on its real lists,
+    which are the lists ``trace build`` recorded (same index, same seed)."""
+    trace = built["trace"]
+    config = build_config({"trace": "built", "system": "ragcache", "profile": PROFILE,
+                           "rate_rps": 8.0, "search_latency": "trace", "search_workers": 2,
+                           "speculate": True})
+    run = RealRun(trace, config, load_profile(PROFILE))
+    result = run.run()
+    assert (result.columns["status"] == "completed").all()
+    search = result.summary["search"]
+    assert search["mode"] == "faiss" and search["workers"] == 2
+    assert search["index"] == {"kind": "ivf", "nlist": 4, "nprobe": 4, "stages": 2}
+    assert search["stages_run"] == 2 * trace.n_requests
+    assert search["final_lists_differing"] == 0 and search["intermediate_lists_differing"] == 0
+    assert search["stage_seconds_total"] > 0
+    # speculation started on stage 1's real list, before the search ended
+    assert result.columns["speculations"].sum() >= trace.n_requests
+    ends = result.columns["search_end_s"] - result.columns["search_start_s"]
+    assert (ends > 0).all()
+
+
+def test_without_text_the_real_run_waits_the_recorded_stage_times():
+    trace = resolve_trace("wiki-trivia", n_requests=5)
+    config = build_config({"trace": "wiki-trivia", "system": "ragcache", "profile": PROFILE,
+                           "arrival": "sequential", "search_latency": "trace"})
+    run = RealRun(trace, config, load_profile(PROFILE))
+    result = run.run()
+    assert result.summary["search"]["mode"] == "modelled"
+    assert "no document or question text" in result.summary["search"]["why_not_real"]

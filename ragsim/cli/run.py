@@ -223,7 +223,9 @@ def run(
         RETRIEVAL, "Synthetic stages: chance that a wrong list without the final first document "
         "holds each other final document.")] = None,
     search_latency: Annotated[str | None, _opt(
-        RETRIEVAL, "fixed (search_s) or trace (the trace's measured stage times).")] = None,
+        RETRIEVAL, "fixed (search_s) or trace (the trace's measured stage times; with "
+        "--backend torch on a trace built with its text, its staged faiss search is run for "
+        "real on --search-workers threads).")] = None,
     search_time_scale: Annotated[float | None, _opt(
         RETRIEVAL, "Multiply measured stage times (a larger index than the one measured).")
     ] = None,

@@ -222,6 +222,20 @@ class Pipeline(EngineHooks):
                 self._arrival_wakeup = None
                 wakeup.succeed()
 
+    # the search's stages: modelled here; a real run's driver runs them on real workers
+    def _whole_search(self, i: int) -> simpy.Event:
+        """The event of request ``i``'s whole search ending (no speculation: no stage is
+        looked at before the end)."""
+        return self.env.timeout(self.search.total_s(i))
+
+    def _search_stage(self, i: int, stage: int) -> simpy.Event:
+        """The event of stage ``stage`` (1-based) of request ``i``'s search ending."""
+        return self.env.timeout(self.search.stage_duration_s(i, stage))
+
+    def _stage_list(self, i: int, stage: int) -> list | None:
+        """The top-k request ``i``'s search holds after ``stage`` (None: not known)."""
+        return self.search.stage_list(i, stage)
+
     def _request(self, i: int):
         env = self.env
         config = self.config
@@ -241,12 +255,12 @@ class Pipeline(EngineHooks):
             self.r_search_start[i] = env.now
             stages = self.search.n_stages(i)
             if not config.speculate or stages <= 1:
-                yield env.timeout(self.search.total_s(i))
+                yield self._whole_search(i)
             else:
                 current: list | None = None
                 for stage in range(1, stages):
-                    yield env.timeout(self.search.stage_duration_s(i, stage))
-                    found = self.search.stage_list(i, stage)
+                    yield self._search_stage(i, stage)
+                    found = self._stage_list(i, stage)
                     if found is None:
                         continue
                     active = self._active_spec.get(i)
@@ -263,7 +277,7 @@ class Pipeline(EngineHooks):
                         self.r_spec_started[i] += 1
                         self._submit(job)
                     current = found
-                yield env.timeout(self.search.stage_duration_s(i, stages))
+                yield self._search_stage(i, stages)
         self.r_search_end[i] = env.now
         final = self._final_docs(i)
         active = self._active_spec.pop(i, None)

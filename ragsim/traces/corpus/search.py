@@ -127,17 +127,29 @@ class StagedIndex:
         n, stages = len(queries), self.spec.stages
         stage_ids = np.full((n, stages, top_k), -1, dtype=np.int64)
         stage_times = np.zeros((n, stages), dtype=np.float64)
-        run = self._ivf_query if self.spec.kind == "ivf" else self._hnsw_query
         with single_thread(self._faiss):
             for q in range(n):
-                run(queries[q:q + 1], top_k, stage_ids[q], stage_times[q])
+                for s, (ids, seconds) in enumerate(self.stages(queries[q:q + 1], top_k)):
+                    stage_ids[q, s, : len(ids)] = ids
+                    stage_times[q, s] = seconds
                 if progress is not None:
                     progress(1)
         return StagedResult(final_ids=stage_ids[:, -1, :].copy(), stage_ids=stage_ids,
                             stage_times_s=stage_times, build_s=self.build_s)
 
-    def _ivf_query(self, query: np.ndarray, top_k: int, out_ids: np.ndarray,
-                   out_times: np.ndarray) -> None:
+    def stages(self, query: np.ndarray, top_k: int) -> Iterator[tuple[np.ndarray, float]]:
+        """One query's search, a stage per step: yields (the top-k so far, the stage's seconds).
+
+        Each step runs when asked, so a serving system's worker can run a stage, hand its list
+        on, and go on with the next. Search parameters are passed per call and the index is
+        never changed, so several workers may search one index at once (faiss releases the
+        GIL while it searches)."""
+        query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
+        if self.spec.kind == "ivf":
+            return self._ivf_stages(query, top_k)
+        return self._hnsw_stages(query, top_k)
+
+    def _ivf_stages(self, query: np.ndarray, top_k: int) -> Iterator[tuple[np.ndarray, float]]:
         spec = self.spec
         clock = time.perf_counter
         t0 = clock()
@@ -149,30 +161,39 @@ class StagedIndex:
         for s in range(spec.stages):
             lo, hi = bounds[s], bounds[s + 1]
             t0 = clock()
-            self.index.nprobe = int(hi - lo)
-            sims, ids = self.index.search_preassigned(
-                query, top_k, np.ascontiguousarray(lists[:, lo:hi]),
-                np.ascontiguousarray(list_sims[:, lo:hi]))
+            sims, ids = self._scan_lists(query, top_k, lists[:, lo:hi], list_sims[:, lo:hi])
             best_sims, best_ids = merge_top_k(best_sims, best_ids, sims[0], ids[0], top_k)
-            out_times[s] = clock() - t0 + (assign_s if s == 0 else 0.0)
-            out_ids[s, : len(best_ids)] = best_ids
-        self.index.nprobe = spec.nprobe
+            yield best_ids.copy(), clock() - t0 + (assign_s if s == 0 else 0.0)
 
-    def _hnsw_query(self, query: np.ndarray, top_k: int, out_ids: np.ndarray,
-                    out_times: np.ndarray) -> None:
+    def _scan_lists(self, query: np.ndarray, top_k: int, lists: np.ndarray,
+                    list_sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scan the given IVF lists only. faiss's Python ``search_preassigned`` takes the list
+        count from the index's ``nprobe`` (shared state: two workers would race on it) and
+        refuses per-call parameters, so its C entry point is called with them."""
+        faiss = self._faiss
+        lists = np.ascontiguousarray(lists, dtype=np.int64)
+        list_sims = np.ascontiguousarray(list_sims, dtype=np.float32)
+        sims = np.empty((1, top_k), dtype=np.float32)
+        ids = np.empty((1, top_k), dtype=np.int64)
+        params = faiss.SearchParametersIVF(nprobe=int(lists.shape[1]))
+        self.index.search_preassigned_c(1, faiss.swig_ptr(query), top_k, faiss.swig_ptr(lists),
+                                        faiss.swig_ptr(list_sims), faiss.swig_ptr(sims),
+                                        faiss.swig_ptr(ids), False, params)
+        return sims, ids
+
+    def _hnsw_stages(self, query: np.ndarray, top_k: int
+                     ) -> Iterator[tuple[np.ndarray, float]]:
         spec = self.spec
         clock = time.perf_counter
         previous_s = 0.0
         for s in range(spec.stages):
             ef = max(top_k, math.ceil(spec.ef_search * (s + 1) / spec.stages))
-            self.index.hnsw.efSearch = ef
+            params = self._faiss.SearchParametersHNSW(efSearch=ef)
             t0 = clock()
-            _, ids = self.index.search(query, top_k)
+            _, ids = self.index.search(query, top_k, params=params)
             took = clock() - t0
-            out_times[s] = max(0.0, took - previous_s)
+            yield ids[0].copy(), max(0.0, took - previous_s)
             previous_s = max(previous_s, took)
-            out_ids[s] = ids[0]
-        self.index.hnsw.efSearch = spec.ef_search
 
 
 def merge_top_k(sims_a: np.ndarray, ids_a: np.ndarray, sims_b: np.ndarray, ids_b: np.ndarray,

@@ -1,0 +1,156 @@
+"""Real vector search in a real run: the trace's own staged faiss search, on a worker pool.
+
+A trace built from a corpus (``ragsim trace build``) records the staged search it ran: the index
+(kind, lists, probes, stages, seed), the embedder and the text of every document and question.
+For such a trace the real run rebuilds that index from the same embeddings and, for every
+request, runs the search stage by stage on a thread pool of ``search_workers`` workers, as a
+serving system's search tier would: the request's intermediate top-k comes from the real stage
+(so speculative pipelining acts on real lists), its time is the real search's on this machine,
+and the search competes with the engine for the same cores. faiss releases the GIL while it
+searches, so workers run beside the engine's forward passes.
+
+The index is built with the trace's parameters and seed, so its lists are the recorded ones:
+``final_lists_differing`` counts requests whose real final top-k is not the trace's (the engine
+serves the trace's, so that decisions stay comparable with the simulator's). Embedding is not
+part of the search (the trace's stage times do not include it either): documents and queries are
+embedded before the clock starts, from the embedding cache ``trace build`` filled when it can.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragsim.errors import RagsimInputError
+from ragsim.traces.schema import Trace
+
+
+@dataclass
+class SearchReport:
+    """What the real search did (in the run's summary as ``search``)."""
+
+    mode: str = "modelled"  # "faiss": real staged search; else the stage times were waited
+    why_not_real: str | None = None
+    index: dict | None = None
+    workers: int = 0
+    stages_run: int = 0
+    stage_seconds_total: float = 0.0
+    final_lists_differing: int = 0
+    intermediate_lists_differing: int = 0  # stages whose real list is not the recorded one
+    setup_s: float = 0.0  # embedding and index building, before the clock started
+    _stage_s: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        if self._stage_s:
+            out["stage_mean_s"] = float(np.mean(self._stage_s))
+            out["stage_p90_s"] = float(np.percentile(self._stage_s, 90))
+        return out
+
+
+def _why_not(trace: Trace) -> str | None:
+    info = trace.info or {}
+    if trace.document_text is None or trace.query_text is None:
+        return "the trace carries no document or question text (built with --redact-text)"
+    if trace.stages is None or not isinstance(info.get("index"), dict):
+        return "the trace records no staged search (not built with ragsim trace build)"
+    if info.get("embedder") is None or info.get("seed") is None:
+        return "the trace does not record its embedder and seed"
+    return None
+
+
+class RealSearch:
+    """The trace's staged search, run for real on ``workers`` threads."""
+
+    def __init__(self, trace: Trace, workers: int, *, cache_dir: Path | None = None) -> None:
+        import faiss
+
+        from ragsim.traces.corpus.embedding import DEFAULT_EMBEDDER, Embedder, default_cache_dir
+        from ragsim.traces.corpus.search import IndexSpec, StagedIndex
+
+        why = _why_not(trace)
+        if why is not None:
+            raise RagsimInputError(f"no real search: {why}", field="--search-latency")
+        started = time.perf_counter()
+        info = trace.info
+        embedder = Embedder(DEFAULT_EMBEDDER, cache_dir=cache_dir or default_cache_dir())
+        if embedder.model_name != info["embedder"]:
+            raise RagsimInputError(f"the trace was embedded with {info['embedder']}, not the "
+                                   f"built-in {embedder.model_name}", field="--search-latency")
+        # documents are the index's rows in id order (``trace build`` numbers them so)
+        order = np.argsort(trace.document_ids)
+        if not np.array_equal(trace.document_ids[order], np.arange(len(order))):
+            raise RagsimInputError("the trace's document ids are not its index's rows",
+                                   field="--search-latency")
+        texts = trace.document_text.to_pylist()
+        doc_vectors = embedder.embed([texts[i] for i in order])
+        questions = trace.query_text.to_pylist()
+        unique, self._query_of = np.unique(np.array(questions, dtype=object),
+                                           return_inverse=True)
+        self._query_vectors = embedder.embed(list(unique))
+        known = {f.name for f in fields(IndexSpec)}
+        spec = IndexSpec(**{k: v for k, v in info["index"].items() if k in known})
+        self.index = StagedIndex(doc_vectors, spec, seed=int(info["seed"]))
+        self.top_k = int(info.get("top_k") or max(len(trace.docs_of(0)), 1))
+        self._recorded = trace.stages
+        faiss.omp_set_num_threads(1)  # one worker, one core: as trace build measured
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers),
+                                       thread_name_prefix="search")
+        self._open: dict[int, Any] = {}  # request -> its search, between stages
+        self._lists: dict[int, list[int]] = {}  # request -> its latest stage's list
+        self.report = SearchReport(mode="faiss", index=self.index.spec.describe(),
+                                   workers=max(1, workers),
+                                   setup_s=time.perf_counter() - started)
+
+    @classmethod
+    def for_trace(cls, trace: Trace, workers: int) -> tuple[RealSearch | None, str | None]:
+        """The real search when the trace allows one, else None and why not."""
+        why = _why_not(trace)
+        if why is not None:
+            return None, why
+        try:
+            return cls(trace, workers), None
+        except (RagsimInputError, ImportError) as exc:
+            return None, getattr(exc, "message", str(exc))
+
+    def run_stage(self, i: int, stage: int) -> Future:
+        """Start stage ``stage`` (1-based) of request ``i``'s search on a worker."""
+        if stage == 1:
+            query = self._query_vectors[self._query_of[i]:self._query_of[i] + 1]
+            self._open[i] = self.index.stages(query, self.top_k)
+        return self.pool.submit(self._stage, i, stage)
+
+    def run_all(self, i: int, stages: int) -> Future:
+        """Start request ``i``'s whole search on one worker (every stage, one after another)."""
+        query = self._query_vectors[self._query_of[i]:self._query_of[i] + 1]
+        self._open[i] = self.index.stages(query, self.top_k)
+        return self.pool.submit(lambda: [self._stage(i, s) for s in range(1, stages + 1)])
+
+    def _stage(self, i: int, stage: int) -> list[int]:
+        ids, seconds = next(self._open[i])
+        found = [int(d) for d in ids if d >= 0]
+        self._lists[i] = found
+        report = self.report
+        report.stages_run += 1
+        report.stage_seconds_total += seconds
+        report._stage_s.append(seconds)
+        recorded = self._recorded[i][stage - 1].as_py() if self._recorded[i].is_valid else None
+        if recorded is not None and found != recorded[: len(found)]:
+            if stage == len(self._recorded[i]):
+                report.final_lists_differing += 1
+            else:
+                report.intermediate_lists_differing += 1
+        if stage == len(self._recorded[i]):
+            del self._open[i]
+        return found
+
+    def stage_list(self, i: int) -> list[int] | None:
+        return self._lists.get(i)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
