@@ -54,6 +54,9 @@ COMPONENTS = {
 # an over-saturated point: every request offered at (nearly) once, unless --rate says otherwise
 BURST_RATE_RPS = 1e6
 LOAD_IDLE, LOAD_OVER = "idle", "over"
+# the speed probes before and after a real run differing by more than this: the machine's speed
+# moved during the run, and no single factor describes it (the report says so)
+STEADY_SPEED_CHANGE = 0.10
 _KEPT = ("request_id", "ttft_s", "hit_tokens_gpu", "hit_tokens_host")
 
 
@@ -215,9 +218,46 @@ def checks(report: dict, *, sequential: bool, overload: bool) -> list[dict]:
     return out
 
 
-def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
+def machine_speed(real_summary: dict) -> dict | None:
+    """How fast the machine ran the model during the real run, against when the profile was
+    measured (``realrun.speed``: the profile's grid points timed right before and right after
+    the run): the ratios, the factor a speed-adjusted comparison scales the profile by (their
+    geometric mean) and how much the speed changed during the run. None without probes."""
+    before, after = real_summary.get("speed_ratio_before"), real_summary.get("speed_ratio_after")
+    if not before or not after:
+        return None
+    change = after / before - 1
+    return {"ratio_before": before, "ratio_after": after,
+            "factor": math.sqrt(before * after), "change_during_run": change,
+            "steady": abs(change) <= STEADY_SPEED_CHANGE}
+
+
+def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, real):
+    """The simulation priced by the profile scaled to the machine's speed during the real run
+    (``machine_speed``), or None when the real run carries no speed probes."""
+    from ragsim.backends import runner
+
+    speed = machine_speed(real.summary)
+    if speed is None:
+        return None
+    return runner("sim")(trace, config, profile.scaled_compute(speed["factor"]), None)
+
+
+def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool) -> dict:
+    ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
+    errors = {"hit_agreement": hit_agreement(joined), **ttft_errors(joined),
+              "throughput_error": throughput_error(real.summary, sim.summary),
+              **ks_test(ttft_sim, ttft_real), **tost_log_ratio(ttft_sim, ttft_real)}
+    errors["checks"] = checks(errors, sequential=sequential, overload=overload)
+    return errors
+
+
+def compare(real, sim, *, backend: str, load: str | None = None,
+            sim_speed_adjusted=None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
-    ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None."""
+    ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
+    ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
+    the simulation priced at the machine's speed during the run (``speed_adjusted``)."""
     joined, dropped = join_runs(real.columns, sim.columns)
     if joined.empty:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
@@ -251,6 +291,12 @@ def compare(real, sim, *, backend: str, load: str | None = None) -> dict:
         report["sequential_without"] = sorted(TIME_DRIVEN)
     report["checks"] = checks(report, sequential=config.arrival == "sequential",
                               overload=load == LOAD_OVER)
+    report["machine_speed"] = machine_speed(real.summary)
+    if sim_speed_adjusted is not None:
+        adjusted, _ = join_runs(real.columns, sim_speed_adjusted.columns)
+        report["speed_adjusted"] = _errors(real, sim_speed_adjusted, adjusted,
+                                           sequential=config.arrival == "sequential",
+                                           overload=load == LOAD_OVER)
     report["real"], report["sim"] = real.summary, sim.summary
     return report
 
@@ -410,5 +456,13 @@ def load_row(report: dict) -> dict:
             "real_throughput_rps": report["real"]["throughput_rps"],
             "sim_throughput_rps": report["sim"]["throughput_rps"],
             "dominant_component": report["dominant_component"],
+            "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
+            "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
+            "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(
+                "ttft_mean_error"),
+            "adjusted_ttft_p90_abs_error": (report.get("speed_adjusted") or {}).get(
+                "ttft_p90_abs_error"),
+            "adjusted_throughput_error": (report.get("speed_adjusted") or {}).get(
+                "throughput_error"),
             "interrupted": bool(report.get("interrupted", False)),
             **{f"{name}_passed": passed for name, passed in marks.items()}}

@@ -284,3 +284,49 @@ def test_beyond_profile_time_share():
         "decode": {"measured_s": 2.0, "beyond_profile_measured_s": 0.0}}}
     assert v.beyond_profile_time_share(summary) == pytest.approx(0.375)
     assert v.beyond_profile_time_share({}) is None
+
+
+# --------------------------------------------------------------------------- machine speed
+def test_machine_speed_is_the_geometric_mean_of_the_probes_and_says_when_it_moved():
+    assert v.machine_speed({}) is None
+    speed = v.machine_speed({"speed_ratio_before": 0.9, "speed_ratio_after": 1.6})
+    assert speed["factor"] == pytest.approx(1.2)  # sqrt(0.9 * 1.6) = sqrt(1.44)
+    assert speed["change_during_run"] == pytest.approx(1.6 / 0.9 - 1)
+    assert speed["steady"] is False
+    assert v.machine_speed({"speed_ratio_before": 1.0, "speed_ratio_after": 1.05})["steady"]
+
+
+def test_a_profile_scaled_to_a_slower_machine_prices_every_iteration_that_much_slower():
+    """Bilinear interpolation is linear in the grid's values, so scaling every value scales
+    every price, on the grid or between its points, single or batched."""
+    from ragsim.profiles.profile import load_profile
+
+    base = load_profile("cpu-mistral-7b-l2-h256")
+    slow = base.scaled_compute(1.5)
+    for cached, new in ((0, 100), (700, 333), (1500, 2900)):
+        assert slow.prefill_s(cached, new) == pytest.approx(1.5 * base.prefill_s(cached, new))
+    for batch, context in ((1, 100), (7, 1234)):
+        assert slow.decode_s(batch, context) == pytest.approx(1.5 * base.decode_s(batch, context))
+    rows = ([0, 512, 512], [300, 40, 90])
+    assert slow.batched_prefill.iteration_s(*rows) == pytest.approx(
+        1.5 * base.batched_prefill.iteration_s(*rows))
+    assert slow.transfers.to_dict() == base.transfers.to_dict()
+    with pytest.raises(ValueError):
+        base.scaled_compute(0.0)
+
+
+def test_speed_probes_time_the_profiles_own_grid_points():
+    from ragsim.profiles.profile import load_profile
+    from ragsim.profiles.torch_model import TorchModel
+    from ragsim.realrun.speed import probe_speed
+
+    profile = load_profile("cpu-mistral-7b-l2-h256")
+    model = TorchModel.build(profile.model, "cpu", "fp32", threads=1, seed=0)
+    probe = probe_speed(model, profile)
+    assert [p["kind"] for p in probe.points] == ["prefill", "prefill", "decode"]
+    for point in probe.points:
+        grid = profile.prefill if point["kind"] == "prefill" else profile.decode
+        assert point["x"] in grid.x_axis and point["y"] in grid.y_axis  # measured, not fitted
+        assert point["ratio"] == pytest.approx(point["measured_s"] / point["profiled_s"])
+    assert probe.ratio == pytest.approx(float(np.median([p["ratio"] for p in probe.points])))
+    assert 0.05 < probe.ratio < 20  # the same model on the same kind of machine

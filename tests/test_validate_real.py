@@ -7,14 +7,17 @@ back in and dropped), with a profile measured minutes earlier in this session (`
 * **Hit agreement is exact**: one request at a time, the real run and the simulation make the
   same cache decisions (the policy core's, not timing's), so every request's cached tokens per
   tier must be equal: 1.0, no margin.
-* **TTFT errors within the targets plus a stated noise margin.** The targets are 10% (mean) and
-  25% (p90 of per-request |error|). A shared two-core machine's speed moves by more than that
-  within a minute: the same 530-token prefill measured 50, 43 and 33 ms in three runs seconds
-  apart (docs/validation.md), and the profile is measured before the runs, not during them. So
-  the test allows ``NOISE_MARGIN`` on top of each target: it fails when the model is wrong by
-  more than the machine's drift (a prefill priced at half its cost, a pipeline that forgets
-  the search), not when the machine had a slow minute. ``iteration_time_ratio`` in the report
-  tells the two apart; it is checked for sanity here, not for accuracy.
+* **TTFT errors within the targets plus a stated noise margin, at the machine's speed.** The
+  targets are 10% (mean) and 25% (p90 of per-request |error|). A shared two-core machine's speed
+  moves by more than that within a minute: the same 530-token prefill measured 50, 43 and 33 ms
+  in three runs seconds apart (docs/validation.md), and the profile is measured minutes before
+  the run. So the real run times the profile's own grid points right before and after itself
+  (``machine_speed``), and the errors checked are those against the simulation priced at that
+  speed (``speed_adjusted``), plus ``NOISE_MARGIN`` for what drifts within the run. A run during
+  which the machine's speed moved by more than 10% is measured again (up to ``ATTEMPTS``
+  times); if none is steady, the last is held to the wider ``UNSTEADY_MARGIN``. The test fails
+  when the model is wrong (a prefill priced at half its cost, a pipeline that forgets the
+  search), not when the machine had a slow minute.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from ragsim.traces.io import TraceBuilder, write_trace
 
 TARGET_MEAN_ABS_ERROR = 0.10
 TARGET_P90_ABS_ERROR = 0.25
-NOISE_MARGIN = 0.25  # the machine's drift between profiling and running (see above)
+NOISE_MARGIN = 0.15  # drift within a run the probes call steady (see above)
+UNSTEADY_MARGIN = 0.25  # when no attempt was steady
+ATTEMPTS = 3
 REQUESTS = 200
 
 
@@ -55,8 +60,7 @@ def trace_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("system", ["ragcache", "sglang", "vllm"])
-def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, system):
-    out = tmp_path / "validation"
+def validate_once(quick_profile, trace_dir, out, system) -> dict:
     result = CliRunner().invoke(app, [
         "validate", "--backend", "torch", "--sequential", "--trace", str(trace_dir),
         "--system", system, "--requests", str(REQUESTS), "--profile", str(quick_profile),
@@ -64,15 +68,27 @@ def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, s
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report == json.loads((out / "validation.json").read_text())
-    assert report["requests"] == REQUESTS and report["requests_dropped"] == 0
-    assert report["backend"] == "torch" and report["real"]["backend"] == "torch"
-    assert report["hit_agreement"] == 1.0
+    return report
+
+
+@pytest.mark.parametrize("system", ["ragcache", "sglang", "vllm"])
+def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, system):
+    for attempt in range(ATTEMPTS):
+        report = validate_once(quick_profile, trace_dir, tmp_path / f"try{attempt}", system)
+        assert report["requests"] == REQUESTS and report["requests_dropped"] == 0
+        assert report["backend"] == "torch" and report["real"]["backend"] == "torch"
+        assert report["hit_agreement"] == 1.0  # every attempt: decisions never depend on time
+        if report["machine_speed"]["steady"]:
+            break
+    margin = NOISE_MARGIN if report["machine_speed"]["steady"] else UNSTEADY_MARGIN
     if system != "vllm":  # vllm: no cache; the others must have reused and moved KV
         assert report["real"]["token_hit_rate"] > 0
         moves = report["real"]["engine_moves"]
         assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
-    assert abs(report["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + NOISE_MARGIN, report
-    assert report["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + NOISE_MARGIN, report
+    adjusted = report["speed_adjusted"]
+    assert adjusted["hit_agreement"] == 1.0
+    assert abs(adjusted["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + margin, report
+    assert adjusted["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + margin, report
     assert 0.5 < report["iteration_time_ratio"] < 2.0
     # the policy core's decision time per request (the paper: < 1 ms)
     assert report["real"]["decision_p50_ms"] < 1.0

@@ -146,7 +146,8 @@ def validate(
                                    threads=threads,
                                    reference_profile=reference,
                                    progress=lambda ended, _now: done(ended))
-        report = v.compare(real, sim, backend=backend, load=load)
+        adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
+        report = v.compare(real, sim, backend=backend, load=load, sim_speed_adjusted=adjusted)
         # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
         report["interrupted"] = bool(real.summary.get("interrupted"))
         _write_pair(folder, real, sim, report, backend)
@@ -302,6 +303,18 @@ def _print_report(r: dict) -> None:
     if r.get("beyond_profile_time_share") is not None:
         table.add_row("engine time past the profile's range",
                       f"{r['beyond_profile_time_share']:.1%}", "", "")
+    speed, adjusted = r.get("machine_speed"), r.get("speed_adjusted")
+    if speed is not None:
+        table.add_row("machine speed vs profile (time ratio)",
+                      f"{speed['ratio_before']:.2f} → {speed['ratio_after']:.2f}",
+                      "steady" if speed["steady"] else "[yellow]moved[/]", "")
+    if adjusted is not None:
+        marks = {c["metric"]: c["passed"] for c in adjusted["checks"]}
+        table.add_row(f"TTFT mean error at that speed (x{speed['factor']:.2f})",
+                      _pct(adjusted["ttft_mean_error"]), "",
+                      _mark(marks["ttft_mean_abs_error"]))
+        table.add_row("TTFT p90 |error| at that speed", _pct(adjusted["ttft_p90_abs_error"]),
+                      "", _mark(marks["ttft_p90_abs_error"]))
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p)",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
@@ -324,6 +337,15 @@ def _print_report(r: dict) -> None:
                   f"{c['assumption']}", highlight=False)
 
 
+def _speed(row: dict) -> str:
+    from ragsim.validate import STEADY_SPEED_CHANGE
+
+    if row["machine_speed_factor"] is None:
+        return "-"
+    moved = abs(row["machine_speed_change"]) > STEADY_SPEED_CHANGE
+    return f"x{row['machine_speed_factor']:.2f}{'*' if moved else ''}"
+
+
 def _print_loads(combined: dict) -> None:
     from ragsim.validate import BURST_RATE_RPS
 
@@ -332,7 +354,8 @@ def _print_loads(combined: dict) -> None:
                         f"{combined['system']} · capacity {combined['capacity_rps'] or 0:,.2f} "
                         "req/s", caption="errors: (sim - real) / real; ✓ ✗: targets (TTFT mean "
                         "10%, p90 25%; throughput 10% at overload; hits 100% when idle)")
-    for header in ("load", "rate", "TTFT mean", "p90 |err|", "throughput", "hits", "largest"):
+    for header in ("load", "rate", "TTFT mean", "p90 |err|", "throughput", "hits", "largest",
+                   "speed", "at speed: mean", "p90", "thr."):
         table.add_column(header, justify="left" if header in ("load", "largest") else "right")
     for row in combined["loads"]:
         rate = ("sequential" if row["arrival"] == "sequential" else "all at once"
@@ -343,5 +366,13 @@ def _print_loads(combined: dict) -> None:
             f"{row['ttft_p90_abs_error']:.1%} {_mark(row['ttft_p90_abs_error_passed'], True)}",
             f"{_pct(row['throughput_error'])} {_mark(row['throughput_abs_error_passed'], True)}",
             f"{row['hit_agreement']:.1%} {_mark(row['hit_agreement_passed'], True)}",
-            row["dominant_component"] or "-")
+            row["dominant_component"] or "-",
+            _speed(row),
+            _pct(row["adjusted_ttft_mean_error"]),
+            "-" if row["adjusted_ttft_p90_abs_error"] is None else
+            f"{row['adjusted_ttft_p90_abs_error']:.1%}",
+            _pct(row["adjusted_throughput_error"]))
     out.print(table)
+    out.print("[dim]speed: the machine's time for the profile's own grid points during the run, "
+              "over the profile's (* moved by more than 10% during the run); at speed: errors "
+              "against the simulation priced at that speed[/]", highlight=False)

@@ -285,6 +285,21 @@ class Profile:
         found = self.obtained.get("warnings", [])
         return [str(w) for w in found] if isinstance(found, list) else [str(found)]
 
+    def scaled_compute(self, factor: float) -> Profile:
+        """This profile on a machine ``factor`` times slower at compute: prefill, decode, the
+        batch term and the per-iteration overhead scaled, copies unchanged. What a validation
+        compares with when a speed probe found the machine slower or faster than when the
+        profile was measured (a shared machine drifts)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be a finite number > 0, got {factor}")
+        data = self.to_dict()
+        for grid in ("prefill", "decode"):
+            data[grid]["seconds"] = [[v * factor for v in row] for row in data[grid]["seconds"]]
+        data["batched_prefill"]["per_extra_request_s"] *= factor
+        data["overhead_s"] *= factor
+        data["name"] = f"{self.name}@x{factor:.3f}"
+        return Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
+
     # -- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
         model = self.model.to_dict()

@@ -140,7 +140,17 @@ class TorchEngine:
 
     def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
                  seed: int) -> None:
-        self.model = TorchModel.build(spec, device, dtype, threads, seed)
+        self._attach(TorchModel.build(spec, device, dtype, threads, seed), seed)
+
+    @classmethod
+    def around(cls, model: TorchModel, seed: int = 0) -> TorchEngine:
+        """Timings of a model already built (a real run's: its speed probes)."""
+        engine = cls.__new__(cls)
+        engine._attach(model, seed)
+        return engine
+
+    def _attach(self, model: TorchModel, seed: int) -> None:
+        self.model = model
         self.torch = self.model.torch
         self.device = self.model.device
         self.dtype = self.model.dtype

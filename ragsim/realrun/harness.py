@@ -29,6 +29,7 @@ from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
 from ragsim.realrun.search import RealSearch
+from ragsim.realrun.speed import probe_speed
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.serving.config import SimConfig
 from ragsim.serving.costs import decode_step_s, prefill_compute_s
@@ -54,7 +55,7 @@ class RealRun(Pipeline):
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
                  device: str = "cpu", threads: int | None = None, model_seed: int = 0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, speed_probes: bool = True) -> None:
         if device == "cpu" and model_bytes(profile) > CPU_MODEL_LIMIT_BYTES:
             raise RagsimInputError(
                 f"profile {profile.name} describes {profile.model.name} "
@@ -65,6 +66,7 @@ class RealRun(Pipeline):
         if threads is None:
             threads = profile.obtained.get("threads") or None
         self.threads = threads
+        self.speed_probes = speed_probes  # time the profile's grid points before and after
         self.model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
                                       threads=threads, seed=model_seed)
         arrivals = planned_arrivals(trace, config)
@@ -135,6 +137,7 @@ class RealRun(Pipeline):
         done.succeed()
 
     def run(self) -> RunResult:
+        before = probe_speed(self.model, self.profile) if self.speed_probes else None
         self.env.sync()  # the clock starts now, not when the model was built
         try:
             result = super().run()
@@ -142,6 +145,11 @@ class RealRun(Pipeline):
             if self.real_search is not None:
                 self.real_search.close()
         result.summary.update(self._real_fields())
+        if before is not None:
+            after = probe_speed(self.model, self.profile)
+            result.summary.update(speed_ratio_before=before.ratio, speed_ratio_after=after.ratio,
+                                  speed_probes={"before": before.points,
+                                                "after": after.points})
         if self.config.overlap_swap:
             # said, not hidden: the simulator's overlap is layer-wise pipelining, which this
             # engine (one whole-model forward per iteration) does not do
