@@ -39,6 +39,7 @@ SAME_RUN_RATIO_BOUND = 1.25
 ATTEMPTS = 3
 
 
+@pytest.mark.slow  # needs the session's fresh profile (minutes)
 def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_profile):
     p = load_profile(str(quick_profile))
     assert p.kind == "measured" and p.name == "cpu-mistral-7b-l2-h256"
@@ -185,6 +186,7 @@ def test_batch_model_predicts_real_batches_from_single_requests_timed_with_them(
     pytest.fail(f"predicted / measured batch times {ratios} (last attempt of {ATTEMPTS})")
 
 
+@pytest.mark.slow  # needs the session's fresh profile (minutes)
 def test_replay_accepts_a_measured_profile(quick_profile):
     result = runner.invoke(app, ["replay", "--requests", "300", "--profile", str(quick_profile),
                                  "--json"])

@@ -32,6 +32,8 @@ from typer.testing import CliRunner
 from ragsim.cli import app
 from ragsim.traces.io import TraceBuilder, write_trace
 
+pytestmark = pytest.mark.slow  # minutes of real time: CI runs them (pytest -m slow)
+
 TARGET_MEAN_ABS_ERROR = 0.10
 TARGET_P90_ABS_ERROR = 0.25
 NOISE_MARGIN = 0.15  # drift within a run the probes call steady (see above)
