@@ -189,3 +189,46 @@ def bench(
         out.print(f"  {tier:9s} p50 {row['p50_us']:9.1f} us   p99 {row['p99_us']:9.1f} us   "
                   f"mean {row['mean_us']:9.1f} us", highlight=False)
     err.print("lookups are timed with the vector given (no embedding)")
+
+
+DEFAULT_PROFILE_ENTRIES = (1_000, 10_000, 100_000)
+
+
+def measure_answer_profile(out_file: Path, *, redis_url: str | None,
+                           entries: list[int] | None, samples: int) -> None:
+    """``ragsim profile --answer-cache``: the latency profile of the real tiers, written to
+    ``out_file`` (the simulator's ``run --answer-cache --answer-profile FILE`` reads it)."""
+    from ragsim.cli.common import check_out_file
+
+    require_answers("ragsim profile --answer-cache", embedder=True)
+    sizes = sorted(set(entries or DEFAULT_PROFILE_ENTRIES))
+    if sizes[0] < 1 or samples < 1:
+        raise RagsimInputError("--answer-entries and --answer-samples must be >= 1",
+                               field="--answer-entries")
+    check_out_file(out_file)  # before the measuring: a typo must not cost it
+    from ragsim.atomic import write_text_atomically
+    from ragsim.realrun.answers.golden import answer_server
+    from ragsim.realrun.answers.latency import measure
+    from ragsim.traces.corpus.embedding import Embedder
+
+    embedder = Embedder()  # no disk cache: every embedding is computed, as a service does
+
+    def embed(text: str):
+        return embedder.embed([text])[0]
+
+    with answer_server(redis_url) as (url, description):
+        progress, report = phased_progress()
+        with progress:
+            profile = measure(url, entries=sizes, embed=embed, samples=samples,
+                              dims=embedder.dimension, progress=report)
+    profile["measured"]["server"] = description
+    import json
+
+    write_text_atomically(out_file, json.dumps(profile, indent=1) + "\n")
+    err.print(f"wrote {out_file}")
+    sem = profile["semantic"]
+    out.print(f"L1 lookup {profile['l1']['lookup_s'] * 1e6:.1f} us, L2 lookup "
+              f"{profile['l2']['lookup_s'] * 1e6:.1f} us, embedding "
+              f"{profile['embed_s'] * 1e3:.2f} ms; semantic lookup "
+              + ", ".join(f"{s * 1e3:.2f} ms at {n:,}" for n, s in
+                          zip(sem["entries"], sem["lookup_s"], strict=True)), highlight=False)

@@ -25,6 +25,7 @@ from ragsim.cli.common import (
 from ragsim.errors import RagsimInputError
 from ragsim.units import format_bytes
 
+ANSWERS = "Answer cache"
 app = typer.Typer(cls=Group, no_args_is_help=True,
                   help="Inspect prefill-cost profiles.")
 
@@ -34,8 +35,9 @@ def profile(
     model: Annotated[str, typer.Option(help="Built-in model or a HF config.json path.")
                      ] = "mistral-7b",
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    out_file: Annotated[Path, typer.Option("--out", help="Profile JSON to write.")
-                        ] = Path("profile.json"),
+    out_file: Annotated[Path | None, typer.Option("--out", help="Profile JSON to write. "
+                        "\\[default: profile.json; answer-profile.json with --answer-cache]")
+                        ] = None,
     layers: Annotated[int | None, typer.Option(help="Scale down: this many layers.")] = None,
     hidden: Annotated[int | None, typer.Option(
         help="Scale down: this hidden size (heads, KV heads and MLP scale with it).")] = None,
@@ -47,6 +49,18 @@ def profile(
                        ] = 1,
     name: Annotated[str, typer.Option(help="Profile name (default: DEVICE-MODEL).")] = "",
     seed: Annotated[int, typer.Option()] = 0,
+    answer_cache: Annotated[bool, typer.Option(
+        help="Instead: the answer cache's latency profile (each tier's lookup and write on the "
+             "real stores), read by `run --answer-cache --answer-profile`.",
+        rich_help_panel=ANSWERS)] = False,
+    redis_url: Annotated[str | None, typer.Option(
+        help="Redis Stack / Redis 8 to measure; default: an embedded one.",
+        rich_help_panel=ANSWERS)] = None,
+    answer_entries: Annotated[list[int] | None, typer.Option(
+        help="Semantic index sizes to measure at (repeatable). \\[default: 1000, 10000, "
+             "100000]", rich_help_panel=ANSWERS)] = None,
+    answer_samples: Annotated[int, typer.Option(help="Operations timed per tier and size.",
+                                                rich_help_panel=ANSWERS)] = 200,
 ) -> None:
     """Measure prefill, batched prefill, decode and copies on this machine into a profile.
 
@@ -54,6 +68,13 @@ def profile(
     CPU only small models are practical: scale one down with --layers/--hidden (the name and
     the file say so). Interrupted runs resume from OUT.partial.json.
     """
+    if answer_cache:
+        from ragsim.cli.answers import measure_answer_profile
+
+        return measure_answer_profile(out_file or Path("answer-profile.json"),
+                                      redis_url=redis_url, entries=answer_entries,
+                                      samples=answer_samples)
+    out_file = out_file or Path("profile.json")
     require_extra("profile", "ragsim profile")
     check_out_file(out_file)  # before the measuring: a typo must not cost it
     from ragsim.profiles.models import resolve_model, scaled_down
