@@ -102,6 +102,8 @@ def plot(
     ] = None,
     where: Annotated[list[str] | None, typer.Option(
         help="Keep rows with COLUMN=VALUE (repeatable).")] = None,
+    log_x: Annotated[bool, typer.Option("--log-x", help="Logarithmic x axis.")] = False,
+    log_y: Annotated[bool, typer.Option("--log-y", help="Logarithmic y axis.")] = False,
 ) -> None:
     """Draw a sweep's results: mean over seeds with a 95% confidence band, per curve."""
     from ragsim.cli.common import check_out_file
@@ -111,7 +113,8 @@ def plot(
     check_plot_path(out_file, field="--out")
     check_out_file(out_file)
     table = _read_table(sweep_dir)
-    fig = plot_figure(sweep_dir, table, x=x, y=y, by=by, preset=preset, where=where)
+    fig = plot_figure(sweep_dir, table, x=x, y=y, by=by, preset=preset, where=where,
+                      log_x=log_x, log_y=log_y)
     save_figure(fig, out_file)
     err.print(f"wrote {out_file}", highlight=False)
 

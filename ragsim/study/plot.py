@@ -141,7 +141,7 @@ def aggregate(table: pd.DataFrame, x: str, y: str, by: str | None = None) -> pd.
 
 
 def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
-                title: str | None = None) -> Figure:
+                title: str | None = None, log_x: bool = False, log_y: bool = False) -> Figure:
     """The figure: a line of means per curve with its confidence band."""
     from ragsim.figures import new_figure
 
@@ -159,6 +159,10 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
                         linewidth=0)
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
+    if log_x:
+        ax.set_xscale("log")
+    if log_y:  # a band reaching below zero is cut at the axis
+        ax.set_yscale("log", nonpositive="clip")
     seeds = int(stats["n"].max()) if len(stats) else 0
     ax.set_title(title or f"{label(y)} vs {label(x)}", fontsize=10)
     note = (f"mean over {seeds} seeds, {CONFIDENCE:.0%} confidence band" if seeds > 1
@@ -213,8 +217,8 @@ def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
 
 
 def plot_figure(out_dir: Path, table: pd.DataFrame, *, x: str | None, y: str | None,
-                by: str | None, preset: str | None = None, where: list[str] | None = None
-                ) -> Figure:
+                by: str | None, preset: str | None = None, where: list[str] | None = None,
+                log_x: bool = False, log_y: bool = False) -> Figure:
     """The figure ``ragsim plot`` draws: a preset (whose axes the options may override) or
     ``x``/``y``/``by`` given."""
     chosen = None
@@ -235,5 +239,6 @@ def plot_figure(out_dir: Path, table: pd.DataFrame, *, x: str | None, y: str | N
         raise RagsimInputError("give --x and --y, or a --preset", field="--x" if x is None
                                else "--y")
     x, y = check_column(table, x, "--x"), check_column(table, y, "--y")
-    return draw_curves(table, x, y, by, title=chosen.title if chosen else None)
+    return draw_curves(table, x, y, by, title=chosen.title if chosen else None, log_x=log_x,
+                       log_y=log_y)
 
