@@ -59,8 +59,9 @@ def sweep(
     jobs = jobs or default_jobs()
     progress = make_bar(TimeRemainingColumn(compact=True, elapsed_when_finished=True))
     task = progress.add_task("sweep", total=len(spec.points))
-    err.print(f"{len(spec.points)} point(s) ({spec.mode}) on {executor}, {jobs} at once",
-              highlight=False)
+    where = (f"the Ray cluster at {address}" if address is not None
+             else f"{executor}, {jobs} at once")
+    err.print(f"{len(spec.points)} point(s) ({spec.mode}) on {where}", highlight=False)
     with sigterm_like_ctrl_c() as signals:
         try:
             with progress:

@@ -9,6 +9,7 @@ are unfinished work, and a resumed sweep runs them again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -77,10 +78,10 @@ def run_ray(mode: str, points: list[Point], jobs: int | None, keep_requests: boo
     started_here = not ray.is_initialized()
     if started_here:
         if address is not None:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
             ray.init(num_cpus=jobs or default_jobs(), include_dashboard=False,
-                     log_to_driver=False)
+                     log_to_driver=False, logging_level=logging.WARNING)
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
     pending = [task.remote(mode, p.settings, p.point_id, keep_requests) for p in points]
     try:
