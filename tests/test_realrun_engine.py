@@ -118,17 +118,21 @@ def test_a_batch_with_mixed_cached_lengths_is_exact():
     assert_exact(run, trace)
 
 
-def test_kv_swapped_out_dropped_and_swapped_in_stays_exact():
+@pytest.mark.parametrize("overlap_swap", [False, True])
+def test_kv_swapped_out_dropped_and_swapped_in_stays_exact(overlap_swap):
     """GPU room for ~2 documents and host room for ~3: the tree evicts to the host, swaps back
     in and drops, and every move is a real copy of real tensors; generation stays exact and
-    the store never holds more than its budgets."""
+    the store never holds more than its budgets. With --overlap-swap host hits are copied layer
+    by layer as the prefill reaches each layer (the batch's cache filled lazily)."""
     rng = np.random.default_rng(5)
     requests = [([int(d) for d in rng.choice(6, size=2, replace=False)], int(rng.integers(2, 9)))
                 for _ in range(14)]
     trace = trace_of(requests, SIZES)
     run = served(trace, gpu_kv_bytes=(SYSTEM_PROMPT_TOKENS + 110) * KV,
-                 host_cache_bytes=130 * KV)
-    moves = run.result.summary["engine_moves"]
+                 host_cache_bytes=130 * KV, overlap_swap=overlap_swap)
+    summary = run.result.summary
+    assert (summary["engine_layerwise_swap_ins"] > 0) == overlap_swap
+    moves = summary["engine_moves"]
     assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
     assert moves.get("drop", 0) + moves.get("free_gpu", 0) > 0
     assert run.result.columns["hit_tokens_host"].sum() > 0

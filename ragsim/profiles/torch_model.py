@@ -54,6 +54,7 @@ class Batch:
     cached_lengths: list[int]
     new_lengths: list[int]
     next_positions: Any  # [rows, 1]: position of each row's next token
+    fills: list | None = None  # lazy: per layer, copies its cached KV in (``forward`` calls)
 
     @property
     def rows(self) -> int:
@@ -121,8 +122,12 @@ class TorchModel:
     def token_tensor(self, token_ids: Sequence[int] | Any):
         return self.torch.as_tensor(token_ids, dtype=self.torch.long, device=self.device)
 
-    def prepare(self, rows: Sequence[Row]) -> Batch:
-        """Pad the rows' cached KV and new tokens to the left into one batch's inputs."""
+    def prepare(self, rows: Sequence[Row], *, lazy: bool = False) -> Batch:
+        """Pad the rows' cached KV and new tokens to the left into one batch's inputs.
+
+        With ``lazy`` each layer's cached KV is copied into the batch only when ``forward``
+        reaches that layer (``batch.fills``), so a caller may still be copying a later layer's
+        KV to the device while earlier layers compute (``--overlap-swap``)."""
         from transformers import DynamicCache
 
         torch, device = self.torch, self.device
@@ -133,6 +138,7 @@ class TorchModel:
             raise ValueError("every row needs at least one new token")
         n, longest_cached, longest_new = len(rows), max(cached), max(new)
         cache = DynamicCache(config=self.config)
+        fills = []
         if longest_cached:
             heads, dim = self.config.num_key_value_heads, self.config.head_dim
             for layer in range(self.num_layers):
@@ -141,11 +147,20 @@ class TorchModel:
                 keys = (torch.empty if full else torch.zeros)(
                     n, heads, longest_cached, dim, device=device, dtype=self.dtype)
                 values = torch.empty_like(keys) if full else torch.zeros_like(keys)
-                for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
-                    if a:
-                        copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
-                        copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
+
+                def fill(layer=layer, keys=keys, values=values) -> None:
+                    for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
+                        if a:
+                            copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
+                            copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
+
+                if not lazy:
+                    fill()
                 cache.update(keys, values, layer_idx=layer)
+                if lazy:  # the cache may hold a copy of the buffer: fill what it holds
+                    held = cache.layers[layer]
+                    fills.append(lambda fill=fill, held=held: fill(keys=held.keys,
+                                                                   values=held.values))
         ids = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         positions = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         padded = len(set(cached)) > 1 or len(set(new)) > 1
@@ -159,17 +174,38 @@ class TorchModel:
                 mask[i, longest_cached + longest_new - b:] = 1
         return Batch(ids=ids, mask=mask, positions=positions, cache=cache,
                      cached_lengths=cached, new_lengths=new,
-                     next_positions=positions[:, -1:] + 1)
+                     next_positions=positions[:, -1:] + 1, fills=fills or None)
 
-    def forward(self, batch: Batch):
+    def forward(self, batch: Batch, before_layer: Any = None):
         """The timed pass: run the new tokens over the cached KV; returns last-token logits.
 
         The new tokens' KV is appended to ``batch.cache`` (``undo_forward`` takes it off again).
+        A lazy batch's layers are filled as the pass reaches them, each after
+        ``before_layer(layer)`` (which may wait for that layer's KV to arrive on the device).
         """
-        with self.torch.no_grad():
-            out = self.model(input_ids=batch.ids, attention_mask=batch.mask,
-                             position_ids=batch.positions, cache=batch.cache, use_cache=True,
-                             logits_to_keep=1)
+        hooks = []
+        if batch.fills is not None or before_layer is not None:
+            fills = batch.fills
+
+            def at_layer(layer: int) -> Any:
+                def hook(_module, _args) -> None:
+                    if before_layer is not None:
+                        before_layer(layer)
+                    if fills is not None:
+                        fills[layer]()
+                return hook
+
+            hooks = [block.register_forward_pre_hook(at_layer(layer))
+                     for layer, block in enumerate(self.model.model.layers)]
+            batch.fills = None  # filled once: a later pass over this batch reads them
+        try:
+            with self.torch.no_grad():
+                out = self.model(input_ids=batch.ids, attention_mask=batch.mask,
+                                 position_ids=batch.positions, cache=batch.cache,
+                                 use_cache=True, logits_to_keep=1)
+        finally:
+            for hook in hooks:
+                hook.remove()
         return out.logits[:, -1, :]
 
     def new_kv(self, batch: Batch) -> list[list[LayerKV]]:

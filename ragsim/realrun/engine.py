@@ -131,6 +131,29 @@ class KVStore:
         self.gpu[key] = self._copy(kv, self.device)
         self.gpu_bytes += n_bytes
 
+    def begin_swap_in(self, key: Hashable) -> list[tuple[LayerKV, LayerKV]]:
+        """``swap_in`` split by layer, for a prefill that overlaps it with compute: the node's
+        GPU tensors are allocated and the node counts as in the GPU pool now; the caller copies
+        each layer (``copy_layer``) before that layer's attention reads it. Returns per layer
+        ((host keys, host values), (GPU keys, GPU values))."""
+        if key in self.gpu:
+            raise KeyError(f"node {key!r} is already in the GPU pool")
+        kv = self.host[key]
+        n_bytes = kv_bytes(kv)
+        self._check_gpu(n_bytes, key)
+        torch = self.torch
+        device_kv = [(torch.empty(k.shape, dtype=k.dtype, device=self.device),
+                      torch.empty(v.shape, dtype=v.dtype, device=self.device)) for k, v in kv]
+        self.gpu[key] = device_kv
+        self.gpu_bytes += n_bytes
+        return list(zip(kv, device_kv, strict=True))
+
+    def copy_layer(self, host: LayerKV, device: LayerKV) -> None:
+        """One layer of a ``begin_swap_in``: asynchronous on CUDA (on the current stream, from
+        pinned memory), a plain copy on a CPU."""
+        for src, dst in zip(host, device, strict=True):
+            dst.copy_(src, non_blocking=self._cuda)
+
     def free_gpu(self, key: Hashable) -> None:
         """Free the GPU copy (``free_gpu``, ``fail_gpu``)."""
         self.gpu_bytes -= kv_bytes(self.gpu.pop(key))

@@ -52,6 +52,7 @@ class EngineTimes:
     second_passes: int = 0  # rows that waited for a batch mate's KV (batch_kv_sharing)
     swap_in_s: float = 0.0
     moves_s: float = 0.0  # swap-outs, frees and drops carried out
+    layerwise_swap_ins: int = 0  # nodes copied layer by layer during a prefill
     decode_s: float = 0.0
     decode_steps: int = 0
     decode_rebuilds: int = 0
@@ -61,6 +62,73 @@ class EngineTimes:
 
     def as_dict(self) -> dict:
         return {f"engine_{k}": v for k, v in self.__dict__.items()}
+
+
+class LayerwiseSwapIn:
+    """Host hits copied to the device layer by layer while the prefill computes
+    (``--overlap-swap``; the simulator prices such an iteration at max(compute, copy)).
+
+    Each node's GPU tensors are allocated at once (``KVStore.begin_swap_in``); the forward pass
+    reads a layer's cached KV only after ``before_layer`` for that layer. On CUDA every layer's
+    copies are queued at once on their own stream, from pinned host memory, each layer closed by
+    an event the compute stream waits for: layer ``l`` computes while later layers are still
+    copied. A CPU has no copy engine, so there each layer is copied when the pass reaches it:
+    the same order and data, without the overlap (and ``copy_s`` is the time those copies took).
+    """
+
+    def __init__(self, store: KVStore, nodes: list, num_layers: int) -> None:
+        self.store = store
+        self.layers = [[] for _ in range(num_layers)]  # layer -> [(host pair, device pair)]
+        for node in nodes:
+            for layer, pair in enumerate(store.begin_swap_in(node)):
+                self.layers[layer].append(pair)
+        self.copied = [False] * num_layers
+        self.copy_s = 0.0
+        self._events = None
+        if store.device.type == "cuda":
+            torch = store.torch
+            self._stream = torch.cuda.Stream(device=store.device)
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._events = []
+            self._start.record(torch.cuda.current_stream(store.device))
+            with torch.cuda.stream(self._stream):
+                # the device tensors were allocated on the compute stream
+                self._stream.wait_stream(torch.cuda.current_stream(store.device))
+                for pairs in self.layers:
+                    for host, device in pairs:
+                        for t in device:
+                            t.record_stream(self._stream)
+                        store.copy_layer(host, device)
+                    event = torch.cuda.Event(enable_timing=True)
+                    event.record(self._stream)
+                    self._events.append(event)
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the copies ran beside the compute (CUDA), not inside the pass (CPU)."""
+        return self._events is not None
+
+    def before_layer(self, layer: int) -> None:
+        if self._events is not None:
+            self.store.torch.cuda.current_stream(self.store.device).wait_event(
+                self._events[layer])
+            return
+        if not self.copied[layer]:
+            started = perf_counter()
+            for host, device in self.layers[layer]:
+                self.store.copy_layer(host, device)
+            self.copy_s += perf_counter() - started
+            self.copied[layer] = True
+
+    def finish(self) -> float:
+        """Every layer copied (a pass that did not reach some layer still owes them); returns
+        the copies' own time."""
+        for layer in range(len(self.layers)):
+            self.before_layer(layer)
+        if self._events is not None:
+            self._events[-1].synchronize()
+            self.copy_s = self._start.elapsed_time(self._events[-1]) / 1e3
+        return self.copy_s
 
 
 @dataclass
@@ -77,7 +145,8 @@ class TorchIterations:
     """``Iterations`` on a real model, with the tree's nodes held in a ``KVStore``."""
 
     def __init__(self, env: simpy.Environment, tree: KnowledgeTree, model: TorchModel,
-                 store: KVStore, tokens: PromptTokens, profile: Profile) -> None:
+                 store: KVStore, tokens: PromptTokens, profile: Profile, *,
+                 overlap_swap: bool = False) -> None:
         if not tree.record_moves:
             raise ValueError("the real engine follows the tree's moves: record_moves=True")
         self.env = env
@@ -86,6 +155,8 @@ class TorchIterations:
         self.store = store
         self.tokens = tokens
         self._h2d = profile.transfers.host_to_device_s
+        self.overlap_swap = overlap_swap  # host hits copied layer by layer during the prefill
+        self._swapping: LayerwiseSwapIn | None = None
         self.times = EngineTimes()
         # every iteration as it ran: what the profile is compared with (``cost_model_errors``)
         self.log: list[tuple] = []  # ("prefill", cached list, new list, seconds, copy seconds)
@@ -115,9 +186,10 @@ class TorchIterations:
         self.store.put(self.tree.root, kv)
         self._root_host = [(k.to("cpu", copy=True), v.to("cpu", copy=True)) for k, v in kv]
 
-    def _apply_moves(self) -> float:
+    def _apply_moves(self, layerwise: list | None = None) -> float:
         """Carry out the tree's moves since the last call; returns the seconds spent on
-        swap-ins (host->GPU copies a prefill waits for)."""
+        swap-ins (host->GPU copies a prefill waits for). With ``layerwise`` the swap-ins are
+        not copied here: their nodes are listed there, for a ``LayerwiseSwapIn``."""
         swap_in_s = 0.0
         counts = self.times.moves
         for move in self.tree.drain_moves():
@@ -127,6 +199,8 @@ class TorchIterations:
                 self._pending.add(node)
             elif node in self._pending:
                 self._on_pending(kind, node)
+            elif kind == "swap_in" and layerwise is not None:
+                layerwise.append(node)
             elif kind == "swap_in":
                 started = perf_counter()
                 self.store.apply(kind, node)
@@ -215,8 +289,9 @@ class TorchIterations:
                                      f"the engine counts {job.alpha} + {job.beta}")
             rows.append(Row(self._prefix(job), ids[job.alpha:], job.alpha))
             contexts.append(len(ids))
-        batch = self.model.prepare(rows)
-        logits = self.model.forward(batch)
+        swapping = self._swapping
+        batch = self.model.prepare(rows, lazy=swapping is not None)
+        logits = self.model.forward(batch, None if swapping is None else swapping.before_layer)
         self.model.sync()
         next_ids = logits.argmax(dim=-1).tolist()
         layers = batch.cache.layers[:self.model.num_layers]
@@ -238,25 +313,41 @@ class TorchIterations:
 
     def prefill(self, jobs: list[Job]) -> Wait:
         started = perf_counter()
-        copy_s = self._apply_moves()
-        moved = perf_counter()
-        waiting = list(jobs)
-        while waiting:
-            now = [j for j in waiting if not self._waits_for_batch_mate(j)]
-            if not now:
-                raise AssertionError("a batch waits on KV no request of it computes")
-            if len(now) < len(waiting):
-                self.times.second_passes += len(waiting) - len(now)
-            self._prefill_pass(now)
-            waiting = [j for j in waiting if j not in now]
+        layerwise: list | None = [] if self.overlap_swap else None
+        copy_s = self._apply_moves(layerwise)
+        exposed_copy_s = copy_s  # the copy time the prefill waited for
+        moves_s = -copy_s
+        if layerwise:
+            self._swapping = LayerwiseSwapIn(self.store, layerwise, self.model.num_layers)
+        moves_s += perf_counter() - started
+        try:
+            waiting = list(jobs)
+            while waiting:
+                now = [j for j in waiting if not self._waits_for_batch_mate(j)]
+                if not now:
+                    raise AssertionError("a batch waits on KV no request of it computes")
+                if len(now) < len(waiting):
+                    self.times.second_passes += len(waiting) - len(now)
+                self._prefill_pass(now)
+                waiting = [j for j in waiting if j not in now]
+        finally:
+            if self._swapping is not None:
+                copy_s = self._swapping.finish()
+                # a CPU copies each layer inside the pass (no copy engine): all of it exposed;
+                # on CUDA the copies ran beside the compute (the part not hidden is not
+                # measured: counted as hidden)
+                exposed_copy_s = 0.0 if self._swapping.overlapped else copy_s
+                self.times.layerwise_swap_ins += len(layerwise)
+                self._swapping = None
         duration = perf_counter() - started
+        compute_s = duration - exposed_copy_s
         self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
-                         duration - copy_s, copy_s))
+                         compute_s, copy_s))
         self.times.swap_in_s += copy_s
-        self.times.moves_s += moved - started - copy_s
+        self.times.moves_s += moves_s
         self.times.prefill_s += duration
         yield self.env.timeout(duration)
-        return PrefillTiming(duration_s=duration, compute_s=duration - copy_s, copy_s=copy_s)
+        return PrefillTiming(duration_s=duration, compute_s=compute_s, copy_s=copy_s)
 
     # ------------------------------------------------------------------ decode
     def _rebuild(self, members: set[Job]) -> tuple[Batch, list[Job]]:
