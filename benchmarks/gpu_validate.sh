@@ -79,3 +79,18 @@ echo "== validate on CUDA =="
 time "$PY" -m ragsim validate --backend torch --device cuda --profile "$PROFILE" \
   --trace mmlu --system ragcache --requests "$REQUESTS" --loads idle,50,90,over \
   --out "$OUT/validate" 2>&1 | tee "$OUT/validate.txt"
+
+echo "== --overlap-swap on CUDA: layer-wise copies on their own stream =="
+# tight GPU memory, room on the host: host hits every few requests; the same run with and without
+# the overlap must cache the same tokens (decisions) and the overlap's prefills must not be slower
+for overlap in "" "--overlap-swap"; do
+  "$PY" -m ragsim run --backend torch --device cuda --profile "$PROFILE" --trace mmlu \
+    --system ragcache --requests 60 --arrival sequential --gpu-mem 2GiB --host-mem 16GiB \
+    $overlap --json > "$OUT/overlap${overlap:+-on}.json"
+done
+"$PY" - "$OUT" <<'EOF'
+import json, sys
+off, on = (json.load(open(f"{sys.argv[1]}/{name}.json")) for name in ("overlap", "overlap-on"))
+keys = ("token_hit_rate", "hit_tokens_host", "engine_layerwise_swap_ins", "engine_swap_in_s",
+        "ttft_mean_s")
+print(json.dumps({k: [off.get(k), on.get(k)] for k in keys}, indent=1))
