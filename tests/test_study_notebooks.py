@@ -39,6 +39,7 @@ def outputs(notebook: nbformat.NotebookNode, kind: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # half a minute: dozens of runs and a kernel
 def test_reproduce_ragcache_runs(tmp_path):
     notebook = execute("reproduce_ragcache.ipynb", """
 REQUESTS = 60
@@ -64,6 +65,7 @@ WORK = "work"
     assert json.loads(by_hand.stdout)["ttft_mean_s"] == row["ttft_mean_s"]
 
 
+@pytest.mark.slow
 def test_capacity_planning_runs(tmp_path):
     notebook = execute("capacity_planning.ipynb", """
 TRACE = "mmlu"
