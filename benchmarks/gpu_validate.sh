@@ -91,6 +91,7 @@ done
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 off, on = (json.load(open(f"{sys.argv[1]}/{name}.json")) for name in ("overlap", "overlap-on"))
-keys = ("token_hit_rate", "hit_tokens_host", "engine_layerwise_swap_ins", "engine_swap_in_s",
+keys = ("token_hit_rate", "token_hit_rate_host", "engine_layerwise_swap_ins", "engine_swap_in_s",
         "ttft_mean_s")
 print(json.dumps({k: [off.get(k), on.get(k)] for k in keys}, indent=1))
+EOF
