@@ -186,3 +186,33 @@ def test_bad_sweep_files_are_one_line_exit_2(tmp_path, text, where):
     assert str(tmp_path / "out.toml") in result.output.replace("\n", "")
     assert where in result.output.replace("\n", "")
     assert not (out / "results.parquet").exists()
+
+
+def test_flags_make_the_same_sweep_as_a_file(tmp_path):
+    text = """
+seeds = [0, 1]
+[base]
+trace = "mmlu"
+n_requests = 100
+host_mem = "8GiB"
+[axes]
+policy = ["pgdsf", "lru"]
+rate_rps = [1.5]
+"""
+    from_file, file_out = sweep(tmp_path, text, "--jobs", "1", name="file")
+    assert from_file.exit_code == 0, from_file.output
+    flags_out = tmp_path / "flags"
+    by_flags = runner.invoke(app, ["sweep", "--set", "trace=mmlu", "--set", "n_requests=100",
+                                   "--set", "host_mem=8GiB", "--axis", "policy=pgdsf,lru",
+                                   "--axis", "rate_rps=1.5", "--seeds", "0,1", "--out",
+                                   str(flags_out), "--jobs", "1"])
+    assert by_flags.exit_code == 0, by_flags.output
+    a = comparable(pd.read_parquet(file_out / "results.parquet"))
+    b = comparable(pd.read_parquet(flags_out / "results.parquet"))
+    assert len(a) == 4
+    pd.testing.assert_frame_equal(a, b)
+    # a flag wins over the file's value
+    over, over_out = sweep(tmp_path, text, "--jobs", "1", "--set", "n_requests=50",
+                           "--seeds", "0", name="over")
+    assert over.exit_code == 0, over.output
+    assert set(pd.read_parquet(over_out / "results.parquet")["requests"]) == {50}

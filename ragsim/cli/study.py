@@ -21,19 +21,25 @@ from ragsim.errors import RagsimInputError
 
 @friendly_errors
 def sweep(
-    sweep_file: Annotated[Path, typer.Argument(
-        help="Sweep file (TOML): [base] (any run option, or mode = \"replay\"), [axes] "
-             "(lists: the full grid), optional [[points]] and seeds = [...]; see docs/studies.md.",
-        show_default=False)],
     out_dir: Annotated[Path, typer.Option(
         "--out", help="Folder for results.parquet, sweep.toml and points/; rerun into it to "
                       "resume.", show_default=False)],
+    sweep_file: Annotated[Path | None, typer.Argument(
+        help="Sweep file (TOML): [base] (any run option, or mode = \"replay\"), [axes] "
+             "(lists: the full grid), optional [[points]] and seeds = [...]; see docs/studies.md.",
+        show_default=False)] = None,
     executor: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     jobs: Annotated[int | None, typer.Option(
         help="Points at once (local: processes; ray: CPUs of the local cluster started). "
              "[default: all cores]", show_default=False)] = None,
     address: Annotated[str | None, typer.Option(
         help="Ray: the cluster's address (default: start a local one).")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="KEY=VALUE for every point (the file's [base]; repeatable).")] = None,
+    axis: Annotated[list[str] | None, typer.Option(
+        help="KEY=V1,V2,... swept (the file's [axes]; repeatable).")] = None,
+    seeds: Annotated[str | None, typer.Option(
+        help="Seeds to repeat every point with, e.g. 0,1,2.")] = None,
     requests_files: Annotated[bool, typer.Option(
         "--requests/--no-requests", help="Keep each point's per-request records "
                                          "(points/<id>/requests.parquet; TTFT CDFs need them).")
@@ -55,7 +61,7 @@ def sweep(
     if address is not None and executor != "ray":
         raise RagsimInputError("applies only to --executor ray", field="--address")
     check_out_dir(out_dir)
-    spec = load_sweep(sweep_file)
+    spec = load_sweep(sweep_file, settings=set_ or [], axes=axis or [], seeds=seeds)
     jobs = jobs or default_jobs()
     progress = make_bar(TimeRemainingColumn(compact=True, elapsed_when_finished=True))
     task = progress.add_task("sweep", total=len(spec.points))

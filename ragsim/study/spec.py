@@ -127,17 +127,53 @@ def _normalise(table: dict, where: str, mode: str, source: str) -> dict:
     return normal
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and check a sweep file, expand its points and check each one's configuration."""
-    path = Path(path)
-    source = str(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RagsimInputError("no such file", file=source) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise RagsimInputError(f"not valid TOML: {exc}", file=source) from None
+def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[str] = (),
+               seeds: str | None = None) -> Sweep:
+    """Read and check a sweep file (or none), add the command line's ``--set KEY=VALUE``,
+    ``--axis KEY=V1,V2`` and ``--seeds 0,1,2`` (which win over the file), expand the points and
+    check each one's configuration."""
+    data: dict = {}
+    source = "command line"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RagsimInputError("no such file", file=source) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise RagsimInputError(f"not valid TOML: {exc}", file=source) from None
+    if settings:
+        data["base"] = {**data.get("base", {}), **dict(
+            _flag(text, "--set", split=False) for text in settings)}
+    if axes:
+        data["axes"] = {**data.get("axes", {}), **dict(
+            _flag(text, "--axis", split=True) for text in axes)}
+    if seeds is not None:
+        data["seeds"] = [_value(v.strip(), "--seeds") for v in seeds.split(",")]
+    if not data:
+        raise RagsimInputError("give a sweep file, or --set/--axis", field="SWEEP_FILE")
     return parse_sweep(data, source)
+
+
+def _flag(text: str, flag: str, *, split: bool) -> tuple[str, object]:
+    """``KEY=VALUE`` (``--set``) or ``KEY=V1,V2`` (``--axis``), values read as TOML values
+    (numbers, true/false, quoted strings) or else as text (``lru``, ``8GiB``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise RagsimInputError(f"must be KEY=VALUE, got {text!r}", field=flag)
+    if split:
+        return key.strip(), [_value(v.strip(), flag) for v in value.split(",")]
+    return key.strip(), _value(value.strip(), flag)
+
+
+def _value(text: str, flag: str) -> object:
+    if not text:
+        raise RagsimInputError("an empty value", field=flag)
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def parse_sweep(data: dict, source: str) -> Sweep:
