@@ -129,7 +129,7 @@ def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path):
 seeds = [0, 1, 2]
 [base]
 trace = "mmlu"
-n_requests = 4000
+n_requests = 1500
 rate_rps = 2.0
 [axes]
 policy = ["pgdsf", "lru"]
