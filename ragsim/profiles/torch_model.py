@@ -70,6 +70,93 @@ class Prefilled:
     batch: Batch  # to continue with ``decode``
 
 
+def _growing_layer_class():
+    """``GrowingLayer``, defined on first use (transformers is imported lazily)."""
+    global _GROWING_LAYER
+    if _GROWING_LAYER is not None:
+        return _GROWING_LAYER
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A cache layer that appends in place into a buffer with room to spare.
+
+        transformers' ``DynamicLayer`` concatenates the whole cache with every new token, so a
+        decode step of ``n`` requests over ``c`` tokens copied ``n * c`` tokens of KV per layer
+        (measured here: 179 ms for a step of 32 requests over 2,048 tokens, 77 ms appending in
+        place). A serving engine writes a new token's KV where it belongs and copies nothing;
+        this layer does the same, except when its buffer is full (it then grows by a quarter,
+        so copies stay a small constant per token). ``keys``/``values`` are views of the
+        buffer's filled part.
+        """
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self._keys_buffer = self._values_buffer = None
+            self._length = 0
+
+        def adopt(self, keys, values, length: int) -> None:
+            """Take ``keys``/``values`` (``[rows, heads, capacity, dim]`` buffers whose first
+            ``length`` tokens are the cache) as this layer's buffers, without copying: the
+            caller allocated them with room for what comes next and fills them, now or later
+            (a lazy prefill fills each layer as the pass reaches it)."""
+            if not self.is_initialized:
+                self.lazy_initialization(keys, values)
+            self._keys_buffer, self._values_buffer = keys, values
+            self._length = length
+            self._view()
+
+        def _reserve(self, tokens: int) -> None:
+            kb = self._keys_buffer
+            if kb is not None and kb.shape[-2] >= tokens:
+                return
+            import torch
+
+            shape = list(self.keys.shape if kb is None else kb.shape)
+            shape[-2] = tokens
+            keys = torch.empty(shape, dtype=self.keys.dtype, device=self.keys.device)
+            values = torch.empty_like(keys)
+            if kb is not None and self._length:
+                keys[..., :self._length, :] = kb[..., :self._length, :]
+                values[..., :self._length, :] = self._values_buffer[..., :self._length, :]
+            self._keys_buffer, self._values_buffer = keys, values
+
+        def _view(self) -> None:
+            self.keys = self._keys_buffer[..., :self._length, :]
+            self.values = self._values_buffer[..., :self._length, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            buffer = self._keys_buffer
+            if buffer is not None and buffer.shape[0] != key_states.shape[0]:
+                raise ValueError("a GrowingLayer keeps its rows; rebuild the cache instead")
+            need = self._length + int(key_states.shape[-2])
+            if buffer is None:
+                self.keys, self.values = key_states, value_states  # shape and dtype to copy
+                self._reserve(need)
+            elif need > buffer.shape[-2]:
+                self._reserve(max(need, buffer.shape[-2] + buffer.shape[-2] // 4 + 64))
+            self._keys_buffer[..., self._length:need, :] = key_states
+            self._values_buffer[..., self._length:need, :] = value_states
+            self._length = need
+            self._view()
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes a negative number of tokens")
+            if tokens_to_remove == 0 or not self.is_initialized or self._keys_buffer is None:
+                return
+            self._length = max(self._length + tokens_to_remove, 0)
+            self._view()
+
+    _GROWING_LAYER = GrowingLayer
+    return GrowingLayer
+
+
+_GROWING_LAYER = None
+
+
 class TorchModel:
     """A model with random weights and its forward calls: prefill over cached KV, decode."""
 
@@ -119,6 +206,15 @@ class TorchModel:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
 
+    def new_cache(self):
+        """An empty KV cache whose layers append in place (``GrowingLayer``)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        layer = _growing_layer_class()
+        cache.layers = [layer() for _ in range(self.num_layers)]
+        return cache
+
     def token_tensor(self, token_ids: Sequence[int] | Any):
         return self.torch.as_tensor(token_ids, dtype=self.torch.long, device=self.device)
 
@@ -128,8 +224,6 @@ class TorchModel:
         With ``lazy`` each layer's cached KV is copied into the batch only when ``forward``
         reaches that layer (``batch.fills``), so a caller may still be copying a later layer's
         KV to the device while earlier layers compute (``--overlap-swap``)."""
-        from transformers import DynamicCache
-
         torch, device = self.torch, self.device
         cached = [0 if r.cached is None else tokens_of(r.cached[0][0]) for r in rows]
         new_ids = [self.token_tensor(r.token_ids) for r in rows]
@@ -137,30 +231,33 @@ class TorchModel:
         if min(new) < 1:
             raise ValueError("every row needs at least one new token")
         n, longest_cached, longest_new = len(rows), max(cached), max(new)
-        cache = DynamicCache(config=self.config)
+        cache = self.new_cache()
         fills = []
         if longest_cached:
             heads, dim = self.config.num_key_value_heads, self.config.head_dim
+            full = all(c == longest_cached for c in cached)
+            end = longest_cached
             for layer in range(self.num_layers):
-                # one copy of every cached token into the batch's cache, padding zeroed
-                full = all(c == longest_cached for c in cached)
-                keys = (torch.empty if full else torch.zeros)(
-                    n, heads, longest_cached, dim, device=device, dtype=self.dtype)
-                values = torch.empty_like(keys) if full else torch.zeros_like(keys)
+                # one copy of every cached token into the batch's cache, padding zeroed; the
+                # cache keeps these buffers, with room for the new tokens (appended in place)
+                shape = (n, heads, longest_cached + longest_new, dim)
+                keys = torch.empty(shape, device=device, dtype=self.dtype)
+                values = torch.empty_like(keys)
+                if not full:
+                    keys[:, :, :end].zero_()
+                    values[:, :, :end].zero_()
 
                 def fill(layer=layer, keys=keys, values=values) -> None:
                     for i, (r, a) in enumerate(zip(rows, cached, strict=True)):
                         if a:
-                            copy_chunks(keys[i, :, longest_cached - a:], r.cached[layer][0])
-                            copy_chunks(values[i, :, longest_cached - a:], r.cached[layer][1])
+                            copy_chunks(keys[i, :, end - a:end], r.cached[layer][0])
+                            copy_chunks(values[i, :, end - a:end], r.cached[layer][1])
 
-                if not lazy:
+                if lazy:  # filled when the pass reaches the layer
+                    fills.append(fill)
+                else:
                     fill()
-                cache.update(keys, values, layer_idx=layer)
-                if lazy:  # the cache may hold a copy of the buffer: fill what it holds
-                    held = cache.layers[layer]
-                    fills.append(lambda fill=fill, held=held: fill(keys=held.keys,
-                                                                   values=held.values))
+                cache.layers[layer].adopt(keys, values, end)
         ids = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         positions = torch.zeros(n, longest_new, dtype=torch.long, device=device)
         padded = len(set(cached)) > 1 or len(set(new)) > 1

@@ -33,7 +33,6 @@ from time import perf_counter
 from typing import Any
 
 import simpy
-from transformers import DynamicCache
 
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
@@ -41,6 +40,9 @@ from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_ch
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
 from ragsim.realrun.tokens import PromptTokens
 from ragsim.serving.engine import Job, PrefillTiming, Wait
+
+# room a rebuilt decode batch keeps for the tokens still to come (then it grows by a quarter)
+DECODE_HEADROOM_TOKENS = 64
 
 
 @dataclass
@@ -366,7 +368,7 @@ class TorchIterations:
         n, longest = len(order), max(lengths)
         heads, dim = model.config.num_key_value_heads, model.config.head_dim
         device, dtype = model.device, model.dtype
-        cache = DynamicCache(config=model.config)
+        cache = model.new_cache()
         if kept:
             where = {j: i for i, j in enumerate(old_order)}
             old_rows = [where[j] for j in kept]
@@ -376,21 +378,24 @@ class TorchIterations:
         for layer in range(model.num_layers):
             pair = []
             for side in (0, 1):
-                # written once: each row's KV where it belongs, zeros only in its padding
-                buffer = torch.empty(n, heads, longest, dim, device=device, dtype=dtype)
+                # written once: each row's KV where it belongs, zeros only in its padding, and
+                # room after it for the tokens to come (appended in place)
+                buffer = torch.empty(n, heads, longest + DECODE_HEADROOM_TOKENS, dim,
+                                     device=device, dtype=dtype)
                 if kept:
                     source = (old_layers[layer].keys if side == 0
                               else old_layers[layer].values)
                     for row, old_row in enumerate(old_rows):
-                        buffer[row, :, longest - take:] = source[old_row, :, old_total - take:]
+                        buffer[row, :, longest - take:longest] = source[old_row, :,
+                                                                        old_total - take:]
                     if longest > take:
                         buffer[:len(kept), :, :longest - take].zero_()
                 for row, job in enumerate(joined, start=len(kept)):
                     buffer[row, :, :longest - lengths[row]].zero_()
-                    copy_chunks(buffer[row, :, longest - lengths[row]:],
+                    copy_chunks(buffer[row, :, longest - lengths[row]:longest],
                                 self._running[job].kv[layer][side])
                 pair.append(buffer)
-            cache.update(pair[0], pair[1], layer_idx=layer)
+            cache.layers[layer].adopt(pair[0], pair[1], longest)
         for job in joined:
             self._running[job].kv = None  # its KV lives in the batch from now on
         sizes = torch.tensor(lengths, device=device).reshape(n, 1)
