@@ -28,13 +28,13 @@ REQUESTS = 10_000
 SEEDS = 5
 
 
-def sweep_file(requests: int, seeds: int) -> str:
+def sweep_file(requests: int, seeds: int, rates=RATES) -> str:
     def listed(values) -> str:
         return "[" + ", ".join(repr(v).replace("'", '"') for v in values) + "]"
 
     return (f"seeds = {listed(range(seeds))}\n[base]\nn_requests = {requests}\n[axes]\n"
             f"trace = {listed(TRACES)}\nprofile = {listed(PROFILES)}\n"
-            f"system = {listed(SYSTEMS)}\nrate_rps = {listed(RATES)}\n")
+            f"system = {listed(SYSTEMS)}\nrate_rps = {listed(rates)}\n")
 
 
 def main() -> None:
@@ -43,11 +43,13 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="share of 10,000 requests")
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--rates", type=float, nargs="+", default=list(RATES),
+                        help="a subset of the grid's rates (a slice; the estimate scales up)")
     args = parser.parse_args()
     requests = max(1, round(REQUESTS * args.scale))
     args.out.mkdir(parents=True, exist_ok=True)
     spec = args.out / "paper_grid.toml"
-    spec.write_text(sweep_file(requests, args.seeds))
+    spec.write_text(sweep_file(requests, args.seeds, args.rates))
     command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out",
                str(args.out / "results"), "--no-requests"]
     if args.jobs:
