@@ -374,18 +374,48 @@ def engine_scale(profile: Profile, layers: int | None, hidden: int | None
     return model.num_layers, model.hidden_size
 
 
+# a CPU profile's decode grid stops here, however many requests an overloaded run holds (each
+# extra batch size costs a row of decode measurements; past it the report's
+# beyond_profile_time_share says how much of the run was priced by extrapolation)
+CPU_PROFILE_MAX_BATCH = 64
+
+
+def run_needs(trace: Trace, config: SimConfig, kv_bytes_per_token: int) -> dict[str, int]:
+    """What the runs of a validation will ask of a profile (``ProfilePlan.covering``): the
+    longest prompt (cached prefix and prefill), the longest context a decode step sees, and the
+    most requests that can decode at once (the batch limit, the requests, and the GPU memory's
+    room for requests of the mean context, whichever is least)."""
+    running = np.concatenate([[0], np.cumsum(trace.doc_tokens_flat)])
+    docs = running[trace.doc_offsets[1:]] - running[trace.doc_offsets[:-1]]
+    prompts = config.system_prompt_tokens + docs + trace.query_tokens
+    contexts = prompts + trace.output_tokens
+    batch = min(config.max_batch_size, trace.n_requests)
+    if config.gpu_kv_bytes:
+        room = config.gpu_kv_bytes // (kv_bytes_per_token * max(float(contexts.mean()), 1.0))
+        batch = min(batch, max(int(room), 1))
+    return {"cached_tokens": int(prompts.max()), "new_tokens": int(prompts.max()),
+            "batch_size": int(batch), "context_tokens": int(contexts.max())}
+
+
 def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: str,
-                 threads: int | None, seed: int, progress=None) -> Profile:
-    """Profile the torch engine on this machine (``ragsim profile``'s measurement, quick plan)
-    for the scaled-down model the engine runs; the profile is written to ``out``."""
+                 threads: int | None, seed: int, progress=None,
+                 needs: dict[str, int] | None = None) -> Profile:
+    """Profile the torch engine on this machine (``ragsim profile``'s measurement, the quick
+    plan reaching ``needs``: ``run_needs``) for the scaled-down model the engine runs; the
+    profile is written to ``out``."""
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
 
     spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
     dtype = "fp32" if device == "cpu" else spec.dtype
     spec = spec.with_dtype(dtype)
+    plan = ProfilePlan.quick()
+    if needs:
+        if device == "cpu":
+            needs = {**needs, "batch_size": min(needs["batch_size"], CPU_PROFILE_MAX_BATCH)}
+        plan = plan.covering(**needs)
     return run_profile(spec, name=f"{device}-{spec.name}", device=device, dtype=dtype,
-                       plan=ProfilePlan.quick(), out=out, threads=threads or 1, seed=seed,
+                       plan=plan, out=out, threads=threads or 1, seed=seed,
                        label=f"scaled down from {BASE_MODEL}: {spec.num_layers} layers, "
                        f"hidden {spec.hidden_size}" if layers or hidden else BASE_MODEL,
                        progress=progress)

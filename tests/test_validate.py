@@ -330,3 +330,34 @@ def test_speed_probes_time_the_profiles_own_grid_points():
         assert point["ratio"] == pytest.approx(point["measured_s"] / point["profiled_s"])
     assert probe.ratio == pytest.approx(float(np.median([p["ratio"] for p in probe.points])))
     assert 0.05 < probe.ratio < 20  # the same model on the same kind of machine
+
+
+def test_a_profile_measured_for_a_validation_reaches_what_its_runs_ask():
+    """Three requests worked by hand (system prompt 10): prompts 10+100+5, 10+300+40+20,
+    10+1+7 tokens; outputs 4, 8, 2 -> longest prompt 370, longest context 378; mean context
+    (119+378+20)/3 = 172.3; 4 MiB of KV at 2,048 B/token = 2,048 tokens -> 11 requests of the
+    mean context fit, fewer than the 256 the batch limit allows, more than the 3 requests
+    there are."""
+    from ragsim.profiles.profiler import ProfilePlan
+    from ragsim.serving.config import build_config
+    from ragsim.traces.io import TraceBuilder
+
+    b = TraceBuilder("needs")
+    b.add(0, 0.0, 5, 4, [1], [100])
+    b.add(1, 0.0, 20, 8, [2, 3], [300, 40])
+    b.add(2, 0.0, 7, 2, [4], [1])
+    trace = b.build({"name": "needs"})
+    config = build_config({"trace": "mmlu", "system_prompt_tokens": 10,
+                           "gpu_kv_bytes": 4 * 2**20})
+    needs = v.run_needs(trace, config, 2048)
+    assert needs == {"cached_tokens": 370, "new_tokens": 370, "batch_size": 3,
+                     "context_tokens": 378}
+    config = config.replace(gpu_kv_bytes=1 * 2**20)  # 512 tokens: 2 requests of 172 fit
+    assert v.run_needs(trace, config, 2048)["batch_size"] == 2
+    quick = ProfilePlan.quick()
+    plan = quick.covering(cached_tokens=2300, new_tokens=100, batch_size=40,
+                          context_tokens=5000)
+    assert plan.cached_tokens == [*quick.cached_tokens, 2304]  # rounded up to 256s
+    assert plan.new_tokens == quick.new_tokens  # 100 is inside already
+    assert plan.batch_sizes == [*quick.batch_sizes, 40]
+    assert plan.context_tokens == [*quick.context_tokens, 5120]

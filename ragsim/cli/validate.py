@@ -114,8 +114,12 @@ def validate(
         require_extra("profile", "ragsim validate")
     config = _config(config_file, trace=trace, system=system, rate=rate, requests=requests,
                      seed=seed, policy=policy, gpu_mem=gpu_mem, host_mem=host_mem)
+    from ragsim.traces import resolve_trace
+
+    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
-                          device=device, threads=threads, seed=seed)
+                          device=device, threads=threads, seed=seed,
+                          needs=lambda kv_bytes: v.run_needs(data, config, kv_bytes))
     v.engine_scale(costs, layers, hidden)
     config = config.replace(profile=str(out_dir / "profile.json") if profile_now
                             else profile or costs.name)
@@ -131,9 +135,6 @@ def validate(
         from ragsim.profiles.profile import load_profile
 
         reference = load_profile(reference_profile)
-    from ragsim.traces import resolve_trace
-
-    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
     if backend == "sim":
         err.print("[yellow]note:[/] --backend sim: the 'real' side is a second simulation"
                   + (f" (profile {reference.name})" if reference else "")
@@ -217,9 +218,10 @@ def _config(config_file: Path | None, *, trace: str, system: str, rate: float | 
 
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
                   layers: int | None, hidden: int | None, device: str, threads: int | None,
-                  seed: int):
+                  seed: int, needs=None):
     """--profile as ``run --profile`` resolves it, a profile measured now (--profile-now, at
-    the default profile's scale unless --layers/--hidden say otherwise), or the default."""
+    the default profile's scale unless --layers/--hidden say otherwise; its plan reaches what
+    the runs will ask, ``needs(kv_bytes_per_token)``), or the default."""
     from ragsim import validate as v
     from ragsim.profiles.profile import load_profile
 
@@ -240,7 +242,8 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
             out_dir / "profile.json",
             layers=layers or (default.model.num_layers if on_cpu else None),
             hidden=hidden or (default.model.hidden_size if on_cpu else None),
-            device=device, threads=threads, seed=seed, progress=report)
+            device=device, threads=threads, seed=seed, progress=report,
+            needs=None if needs is None else needs(default.model.kv_bytes_per_token))
 
 
 def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:

@@ -36,7 +36,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -97,6 +97,26 @@ class ProfilePlan:
                    context_tokens=[128, 512, 1024, 2048, 4096, 8192],
                    batches=60, held_out_points=24, held_out_batches=16,
                    copy_bytes=[2**16, 2**20, 2**24, 2**27], warmup=2, repetitions=7)
+
+
+    def covering(self, *, cached_tokens: int = 0, new_tokens: int = 0, batch_size: int = 0,
+                 context_tokens: int = 0) -> ProfilePlan:
+        """This plan with its axes reaching what a run will ask for (the longest cached prefix,
+        prefill, decode batch and decode context), so that no iteration of it is priced by
+        extrapolation: past the grid a bilinear price is a straight line through the last two
+        measured points, and on a CPU the decode steps of an overloaded run (dozens of
+        requests, thousands of tokens) lay far past the quick plan's 16 x 2,048."""
+
+        def reach(axis: list[int], need: int, step: int) -> list[int]:
+            if need <= max(axis):
+                return list(axis)
+            return sorted({*axis, -(-need // step) * step})
+
+        return replace(self,
+                       cached_tokens=reach(self.cached_tokens, cached_tokens, 256),
+                       new_tokens=reach(self.new_tokens, new_tokens, 256),
+                       batch_sizes=reach(self.batch_sizes, batch_size, 8),
+                       context_tokens=reach(self.context_tokens, context_tokens, 256))
 
 
 @dataclass
