@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ragsim.serving.pipeline import RunResult
     from ragsim.traces.schema import Trace
 
-BACKENDS = ("sim", "torch")
+BACKENDS = ("sim", "torch", "vllm")
 DEVICES_HELP = "cpu, cuda or cuda:N"
 
 Runner = Callable[["Trace", "SimConfig", "Profile", Callable | None], "RunResult"]
@@ -27,11 +27,22 @@ Runner = Callable[["Trace", "SimConfig", "Profile", Callable | None], "RunResult
 def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> Runner:
     """``(trace, config, profile, progress) -> RunResult`` for ``backend``: ``sim`` simulates
     with the profile's costs; ``torch`` serves for real on the profile's model (on ``device``,
-    with ``threads`` CPU threads, None: as many as the profile was measured with)."""
+    with ``threads`` CPU threads, None: as many as the profile was measured with); ``vllm``
+    serves with vLLM's engine on the profile's model (its own platform and threads)."""
     if backend == "sim":
         from ragsim.sim.simulator import run_simulation
 
         return run_simulation
+    if backend == "vllm":
+        from ragsim.realrun.vllm import require_engine
+
+        require_engine("--backend vllm")
+        from ragsim.realrun.vllm.harness import run_vllm
+
+        def served(trace, config, profile, progress=None):
+            return run_vllm(trace, config, profile, seed=config.seed, progress=progress)
+
+        return served
     if backend != "torch":
         raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
                                field="--backend")

@@ -44,7 +44,7 @@ FIELD_OF_OPTION = {
     "rate": "rate_rps", "fail_gpu_at": "fail_gpu_at_s",
     "gpu_failure_rate": "gpu_failure_rate_per_h", "gpu_recovery": "gpu_recovery_s",
     "retry_timeout": "retry_timeout_s", "requests": "n_requests",
-    "answer_ttl": "answer_ttl_s",
+    "answer_ttl": "answer_ttl_s", "redis_url": "answer_redis_url",
     "drift": "trace_drift_per_1k_requests", "frequency_window": "frequency_window_s",
 }
 # what an unset (None) field means, for help
@@ -261,10 +261,17 @@ def run(
         ANSWERS, "Service instances, each with its own L1 (shared L2 / semantic).")] = None,
     answer_routing: Annotated[str | None, _opt(
         ANSWERS, "Requests to instances: round-robin or hash.")] = None,
+    answer_profile: Annotated[str | None, _opt(
+        ANSWERS, "Tier latencies: a JSON file of `ragsim profile --answer-cache`, or 'default' "
+        "(shipped, measured on the embedded server).")] = None,
+    redis_url: Annotated[str | None, _opt(
+        ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier "
+        "(emptied at the start: a scratch database); default: an embedded server.")] = None,
     # backend
     backend: Annotated[str, _opt(
         BACKEND, "sim: simulate (virtual time, the profile's costs); torch: serve for real, in "
-        "real time, on the profile's model with random weights (same pipeline and policies).")
+        "real time, on the profile's model with random weights (same pipeline and policies); "
+        "vllm: the same with vLLM's engine (systems vllm, vllm-apc; docs/vllm.md).")
     ] = "sim",
     device: Annotated[str, _opt(BACKEND, "torch backend: cpu, cuda or cuda:N.")] = "cpu",
     threads: Annotated[int, _opt(
@@ -316,6 +323,7 @@ def run(
         "answer_cache": answer_cache, "answer_distance": _answer_distance(
             answer_threshold, answer_distance), "answer_l1_size": answer_l1_size,
         "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
+        "answer_profile": answer_profile, "answer_redis_url": redis_url,
     }
     try:
         config = build_config(flags, base=base,
@@ -324,6 +332,10 @@ def run(
         by_flag = {field for field, value in flags.items() if value is not None}
         raise _in_user_words(exc, by_flag, base, config_file) from None
     costs = load_profile(config.profile)
+    if config.answer_cache:  # a bad latency profile is refused before the run
+        from ragsim.serving.answer_latency import load_answer_latency
+
+        load_answer_latency(config.answer_profile)
     data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests,
                          **generator_settings(config.trace_drift_per_1k_requests))
     used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
@@ -331,6 +343,11 @@ def run(
         config = config.replace(trace_drift_per_1k_requests=used_drift)
     if backend == "torch":
         require_extra("profile", "run --backend torch")
+        if config.answer_cache:  # the real stores (and the embedder for the semantic tier)
+            from ragsim.cli.answers import require_answers
+
+            require_answers("run --backend torch --answer-cache",
+                            embedder=config.answer_semantic)
     execute = runner(backend, device=device, threads=threads or None)
     progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
     task = progress.add_task("run", total=data.n_requests, simulated="")
