@@ -101,8 +101,7 @@ def _check_repetitions(table: pd.DataFrame, x: str, by: str | None) -> None:
     swept = set()
     for names in table.get("swept", []):
         swept.update(n for n in str(names).split(",") if n)
-    aliases = {**REPLAY_COLUMNS, **{v: k for k, v in REPLAY_COLUMNS.items()}}
-    keep = {x, by, "seed", aliases.get(x), aliases.get(by)}
+    keep = {x, by, "seed"}  # x and by are the table's columns, as the swept names are
     varying = sorted(name for name in swept - keep
                      if name in table.columns and table[name].astype(str).nunique() > 1)
     if varying:

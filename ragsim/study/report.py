@@ -60,9 +60,6 @@ def _varying(table: pd.DataFrame) -> list[str]:
         for name in str(text).split(","):
             if name and name not in names and name != "seed":
                 names.append(name)
-    replay = {"host_mem": "host_capacity_bytes", "gpu_mem": "gpu_capacity_bytes",
-              "cache_depth": "max_cached_depth", "requests": "n_requests"}
-    names = [replay.get(n, n) if n not in table.columns else n for n in names]
     return [n for n in names if n in table.columns and table[n].astype(str).nunique() > 1]
 
 

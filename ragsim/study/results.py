@@ -20,8 +20,17 @@ POINTS_DIR = "points"
 KEY_COLUMNS = ("point_id", "seed", "mode", "swept")
 
 
+# replay's options whose summary ``config`` field has another name (the others: the same name)
+REPLAY_FIELD_OF_OPTION = {"host_mem": "host_capacity_bytes", "gpu_mem": "gpu_capacity_bytes",
+                          "cache_depth": "max_cached_depth", "requests": "n_requests",
+                          "frequency_window": "frequency_window_s"}
+
+
 def result_row(point_id: str, mode: str, swept: tuple[str, ...], summary: dict) -> dict:
-    """A results row from a point's ``--json`` summary (which carries the configuration)."""
+    """A results row from a point's ``--json`` summary (which carries the configuration);
+    ``swept`` lists the varied names as the row's columns name them."""
+    if mode == "replay":
+        swept = tuple(REPLAY_FIELD_OF_OPTION.get(name, name) for name in swept)
     row: dict = {"point_id": point_id, "mode": mode, "swept": ",".join(swept)}
     for name, value in summary["config"].items():
         row[name] = _scalar(value)
