@@ -13,6 +13,8 @@ requests at a fixed load; the estimate says so and is not a measurement of the w
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -57,15 +59,23 @@ def main() -> None:
     start = time.perf_counter()
     subprocess.run(command, check=True)
     wall_s = time.perf_counter() - start
+    # CPU time of the sweep and its workers: what the grid costs whatever else shares the cores
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = used.ru_utime + used.ru_stime
+    jobs = args.jobs or len(os.sched_getaffinity(0))
     table = pd.read_parquet(args.out / "results" / "results.parquet")
     simulated = int(table["requests"].sum())
     runs = len(TRACES) * len(PROFILES) * len(SYSTEMS) * len(RATES)
     print(f"{len(table)} runs of {requests:,} requests ({simulated:,} simulated) in "
           f"{wall_s:,.1f} s wall: {simulated / wall_s:,.0f} simulated requests/s overall")
+    print(f"CPU time {cpu_s:,.1f} s ({simulated / cpu_s:,.0f} simulated requests per CPU-s); "
+          f"on {jobs} otherwise idle cores: {cpu_s / jobs:,.1f} s")
     whole = runs * SEEDS * REQUESTS
     if len(table) * requests < whole:
+        scale = whole / simulated
         print(f"whole grid ({runs * SEEDS} runs x {REQUESTS:,} requests) estimated at "
-              f"{wall_s * whole / simulated / 60:,.1f} min at this rate (an extrapolation)")
+              f"{wall_s * scale / 60:,.1f} min at this wall rate, {cpu_s * scale / jobs / 60:,.1f}"
+              f" min on {jobs} idle cores (extrapolations)")
 
 
 if __name__ == "__main__":

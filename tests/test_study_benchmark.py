@@ -24,6 +24,7 @@ def test_paper_grid_slice(tmp_path):
     # 2 traces x 2 models x 3 systems at one rate, 30 requests each
     assert "12 runs of 30 requests (360 simulated)" in done.stdout
     assert "whole grid (480 runs x 10,000 requests) estimated at" in done.stdout
+    assert "simulated requests per CPU-s" in done.stdout
     table = pd.read_parquet(tmp_path / "results" / "results.parquet")
     cells = set(zip(table["trace"], table["profile"], table["system"], strict=True))
     assert cells == {(t, p, s) for t in ("mmlu", "nq")
