@@ -53,7 +53,7 @@ def main() -> None:
     spec = args.out / "paper_grid.toml"
     spec.write_text(sweep_file(requests, args.seeds, args.rates))
     command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out",
-               str(args.out / "results"), "--no-requests"]
+               str(args.out / "results"), "--no-records"]
     if args.jobs:
         command += ["--jobs", str(args.jobs)]
     start = time.perf_counter()

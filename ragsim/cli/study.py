@@ -25,23 +25,24 @@ def sweep(
         "--out", help="Folder for results.parquet, sweep.toml and points/; rerun into it to "
                       "resume.", show_default=False)],
     sweep_file: Annotated[Path | None, typer.Argument(
-        help="Sweep file (TOML): [base] (any run option, or mode = \"replay\"), [axes] "
-             "(lists: the full grid), optional [[points]] and seeds = [...]; see docs/studies.md.",
+        help="Sweep file (TOML): \\[base] (any run option, or mode = \"replay\"), \\[axes] "
+             "(lists: the full grid), optional \\[\\[points]] and seeds = \\[...]; see "
+             "docs/studies.md.",
         show_default=False)] = None,
     executor: Annotated[str, typer.Option(help="local (processes) or ray.")] = "local",
     jobs: Annotated[int | None, typer.Option(
         help="Points at once (local: processes; ray: CPUs of the local cluster started). "
-             "[default: all cores]", show_default=False)] = None,
+             "\\[default: all cores]", show_default=False)] = None,
     address: Annotated[str | None, typer.Option(
         help="Ray: the cluster's address (default: start a local one).")] = None,
     set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="KEY=VALUE for every point (the file's [base]; repeatable).")] = None,
+        "--set", help="KEY=VALUE for every point (the file's \\[base]; repeatable).")] = None,
     axis: Annotated[list[str] | None, typer.Option(
-        help="KEY=V1,V2,... swept (the file's [axes]; repeatable).")] = None,
+        help="KEY=V1,V2,... swept (the file's \\[axes]; repeatable).")] = None,
     seeds: Annotated[str | None, typer.Option(
         help="Seeds to repeat every point with, e.g. 0,1,2.")] = None,
     requests_files: Annotated[bool, typer.Option(
-        "--requests/--no-requests", help="Keep each point's per-request records "
+        "--records/--no-records", help="Keep each point's per-request records "
                                          "(points/<id>/requests.parquet; TTFT CDFs need them).")
     ] = True,
 ) -> None:
@@ -167,19 +168,19 @@ def plan(
     system: Annotated[str, typer.Option(help="System preset (see `ragsim systems`).")
                       ] = "ragcache",
     host_mem: Annotated[list[str] | None, typer.Option(
-        help="Host memory per replica to try (repeatable). [default: 0, 32GiB, 192GiB]",
+        help="Host memory per replica to try (repeatable). \\[default: 0, 32GiB, 192GiB]",
         show_default=False)] = None,
     replicas: Annotated[list[int] | None, typer.Option(
-        help="Replica counts to try (repeatable). [default: 1, 2, 4, 8]", show_default=False)
+        help="Replica counts to try (repeatable). \\[default: 1, 2, 4, 8]", show_default=False)
     ] = None,
     requests: Annotated[int, typer.Option(help="Requests simulated per candidate.")] = 2000,
     seeds: Annotated[int, typer.Option(help="Seeds per candidate (the SLO metric's mean).")
                      ] = 1,
     prices: Annotated[Path | None, typer.Option(
         help="TOML price table: gpu_usd_per_h = {a10g = 1.0, ...}, host_usd_per_gib_h = N. "
-             "[default: rounded on-demand cloud prices, see docs/studies.md]",
+             "\\[default: rounded on-demand cloud prices, see docs/studies.md]",
         show_default=False)] = None,
-    jobs: Annotated[int | None, typer.Option(help="Candidates at once. [default: all cores]",
+    jobs: Annotated[int | None, typer.Option(help="Candidates at once. \\[default: all cores]",
                                              show_default=False)] = None,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Keep the candidates' sweep here (results.parquet, plan.json).")] = None,
@@ -187,8 +188,9 @@ def plan(
         "--plot", help="Draw the margin curve (.png, .svg).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """The cheapest GPU type, GPU count and host memory that meet a TTFT SLO at a rate,
-    searched with the simulator over the shipped profiles."""
+    """Find the cheapest GPU type, GPU count and host memory that meet a TTFT SLO at a rate.
+
+    Searched with the simulator over the model's shipped profiles; see docs/studies.md."""
     import json
     import tempfile
 

@@ -184,7 +184,7 @@ def _shown(value) -> str:
 def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
              column: str = "ttft_s") -> Figure:
     """Per-request ``column`` CDFs, one per value of ``by``, pooling the seeds' requests (from
-    each point's ``requests.parquet``; a sweep run with --no-requests has none)."""
+    each point's ``requests.parquet``; a sweep run with --no-records has none)."""
     import pandas as pd
 
     from ragsim.figures import new_figure
@@ -199,7 +199,7 @@ def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
             path = Path(out_dir) / POINTS_DIR / point_id / "requests.parquet"
             if not path.exists():
                 raise RagsimInputError("has no per-request records (the sweep ran with "
-                                       "--no-requests)", file=str(path))
+                                       "--no-records)", file=str(path))
             values.append(pd.read_parquet(path, columns=[column])[column].dropna().to_numpy())
         data = np.sort(np.concatenate(values))
         ys = np.arange(1, len(data) + 1) / len(data)
