@@ -49,6 +49,11 @@ def profile(
                        ] = 1,
     name: Annotated[str, typer.Option(help="Profile name (default: DEVICE-MODEL).")] = "",
     seed: Annotated[int, typer.Option()] = 0,
+    engine: Annotated[str, typer.Option(
+        help="What to time: torch (the reference engine's forward passes) or vllm (vLLM's own "
+             "steps, its prefix cache holding the cached prefixes; docs/vllm.md).")] = "torch",
+    block_tokens: Annotated[int, typer.Option(
+        help="--engine vllm: vLLM's KV block (cached prefixes are whole blocks).")] = 32,
     answer_cache: Annotated[bool, typer.Option(
         help="Instead: the answer cache's latency profile (each tier's lookup and write on the "
              "real stores), read by `run --answer-cache --answer-profile`.",
@@ -75,6 +80,12 @@ def profile(
                                       redis_url=redis_url, entries=answer_entries,
                                       samples=answer_samples)
     out_file = out_file or Path("profile.json")
+    if engine not in ("torch", "vllm"):
+        raise RagsimInputError(f"must be torch or vllm, got {engine!r}", field="--engine")
+    if engine == "vllm":
+        from ragsim.realrun.vllm import require_engine
+
+        require_engine("ragsim profile --engine vllm")
     require_extra("profile", "ragsim profile")
     check_out_file(out_file)  # before the measuring: a typo must not cost it
     from ragsim.profiles.models import resolve_model, scaled_down
@@ -95,9 +106,17 @@ def profile(
     progress, report = phased_progress()
 
     with progress:
-        result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
-                             plan=plan, out=out_file, threads=threads, seed=seed, label=label,
-                             progress=report)
+        if engine == "vllm":
+            from ragsim.realrun.vllm.profile import profile_vllm
+
+            result = profile_vllm(spec, name=name or f"{device_tag}-vllm-{spec.name}",
+                                  plan=plan, out=out_file, block_tokens=block_tokens,
+                                  kv_cache_bytes=2**30, seed=seed,
+                                  label=f"vLLM; {label}" if label else "vLLM", progress=report)
+        else:
+            result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
+                                 plan=plan, out=out_file, threads=threads, seed=seed,
+                                 label=label, progress=report)
     v = result.obtained["validation"]
     err.print(f"wrote {out_file}")
     out.print(f"held-out prefill points: median error {v['held_out_prefill_median_rel_error']:.1%}"
