@@ -1,0 +1,220 @@
+"""A cost profile of vLLM itself: its steps timed, in the profiler's format.
+
+``VllmTimer`` has the timing interface of the profiler's ``TorchEngine`` (``sweeps``,
+``decode``, ``copy``, ``free_memory_bytes``, ``device_name``), each measurement being whole
+``step()`` calls of vLLM's in-process engine on the profile's model, so the simulator's tables
+describe vLLM (its scheduler, paged attention, prefix-cache lookups), not transformers:
+
+* **prefill over a cached prefix**: the prefix (``cached`` tokens, whole blocks) is computed
+  once by a request of its own and left in vLLM's prefix cache; each timing adds requests of
+  that prefix plus fresh random new tokens (so only the prefix hits), and times the steps until
+  every row has its first token. A batch (several rows) is added at once: vLLM schedules them in
+  one step when they fit ``max_num_batched_tokens``.
+* **decode**: ``batch`` requests of ``context`` tokens are prefilled, then single steps (one
+  token for each) are timed.
+* **copies**: vLLM on a CPU has no host tier, so a host->host copy of a KV-sized buffer (what
+  the torch profiler measures on a CPU too).
+
+Prefix lengths are rounded down to whole blocks: vLLM caches nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ragsim.profiles.models import ModelSpec
+from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
+
+
+class VllmTimer:
+    """vLLM's steps, timed the way the profiler's ``TorchEngine`` times forward passes."""
+
+    def __init__(self, spec: ModelSpec, *, block_tokens: int, kv_cache_bytes: int,
+                 max_model_len: int, max_batched_tokens: int, max_num_seqs: int = 256,
+                 seed: int = 0) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.block = block_tokens
+        self.settings = EngineSettings(
+            prefix_caching=True, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
+            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
+            max_model_len=max_model_len, seed=seed)
+        self.llm, self._folder = build_engine(spec, self.settings)
+        self.vocab = spec.vocab_size
+        self.rng = np.random.default_rng(seed)
+        self._prefixes: dict[int, list[int]] = {}
+        self._n = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _tokens(self, n: int) -> list[int]:
+        return self.rng.integers(0, self.vocab, size=n).tolist()
+
+    def _add(self, prompt: list[int], max_tokens: int) -> str:
+        self._n += 1
+        key = f"p{self._n}"
+        self.llm.add_request(key, {"prompt_token_ids": prompt}, greedy(max_tokens))
+        return key
+
+    def _drain(self, cached: dict[str, int] | None = None) -> None:
+        """Step until no request is left; with ``cached`` (request -> the prefix it must hit),
+        refuse a timing whose prefix was not reused (evicted: the timing would be wrong)."""
+        while self.llm.has_unfinished_requests():
+            for out in self.llm.step():
+                if cached and out.request_id in cached \
+                        and out.num_cached_tokens < cached[out.request_id]:
+                    raise RuntimeError(f"a profiled prefix of {cached[out.request_id]} tokens "
+                                       f"was not reused ({out.num_cached_tokens} were): give "
+                                       "vLLM more KV memory")
+
+    def prefix(self, tokens: int) -> list[int]:
+        """The token ids of a prefix of ``tokens`` (rounded down to whole blocks) that sits in
+        vLLM's prefix cache: computed once by a request of its own."""
+        whole = tokens // self.block * self.block
+        if whole not in self._prefixes:
+            ids = self._tokens(whole)
+            if whole:
+                self._add([*ids, *self._tokens(1)], 1)  # the last prompt token is never cached
+                self._drain()
+            self._prefixes[whole] = ids
+        return self._prefixes[whole]
+
+    def _pass(self, cached: list[int], new: list[int]) -> float:
+        """One timed prefill: rows of (cached prefix, fresh new tokens) added at once, the
+        steps until each has its first token."""
+        expected = {}
+        for a, b in zip(cached, new, strict=True):
+            prefix = self.prefix(a)
+            expected[self._add([*prefix, *self._tokens(max(b, 1))], 1)] = len(prefix)
+        started = time.perf_counter()
+        self._drain(expected)
+        return time.perf_counter() - started
+
+    # ------------------------------------------------------------------ the interface
+    def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
+               repetitions: int):
+        """Every pass timed once per sweep (the profiler's ``TorchEngine.sweeps``)."""
+        from ragsim.profiles.profiler import Measurement, Timed
+
+        for cached, _ in passes:  # prefixes first: their own prefills are not timed
+            for a in cached:
+                self.prefix(a)
+        times: list[list[float]] = [[] for _ in passes]
+        for sweep in range(warmup + repetitions):
+            for k, (cached, new) in enumerate(passes):
+                took = self._pass(cached, new)
+                if sweep >= warmup:
+                    times[k].append(took)
+        medians = [float(np.median(t)) for t in times]
+        speed = [float(np.median([t[i] / m for t, m in zip(times, medians, strict=True)]))
+                 for i in range(repetitions)]
+        return Timed([Measurement(m, float(min(t)), float(max(t)))
+                      for m, t in zip(medians, times, strict=True)], speed)
+
+    def decode(self, batch: int, context: int, warmup: int, repetitions: int):
+        """One decode step of ``batch`` requests of ``context`` tokens each."""
+        from ragsim.profiles.profiler import Measurement
+
+        steps = warmup + repetitions
+        for _ in range(batch):
+            self._add(self._tokens(context), steps + 2)
+        llm = self.llm
+        # until every request has its first token (prefill steps, maybe mixed with decode)
+        first = set()
+        while len(first) < batch:
+            for out in llm.step():
+                if out.outputs and out.outputs[0].token_ids:
+                    first.add(out.request_id)
+        times = []
+        for i in range(steps):
+            started = time.perf_counter()
+            llm.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - started)
+        self._drain()
+        return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
+
+    def copy(self, n_bytes: int, to_device: bool, warmup: int, repetitions: int):
+        """A host->host copy of a KV-sized buffer (vLLM on a CPU has no other tier)."""
+        from ragsim.profiles.profiler import Measurement
+
+        torch = self.torch
+        n = max(1, n_bytes // 2)
+        src, dst = torch.empty(n, dtype=torch.float16), torch.empty(n, dtype=torch.float16)
+        times = []
+        for i in range(warmup + repetitions):
+            started = time.perf_counter()
+            dst.copy_(src)
+            if i >= warmup:
+                times.append(time.perf_counter() - started)
+        return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
+
+    def free_memory_bytes(self) -> int:
+        return self.settings.kv_cache_bytes
+
+    def device_name(self) -> str:
+        return platform.processor() or platform.machine()
+
+
+def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: int,
+                 kv_cache_bytes: int, seed: int = 0, label: str = "",
+                 progress: Callable[[str, int, int], None] | None = None):
+    """Measure ``plan`` on vLLM and write the profile to ``out``.
+
+    The profiler's loop over its plan, with ``VllmTimer`` in place of ``TorchEngine``: the same
+    grid, batches, held-out points, sweeps and assembly (``ragsim.profiles.profiler``), so the
+    profile has the format, fits and checks of any other. (Until the profiler takes its timing
+    engine as an argument this repeats its short measuring loop, without resuming.)"""
+    import vllm
+
+    from ragsim.profiles import profiler as p
+
+    report = progress or (lambda phase, done, total: None)
+    plan = replace(plan, cached_tokens=sorted({a // block_tokens * block_tokens
+                                               for a in plan.cached_tokens}))
+    longest = max(plan.cached_tokens) + max(plan.new_tokens) + 8
+    longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8)
+    max_len = -(-longest // block_tokens) * block_tokens
+    timer = VllmTimer(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
+                      max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
+                      seed=seed)
+    w, r = plan.warmup, plan.repetitions
+    threads = int(timer.torch.get_num_threads())
+    state = p.ProfilerState(settings={"model": spec.to_dict(), "engine": "vllm",
+                                      "block_tokens": block_tokens})
+    cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
+    for i, (bs, ctx) in enumerate(cells):
+        m = timer.decode(bs, ctx, w, r)
+        state.decode[p._key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
+        report("decode", i + 1, len(cells))
+    for i, n_bytes in enumerate(plan.copy_bytes):
+        for direction in ("h2d", "d2h"):
+            m = timer.copy(n_bytes, direction == "h2d", w, r)
+            state.copies[p._key(n_bytes) + direction] = [m.median_s, m.min_s, m.max_s]
+        report("transfers", i + 1, len(plan.copy_bytes))
+    units = p._sweep_units(plan, seed)
+    units = [replace(u, passes=[([a // block_tokens * block_tokens for a in cached], new)
+                                for cached, new in u.passes]) for u in units]
+    passes = [pass_ for unit in units for pass_ in unit.passes]
+    timed = timer.sweeps(passes, w, r)
+    found = iter(timed.passes)
+    for unit in units:
+        for (cached, new), m in zip(unit.passes, found, strict=False):
+            p._record(state, unit.kind, cached, new, m)
+    state.sweep_speed.append(timed.sweep_speed)
+    report("prefill grid, batches, held-out points", 1, 1)
+    profile = p._assemble(spec, name, "cpu", spec.dtype, plan, state, timer, kv_cache_bytes,
+                          label, threads)
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    profile = replace(profile, engine=f"vLLM {vllm.__version__} (in-process engine, block "
+                      f"{block_tokens}, prefix caching on; {threads} OMP threads, bound: {bind})")
+    profile.save(out)
+    return profile
