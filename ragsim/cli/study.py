@@ -74,8 +74,7 @@ def sweep(
             with progress:
                 outcome = run_sweep(spec, out_dir, executor=executor, jobs=jobs,
                                     address=address, keep_requests=requests_files,
-                                    on_progress=lambda done, total: progress.update(
-                                        task, completed=done))
+                                    on_progress=_advance(progress, task))
         except KeyboardInterrupt:
             signals.disarm()
             from ragsim.study.results import read_results
@@ -125,6 +124,22 @@ def plot(
                       log_x=log_x, log_y=log_y)
     save_figure(fig, out_file)
     err.print(f"wrote {out_file}", highlight=False)
+
+
+def _advance(progress, task):
+    """The sweep's ``(done, total)`` callback for a bar whose time left counts only the points
+    run now: the first call (the points a resumed sweep found done) resets the bar's speed."""
+    started = False
+
+    def advance(done: int, total: int) -> None:
+        nonlocal started
+        if not started:
+            progress.reset(task, total=total, completed=done)
+            started = True
+        else:
+            progress.update(task, completed=done)
+
+    return advance
 
 
 def _read_table(sweep_dir: Path):
@@ -265,8 +280,7 @@ def _run_quietly(spec, folder: Path, jobs: int, quiet: bool, what: str):
     task = progress.add_task(what, total=len(spec.points))
     with progress:
         outcome = run_sweep(spec, folder, jobs=jobs, keep_requests=False,
-                            on_progress=lambda done, total: progress.update(task,
-                                                                            completed=done))
+                            on_progress=_advance(progress, task))
     if outcome.failed:
         raise RagsimInputError(f"{len(outcome.failed)} candidate run(s) failed: "
                                f"{outcome.failed[0][1]}")
