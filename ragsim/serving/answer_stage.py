@@ -3,26 +3,32 @@
 Each arriving request asks the answer cache first — the *same* tier logic as the real run
 (``ragsim.cache.answers``), over modelled stores: the real L1 class (cachetools, driven by the
 simulated clock) and ``ModelSharedStore`` (exact-match dict and exact cosine KNN). A hit is
-answered after the lookup latency of the tier that served it and never reaches retrieval or
-the engine; a miss pays the lookups and goes on; the answer is written back to every tier when
-the request completes. Several instances (``instances``) each have their own L1 over one shared
-L2/semantic tier.
+answered after the lookup latency of the tiers it asked and never reaches retrieval or the
+engine; a miss pays the lookups and goes on; the answer is written back to every tier when the
+request completes (after the answer is sent: its write costs the request nothing). The
+latencies come from a profile measured on the real stores (``ragsim profile --answer-cache``,
+``answer_profile``), the semantic tier's at the index's size when it is asked. Several
+instances (``instances``) each have their own L1 over one shared L2/semantic tier.
 
 What a request is, for the cache: its ``query_text`` (else its ``answer_key`` stands for the
 text: a trace whose text was redacted still repeats questions exactly), its ``answer_key`` (the
 ground truth: a semantic hit with another key is a *false hit*) and ``has_history`` (bypass).
-Embeddings for the semantic tier are those of the real run's embedder on ``query_text``.
+Embeddings for the semantic tier are the trace's own ``query_embedding`` column when it has one
+(``ragsim trace build --query-embeddings``), else the real run's embedder on ``query_text``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 
 from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Instances, ModelSharedStore
+from ragsim.cache.answers.tiers import Embedding
 from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.errors import RagsimInputError
+from ragsim.serving.answer_latency import load_answer_latency
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
 
@@ -66,7 +72,9 @@ def embed_texts(texts: list[str]) -> np.ndarray:
 
 
 class AnswerStage:
-    """Per-request decisions of the answer cache, driven by the pipeline's clock."""
+    """Per-request decisions of the answer cache, driven by the pipeline's clock. The stores,
+    the embeddings and what a lookup costs are the simulator's here; the real run's stage
+    (``ragsim.realrun.answers.stage``) overrides those three and keeps the rest."""
 
     def __init__(self, trace: Trace, config: SimConfig, *,
                  embed: Callable[[list[str]], np.ndarray] = embed_texts) -> None:
@@ -75,12 +83,15 @@ class AnswerStage:
         n = len(self.texts)
         self.history = (np.zeros(n, dtype=bool) if trace.has_history is None
                         else np.asarray(trace.has_history, dtype=bool))
-        self.semantic = config.answer_semantic and real_text
-        self.embeddings = embed(self.texts) if self.semantic and n else None
+        self.stored_embeddings = trace.query_embedding  # built with them: nothing to embed
+        self.semantic = config.answer_semantic and (real_text
+                                                    or self.stored_embeddings is not None)
+        self.embeddings = self._embeddings(embed) if self.semantic and n else None
         cache_config = core_config(config)
         if not self.semantic:
             cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "semantic": False})
-        self.instances = Instances(cache_config, ModelSharedStore(), config.instances,
+        self.shared = self._shared_store()
+        self.instances = Instances(cache_config, self.shared, config.instances,
                                    routing=config.answer_routing)
         self.tier = np.zeros(n, dtype=np.int8)
         self.false_hit = np.zeros(n, dtype=bool)
@@ -88,18 +99,51 @@ class AnswerStage:
         self.instance = np.full(n, -1, dtype=np.int64)
         self._caches: list[AnswerCache] = list(self.instances.caches)
 
+    # -- what the simulator models (the real stage overrides these) ------------------------
+    def _embeddings(self, embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+        if self.stored_embeddings is not None:
+            return self.stored_embeddings
+        return embed(self.texts)
+
+    def _shared_store(self):
+        self.latency = load_answer_latency(self.config.answer_profile)
+        return ModelSharedStore()
+
+    def _embedding(self, i: int) -> Embedding:
+        """Request ``i``'s query vector (or a callable giving it, asked only when needed)."""
+        return None if self.embeddings is None else self.embeddings[i]
+
+    def _delay(self, tier: str, semantic_asked: bool, entries: int, elapsed_s: float) -> float:
+        """The lookup's seconds: the tiers asked in turn, from the latency profile, the
+        semantic tier's at the index's size (``elapsed_s``, the host's time, is not used)."""
+        lat = self.latency
+        if tier == "bypass":
+            return 0.0
+        if tier == "l1":
+            return lat.l1_lookup_s
+        if tier == "l2" or not semantic_asked:
+            return lat.l1_lookup_s + lat.l2_lookup_s
+        return lat.l1_lookup_s + lat.l2_lookup_s + lat.embed_s + lat.semantic_lookup_at(entries)
+
+    def latency_record(self) -> dict:
+        return self.latency.record()
+
+    def close(self) -> None:
+        """The run ended (the real stage stops its server)."""
+
+    # -- the decisions ---------------------------------------------------------------------
     def lookup(self, i: int, now_s: float) -> tuple[bool, float]:
         """(answered from the cache?, lookup seconds) for request ``i`` arriving at ``now_s``."""
-        c = self.config
         cache = self.instances.route(self.texts[i])
         self.instance[i] = self._caches.index(cache)
-        vector = None if self.embeddings is None else self.embeddings[i]
+        vector = self._embedding(i)
+        entries = getattr(self.shared, "vector_entries", 0)  # the index as the lookup finds it
+        started = time.perf_counter()
         got = cache.lookup(self.texts[i], now_s, embedding=vector,
                            history=bool(self.history[i]))
+        elapsed_s = time.perf_counter() - started
         self.tier[i] = _CODE[got.tier]
-        delay = {"bypass": 0.0, "l1": c.answer_l1_s, "l2": c.answer_l1_s + c.answer_l2_s}.get(
-            got.tier, c.answer_l1_s + c.answer_l2_s
-            + (c.answer_embed_s + c.answer_semantic_s if vector is not None else 0.0))
+        delay = self._delay(got.tier, vector is not None, entries, elapsed_s)
         if got.hit:
             self.false_hit[i] = got.entry.answer_key != self.answer_keys[i]
             if got.distance is not None:
@@ -111,8 +155,7 @@ class AnswerStage:
         if TIER_NAMES[self.tier[i]] != "miss":
             return
         cache = self._caches[self.instance[i]]
-        vector = None if self.embeddings is None else self.embeddings[i]
-        cache.write_back(self.texts[i], self.answer_keys[i], now_s, embedding=vector,
+        cache.write_back(self.texts[i], self.answer_keys[i], now_s, embedding=self._embedding(i),
                          answer_key=self.answer_keys[i])
 
     def answered(self) -> np.ndarray:
@@ -149,6 +192,7 @@ class AnswerStage:
             else 0.0,
             "answer_cache_semantic": self.semantic,
             "answer_cache_counters": self.instances.counters.as_dict(),
+            "answer_cache_latency": self.latency_record(),
             "answer_cache_ttft_mean_s_hits": float(np.nanmean(ttft[answered]))
             if answered.any() else None,
             # the KV cache behind the answer cache: the requests that reached the engine

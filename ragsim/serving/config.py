@@ -130,12 +130,12 @@ class SimConfig:
     answer_hot_window_s: float = 60.0
     instances: int = 1  # service instances, each with its own L1
     answer_routing: str = "round-robin"  # or hash
-    # lookup latencies per tier (p50 measured here on the embedded server: ragsim answers bench)
-    # and the query embedding (all-MiniLM-L6-v2 on one CPU thread), paid before a semantic lookup
-    answer_l1_s: float = 5e-6
-    answer_l2_s: float = 8e-5
-    answer_semantic_s: float = 1e-3
-    answer_embed_s: float = 5e-3
+    # each tier's lookup latency (and the query embedding's): a latency profile measured on the
+    # real stores (ragsim profile --answer-cache); "default" is the one shipped with ragsim
+    answer_profile: str = "default"
+    # the real run's (--backend torch) Redis Stack / Redis 8 for L2 and the semantic tier
+    # (None: an embedded server started for the run); the simulator does not use it
+    answer_redis_url: str | None = None
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -143,6 +143,8 @@ class SimConfig:
         if not self.answer_cache:
             for name in ANSWER_FIELDS:
                 data.pop(name)
+        elif self.answer_redis_url:  # a recorded configuration never holds a password
+            data["answer_redis_url"] = _without_password(self.answer_redis_url)
         return data
 
     def to_toml(self) -> str:
@@ -174,10 +176,21 @@ SYSTEM_DESCRIPTIONS = {
 }
 
 
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_l1_size",
                  "answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_ttl_jitter",
                  "answer_hot_top_n", "answer_hot_window_s", "instances", "answer_routing",
-                 "answer_l1_s", "answer_l2_s", "answer_semantic_s", "answer_embed_s")
+                 "answer_profile", "answer_redis_url")
 
 
 def preset(system: str) -> dict:
@@ -339,9 +352,9 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     for name in ("answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_hot_window_s"):
         _check(getattr(c, name) > 0, name, "must be > 0", source)
-    for name in ("answer_ttl_jitter", "answer_l1_s", "answer_l2_s", "answer_semantic_s",
-                 "answer_embed_s"):
-        _check(getattr(c, name) >= 0, name, "must be >= 0", source)
+    _check(c.answer_ttl_jitter >= 0, "answer_ttl_jitter", "must be >= 0", source)
+    _check(isinstance(c.answer_profile, str) and c.answer_profile != "", "answer_profile",
+           "must name a latency profile ('default' or a JSON path)", source)
     _check(c.answer_hot_top_n is None or c.answer_hot_top_n >= 1, "answer_hot_top_n",
            "must be >= 1", source)
     _check(c.answer_routing in ("round-robin", "hash"), "answer_routing",

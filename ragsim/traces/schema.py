@@ -21,6 +21,9 @@ stage_times_s     list<float64>           optional: measured wall time of each s
 query_text        string                  optional
 answer_key        string                  optional: identity of the expected answer
 has_history       bool                    optional: multi-turn request (skips answer caches)
+query_embedding   list<float32>           optional: the query's embedding (finite, not all
+                                          zero, one length for every row): the answer cache's
+                                          semantic tier uses it instead of embedding the text
 ================  ======================  =====================================================
 
 Documents: ``doc_id`` (int64, unique), ``tokens`` (int64 > 0), optional ``text`` (string).
@@ -44,7 +47,7 @@ INFO_KEY = b"ragsim.trace_info"
 
 REQUIRED_REQUEST_COLUMNS = ("request_id", "arrival_s", "query_tokens", "output_tokens", "doc_ids")
 OPTIONAL_REQUEST_COLUMNS = ("stages", "stage_times_s", "query_text", "answer_key",
-                            "has_history")
+                            "has_history", "query_embedding")
 REQUIRED_DOCUMENT_COLUMNS = ("doc_id", "tokens")
 OPTIONAL_DOCUMENT_COLUMNS = ("text",)
 
@@ -66,6 +69,7 @@ class Trace:
     query_text: pa.Array | None = None
     answer_key: pa.Array | None = None
     has_history: np.ndarray | None = None
+    query_embedding: np.ndarray | None = None  # float32, (n_requests, dimension)
     document_text: pa.Array | None = None
     info: dict = field(default_factory=dict)
     _doc_tokens_flat: np.ndarray | None = field(default=None, repr=False)
@@ -114,6 +118,8 @@ class Trace:
             query_text=None if self.query_text is None else self.query_text[:n],
             answer_key=None if self.answer_key is None else self.answer_key[:n],
             has_history=None if self.has_history is None else self.has_history[:n],
+            query_embedding=(None if self.query_embedding is None
+                             else self.query_embedding[:n]),
             document_text=self.document_text,
             info={**self.info, "head": n},
             # the sizes already looked up stay valid for the prefix (a replay cut short by
@@ -144,6 +150,8 @@ class Trace:
             columns["answer_key"] = self.answer_key
         if self.has_history is not None:
             columns["has_history"] = pa.array(self.has_history, pa.bool_())
+        if self.query_embedding is not None:
+            columns["query_embedding"] = embedding_column(self.query_embedding)
         table = pa.table(columns)
         return table.replace_schema_metadata({
             VERSION_KEY: str(TRACE_VERSION).encode(),
@@ -159,3 +167,11 @@ class Trace:
             columns["text"] = self.document_text
         table = pa.table(columns)
         return table.replace_schema_metadata({VERSION_KEY: str(TRACE_VERSION).encode()})
+
+
+def embedding_column(vectors: np.ndarray) -> pa.Array:
+    """(n, d) vectors as a list<float32> column (one list of d numbers per request)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    n, d = vectors.shape
+    offsets = np.arange(0, n * d + 1, d, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(vectors.ravel(), pa.float32()))

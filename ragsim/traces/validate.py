@@ -203,6 +203,10 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
                     or pa.types.is_null(column.type)):
                 raise TraceError(f"must be text, found {column.type}", file=src, field=name)
             text_columns[name] = column
+    query_embedding = None
+    if "query_embedding" in requests.column_names:
+        query_embedding = _check_embeddings(requests.column("query_embedding").combine_chunks(),
+                                            src)
     info_raw = (requests.schema.metadata or {}).get(INFO_KEY)
     info = json.loads(info_raw) if info_raw else {}
     return Trace(
@@ -219,6 +223,7 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
         query_text=text_columns.get("query_text"),
         answer_key=text_columns.get("answer_key"),
         has_history=has_history,
+        query_embedding=query_embedding,
         document_text=document_text,
         info=info,
     )
@@ -259,6 +264,50 @@ def _check_stages(column: pa.Array, known: np.ndarray, src: str) -> pa.Array:
             raise TraceError(f"document {flat_ids[bad]} is not in the documents table",
                              file=src, row=int(request_of_id[bad]), field="stages")
     return column.cast(pa.list_(pa.list_(pa.int64())))
+
+
+def _check_embeddings(column: pa.Array, src: str) -> np.ndarray:
+    """Query embeddings: a list of numbers per request, every one of the same length, finite
+    and not all zero (a cosine needs a direction). Returned as float32 (n, dimension)."""
+    field = "query_embedding"
+    kinds = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    if not (any(k(column.type) for k in kinds)
+            and (pa.types.is_floating(column.type.value_type)
+                 or pa.types.is_integer(column.type.value_type))):
+        raise TraceError(f"must be a list of numbers, found {column.type}", file=src,
+                         field=field)
+    if column.null_count:
+        row = _first_bad(column.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing embedding", file=src, row=row, field=field)
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    if len(lengths) == 0:
+        return np.zeros((0, 0), dtype=np.float32)
+    row = _first_bad(lengths != lengths[0])
+    if row is not None:
+        raise TraceError(f"{lengths[row]} numbers, row 0 has {lengths[0]}: every embedding "
+                         "must have the same dimension", file=src, row=row, field=field)
+    if lengths[0] < 1:
+        raise TraceError("empty embedding", file=src, row=0, field=field)
+    values = pc.list_flatten(column)
+    if values.null_count:
+        pos = _first_bad(values.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing number inside the embedding", file=src,
+                         row=int(pos // lengths[0]), field=field)
+    flat = values.to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = _first_bad(~np.isfinite(flat))
+    if bad is not None:
+        raise TraceError(f"must be finite, got {flat[bad]}", file=src,
+                         row=int(bad // lengths[0]), field=field)
+    vectors = flat.reshape(len(lengths), int(lengths[0]))
+    row = _first_bad(~(np.abs(vectors) > 0).any(axis=1))
+    if row is not None:
+        raise TraceError("an all-zero embedding has no direction (cosine)", file=src, row=row,
+                         field=field)
+    converted = vectors.astype(np.float32)
+    row = _first_bad(~np.isfinite(converted).all(axis=1))
+    if row is not None:
+        raise TraceError("a number is past the float32 range", file=src, row=row, field=field)
+    return converted
 
 
 def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> pa.Array:

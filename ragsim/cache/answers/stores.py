@@ -172,6 +172,11 @@ class ModelSharedStore:
         self._entries[row] = None
         self._free.append(row)
 
+    @property
+    def vector_entries(self) -> int:
+        """Vectors in the index (expired ones too, until dropped: Redis expires lazily)."""
+        return len(self._slot)
+
     def live_counts(self, now_s: float) -> tuple[int, int]:
         """Live (exact, vector) entries at ``now_s``."""
         exact = sum(1 for _, exp in self._exact.values() if now_s < exp)

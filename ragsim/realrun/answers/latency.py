@@ -79,6 +79,7 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
     store.clear()
     writer = AnswerCache(config, store)
     stored: list[np.ndarray] = []
+    texts: list[str] = []  # the query stored with each vector, in order
     count = 0
     now = time.time()
 
@@ -91,8 +92,10 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
         while count < size:  # fill up to this size
             n = min(batch, size - count)
             vecs = _unit_rows(rng, n, dims)
-            store.write_many([item(f"fill {count + j}", vecs[j]) for j in range(n)])
+            batch_texts = [f"fill {count + j}" for j in range(n)]
+            store.write_many([item(t, vecs[j]) for j, t in enumerate(batch_texts)])
             stored.append(vecs)
+            texts += batch_texts
             count += n
             report(f"fill to {size:,}", count, size)
         every = np.concatenate(stored)
@@ -106,9 +109,9 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
             got = store.nearest(v, now)
             lookups.append(time.perf_counter() - start)
             found.append(got is not None and got[1] <= config.distance_threshold
-                         and got[0].query == f"fill {pick}")
-        l2_lookup += [_timed(lambda p=p: store.get_exact(item(f"fill {p}", None)[0], now))
-                      for p in picks]
+                         and got[0].query == texts[pick])
+        keys = [item(texts[p], None)[0] for p in picks]
+        l2_lookup += [_timed(lambda k=k: store.get_exact(k, now)) for k in keys]
         # write-backs: exact only (L2), then exact + vector together (the semantic tier)
         exact_only = [item(f"exact only {size} {k}", None) for k in range(len(picks))]
         l2_write += [_timed(lambda it=it: store.write_many([it])) for it in exact_only]
@@ -116,6 +119,7 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
         with_vector = [item(f"written {size} {k}", new[k]) for k in range(len(picks))]
         writes = [_timed(lambda it=it: store.write_many([it])) for it in with_vector]
         stored.append(new)
+        texts += [it[1].query for it in with_vector]
         count += len(picks)
         per_size.append({"entries": size, "lookup": _stats(lookups), "write": _stats(writes),
                          "recall": float(np.mean(found))})
