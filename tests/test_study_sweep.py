@@ -112,7 +112,6 @@ host_capacity_bytes = [0, 2147483648]
 
 
 def test_ray_and_local_processes_give_the_same_table(tmp_path):
-    pytest.importorskip("ray")  # the [study] extra; installed by [dev]
     local, local_out = sweep(tmp_path, SMALL, "--jobs", "2", name="local")
     assert local.exit_code == 0, local.output
     ray_run, ray_out = sweep(tmp_path, SMALL, "--executor", "ray", "--jobs", "2", name="ray")
@@ -216,3 +215,17 @@ rate_rps = [1.5]
                            "--seeds", "0", name="over")
     assert over.exit_code == 0, over.output
     assert set(pd.read_parquet(over_out / "results.parquet")["requests"]) == {50}
+
+
+def test_a_swept_option_the_config_leaves_out_is_still_a_column(tmp_path):
+    """run records no answer-cache field with the cache off; the sweep's column still says so."""
+    result, out = sweep(tmp_path, """
+[base]
+trace = "mmlu"
+n_requests = 60
+[axes]
+answer_cache = [true, false]
+""", "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(out / "results.parquet")
+    assert sorted(table["answer_cache"].tolist()) == [False, True]

@@ -26,12 +26,19 @@ REPLAY_FIELD_OF_OPTION = {"host_mem": "host_capacity_bytes", "gpu_mem": "gpu_cap
                           "frequency_window": "frequency_window_s"}
 
 
-def result_row(point_id: str, mode: str, swept: tuple[str, ...], summary: dict) -> dict:
+def result_row(point_id: str, mode: str, swept: tuple[str, ...], summary: dict,
+               settings: dict | None = None) -> dict:
     """A results row from a point's ``--json`` summary (which carries the configuration);
-    ``swept`` lists the varied names as the row's columns name them."""
+    ``swept`` lists the varied names as the row's columns name them. A swept setting that the
+    recorded configuration leaves out (run records no answer-cache field with the cache off)
+    is filled from the point's ``settings``, so every swept option is a column in every row."""
     if mode == "replay":
+        settings = {REPLAY_FIELD_OF_OPTION.get(k, k): v for k, v in (settings or {}).items()}
         swept = tuple(REPLAY_FIELD_OF_OPTION.get(name, name) for name in swept)
     row: dict = {"point_id": point_id, "mode": mode, "swept": ",".join(swept)}
+    for name in swept:
+        if name not in summary["config"] and name in (settings or {}):
+            row[name] = _scalar(settings[name])
     for name, value in summary["config"].items():
         row[name] = _scalar(value)
     for name, value in summary.items():

@@ -74,7 +74,7 @@ def run_sweep(sweep: Sweep, out_dir: Path, *, executor: str = "local", jobs: int
         if result.finished:
             _store(out_dir, point, result)
             rows[point.point_id] = result_row(point.point_id, sweep.mode, point.swept,
-                                              result.summary)
+                                              result.summary, point.settings)
             write_results_table(out_dir, sorted(rows.values(),
                                                 key=lambda r: order[r["point_id"]]))
             outcome.finished += 1
