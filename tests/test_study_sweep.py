@@ -221,7 +221,7 @@ def test_a_swept_option_the_config_leaves_out_is_still_a_column(tmp_path):
     """run records no answer-cache field with the cache off; the sweep's column still says so."""
     result, out = sweep(tmp_path, """
 [base]
-trace = "mmlu"
+trace = "wiki-trivia"
 n_requests = 60
 [axes]
 answer_cache = [true, false]
