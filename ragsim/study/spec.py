@@ -12,10 +12,10 @@ A sweep file is TOML::
     [[points]]                        # optional listed points, each crossed with the axes
     system = "ragcache"
 
-Names are normalised to the configuration's (``config.toml``'s for run; replay's summary
-``config`` names for replay are its options'), so a column of the results table has the name a
-user finds in ``config.toml``. Each point is checked before anything runs: a bad value is one
-line naming the sweep file and the table and key that set it.
+Run's names are normalised to its configuration fields (``host_mem`` -> ``host_cache_bytes``),
+so a column of the results table has the name a user finds in ``config.toml``; replay's are
+normalised to its options (its summary's ``config`` names the columns). Each point is checked
+before anything runs: a bad value is one line naming the sweep file and the key that set it.
 """
 
 from __future__ import annotations
@@ -55,10 +55,6 @@ class Point:
 
     settings: dict
     swept: tuple[str, ...]  # the names that vary between points (axes, listed points, seed)
-
-    @property
-    def seed(self) -> int:
-        return int(self.settings.get("seed", 0))
 
     @property
     def point_id(self) -> str:
