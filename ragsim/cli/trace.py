@@ -180,6 +180,13 @@ def trace_build(
                                                     "number.")] = "answer",
     redact_text: Annotated[bool, typer.Option("--redact-text", help="Store no question or "
                                               "document text; hash answer keys.")] = False,
+    paraphrase_p: Annotated[float, typer.Option(
+        help="Answer-cache workload: share of requests asking a templated rewrite of their "
+             "question (same answer key; embedded and searched as its own query).")] = 0.0,
+    query_embeddings: Annotated[bool, typer.Option(
+        "--query-embeddings", help="Store each request's query embedding (the answer "
+                                   "cache's semantic tier then embeds nothing at run time).")
+    ] = False,
     seed: Annotated[int, typer.Option()] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
                            ] = False,
@@ -210,7 +217,8 @@ def trace_build(
         tokenizer=tokenizer, embedder=embedder,
         cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
         requests=requests, sampling=sampling, order=order, zipf_s=zipf_s, arrival=arrival,
-        rate_rps=rate, cv=cv, output_tokens=output_tokens, redact_text=redact_text, seed=seed)
+        rate_rps=rate, cv=cv, output_tokens=output_tokens, redact_text=redact_text,
+        paraphrase_p=paraphrase_p, query_embeddings=query_embeddings, seed=seed)
     options.validate()
     progress, report = phased_progress()
 

@@ -6,7 +6,9 @@ trace (its documents, token counts and arrivals) and a question set, and gives r
 question drawn by popularity — its text either verbatim or rewritten by a template that keeps
 its meaning (``TEMPLATES``) — and that question's answer key. A request's documents are those
 of the trace request its question maps to, so a repeated question retrieves the same documents.
-The rewrites are templated, not human paraphrases: a semantic hit on them is easy, and false
+``ragsim trace build --paraphrase-p`` draws its rewrites with ``draw_templates`` too (and
+embeds and searches each rewrite as its own query). The rewrites are templated, not human
+paraphrases: a semantic hit on them is easy, and false
 hits come from distinct questions that are close to each other in the question set.
 """
 
@@ -30,6 +32,13 @@ def paraphrase(question: str, template: int) -> str:
     return TEMPLATES[template % len(TEMPLATES)].format(q=question)
 
 
+def draw_templates(n: int, paraphrase_p: float, rng: np.random.Generator) -> np.ndarray:
+    """Each of ``n`` requests' rewrite: a template index, or -1 for the question verbatim."""
+    rewrite = rng.random(n) < paraphrase_p
+    template = rng.integers(0, len(TEMPLATES), size=n)
+    return np.where(rewrite, template, -1)
+
+
 def with_questions(trace: Trace, questions: list[str], answer_keys: list[str], *,
                    zipf_s: float = 1.0, paraphrase_p: float = 0.3, n_requests: int | None = None,
                    seed: int = 0) -> Trace:
@@ -41,10 +50,9 @@ def with_questions(trace: Trace, questions: list[str], answer_keys: list[str], *
     ranks = rng.permutation(len(questions))  # which question has popularity rank r
     weights = 1.0 / np.arange(1, len(questions) + 1) ** zipf_s
     picked = ranks[rng.choice(len(questions), size=n, p=weights / weights.sum())]
-    rewrite = rng.random(n) < paraphrase_p
-    template = rng.integers(0, len(TEMPLATES), size=n)
-    texts = [paraphrase(questions[j], int(t)) if r else questions[j]
-             for j, r, t in zip(picked, rewrite, template, strict=True)]
+    template = draw_templates(n, paraphrase_p, rng)
+    texts = [paraphrase(questions[j], int(t)) if t >= 0 else questions[j]
+             for j, t in zip(picked, template, strict=True)]
     source = picked % trace.n_requests  # the trace request whose documents a question gets
     lengths = np.diff(trace.doc_offsets)[source]
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)

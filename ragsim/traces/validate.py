@@ -303,7 +303,8 @@ def _check_embeddings(column: pa.Array, src: str) -> np.ndarray:
     if row is not None:
         raise TraceError("an all-zero embedding has no direction (cosine)", file=src, row=row,
                          field=field)
-    converted = vectors.astype(np.float32)
+    with np.errstate(over="ignore"):  # past float32's range: inf, refused just below
+        converted = vectors.astype(np.float32)
     row = _first_bad(~np.isfinite(converted).all(axis=1))
     if row is not None:
         raise TraceError("a number is past the float32 range", file=src, row=row, field=field)

@@ -35,6 +35,7 @@ from ragsim.traces.corpus.embedding import DEFAULT_EMBEDDER, Embedder, default_c
 from ragsim.traces.corpus.search import IndexSpec, StagedIndex, exact_top_k, recall_at_k
 from ragsim.traces.corpus.sources import Corpus, Questions, load_corpus, load_questions
 from ragsim.traces.corpus.tokenizers import load_tokenizer
+from ragsim.traces.paraphrase import TEMPLATES, draw_templates, paraphrase
 from ragsim.traces.retime import arrival_times
 from ragsim.traces.schema import Trace
 from ragsim.traces.stats import retrieval_skew, stage_convergence
@@ -66,6 +67,11 @@ class BuildOptions:
     cv: float = 1.0
     output_tokens: str = "answer"  # "answer": the expected answer's tokens; or an integer
     redact_text: bool = False  # keep no question/document text; hash the answer keys
+    # the answer cache's workload: a share of requests asked in a templated rewrite of their
+    # question (same answer key; embedded and searched as its own query), and each request's
+    # query embedding stored in the trace (its semantic tier then embeds nothing at run time)
+    paraphrase_p: float = 0.0
+    query_embeddings: bool = False
     seed: int = 0
 
     def validate(self) -> None:
@@ -90,6 +96,13 @@ class BuildOptions:
         if self.arrival not in ("poisson", "gamma", "file"):
             raise RagsimInputError(f"unknown arrival process {self.arrival!r}; choose poisson, "
                                    "gamma or file", field="--arrival")
+        if not (np.isfinite(self.paraphrase_p) and 0.0 <= self.paraphrase_p <= 1.0):
+            raise RagsimInputError(f"must be a share in [0, 1], got {self.paraphrase_p}",
+                                   field="--paraphrase-p")
+        if self.paraphrase_p > 0 and self.redact_text:
+            raise RagsimInputError("paraphrases need the question text (the answer cache's "
+                                   "exact tiers match on it): drop --redact-text",
+                                   field="--paraphrase-p")
         if self.output_tokens != "answer":
             try:
                 value = int(self.output_tokens)
@@ -193,8 +206,17 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
                                field="--top-k")
     spec = options.index.resolved(len(documents))
     picked = pick_questions(len(questions.texts), options)
-    unique_questions, request_to_unique = np.unique(picked, return_inverse=True)
-    question_texts = [questions.texts[q] for q in unique_questions]
+    # a request's query: its question, verbatim (-1) or in a template's rewrite; each distinct
+    # query is embedded and searched once
+    templates = (draw_templates(len(picked), options.paraphrase_p,
+                                np.random.default_rng([options.seed, 0x9A4]))
+                 if options.paraphrase_p > 0 else np.full(len(picked), -1, dtype=np.int64))
+    variants = picked * (len(TEMPLATES) + 1) + templates + 1
+    unique_variants, request_to_unique = np.unique(variants, return_inverse=True)
+    unique_questions = unique_variants // (len(TEMPLATES) + 1)
+    unique_templates = unique_variants % (len(TEMPLATES) + 1) - 1
+    question_texts = [questions.texts[q] if t < 0 else paraphrase(questions.texts[q], int(t))
+                      for q, t in zip(unique_questions, unique_templates, strict=True)]
 
     embedder = Embedder(options.embedder, cache_dir=options.cache_dir)
     embed_started = time.perf_counter()
@@ -261,6 +283,8 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
         stage_times_s=stage_times,
         query_text=query_text,
         answer_key=answer_keys,
+        query_embedding=(query_vectors[request_to_unique].astype(np.float32)
+                         if options.query_embeddings else None),
         document_text=None if options.redact_text else pa.array(documents.texts, pa.string()),
         info={},
     )
@@ -277,12 +301,15 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
                    "documents": len(documents), "chunking": asdict(options.chunking),
                    "document_tokens": _size_summary(documents.tokens)},
         "questions": {"source": questions.name, "available": len(questions.texts),
-                      "distinct_asked": len(unique_questions), "requests": n_req,
+                      "distinct_asked": len(np.unique(picked)), "requests": n_req,
                       "sampling": options.sampling, "order": options.order,
                       "zipf_s": options.zipf_s if options.sampling == "zipf" else None,
                       "query_tokens": _size_summary(question_tokens[request_to_unique]),
                       "output_tokens": _size_summary(answer_tokens[request_to_unique]),
-                      "output_tokens_from": options.output_tokens},
+                      "output_tokens_from": options.output_tokens,
+                      **({"paraphrased": int((templates >= 0).sum()),
+                          "distinct_queries": len(unique_variants)}
+                         if options.paraphrase_p > 0 else {})},
         "tokenizer": tokenizer.name,
         "embedder": {"model": embedder.model_name, "dimension": int(doc_vectors.shape[1]),
                      "embedded": embedder.embedded, "from_cache": embedder.cached,
@@ -317,6 +344,11 @@ def build_trace(options: BuildOptions, progress: Progress | None = None) -> Buil
             "sampling": options.sampling, "seed": options.seed,
             "recall_at_k_vs_exact": report["staged_search"]["recall_at_k_vs_exact"],
             "text_redacted": options.redact_text}
+    if options.paraphrase_p > 0:
+        info["paraphrase_p"] = options.paraphrase_p
+    if options.query_embeddings:
+        info["query_embedding"] = {"model": embedder.model_name,
+                                   "dimension": int(query_vectors.shape[1])}
     trace.info = info
     mapping = pa.table({
         "doc_id": pa.array(np.arange(len(documents), dtype=np.int64)),
