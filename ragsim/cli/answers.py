@@ -220,7 +220,8 @@ def measure_answer_profile(out_file: Path, *, redis_url: str | None,
         progress, report = phased_progress()
         with progress:
             profile = measure(url, entries=sizes, embed=embed, samples=samples,
-                              dims=embedder.dimension, progress=report)
+                              embed_samples=min(50, samples), dims=embedder.dimension,
+                              progress=report)
     profile["measured"]["server"] = description
     import json
 
