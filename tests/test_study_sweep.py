@@ -122,7 +122,8 @@ def test_ray_and_local_processes_give_the_same_table(tmp_path):
     pd.testing.assert_frame_equal(a, b)
 
 
-def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path):
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path, stop, code):
     spec = tmp_path / "s.toml"
     spec.write_text("""
 seeds = [0, 1, 2]
@@ -143,9 +144,9 @@ policy = ["pgdsf", "lru"]
     workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True,
                              text=True).stdout.split()
     assert workers, "the sweep runs its points in worker processes"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    assert process.returncode == code, stderr
     kept = pd.read_parquet(out / "results.parquet")
     assert 1 <= len(kept) < 6, "interrupt a sweep that has not ended"
     assert "run the same command to resume" in stderr
