@@ -84,6 +84,16 @@ def test_curves_are_seed_means_with_t_bands(replay_sweep):
             assert at.max() == pytest.approx(hi, abs=1e-12)
 
 
+def test_sizes_are_drawn_in_gib(replay_sweep):
+    table = pd.read_parquet(replay_sweep / "results.parquet")
+    fig = plot_figure(replay_sweep, table, x="host_cache_bytes", y="swap_in_bytes", by="policy")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "swap in (GiB)"
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "policy = lru")
+    means = table[table["policy"] == "lru"].groupby("host_capacity_bytes")["swap_in_bytes"].mean()
+    np.testing.assert_allclose(line.get_ydata(), means.to_numpy() / 2**30, rtol=1e-12)
+
+
 def _band_key(band, lines) -> str:
     """The label of the line drawn in the band's colour."""
     colour = tuple(band.get_facecolor()[0][:3])

@@ -153,9 +153,9 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
         curve = curve.sort_values(x)
         xs = curve[x].to_numpy(dtype=float) / scale(x)
         name = None if by is None else f"{by} = {_shown(value)}"
-        (line,) = ax.plot(xs, curve["mean"], marker="o", label=name)
-        ax.fill_between(xs, curve["lo"], curve["hi"], alpha=0.2, color=line.get_color(),
-                        linewidth=0)
+        ys = {k: curve[k].to_numpy(dtype=float) / scale(y) for k in ("mean", "lo", "hi")}
+        (line,) = ax.plot(xs, ys["mean"], marker="o", label=name)
+        ax.fill_between(xs, ys["lo"], ys["hi"], alpha=0.2, color=line.get_color(), linewidth=0)
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
     if log_x:

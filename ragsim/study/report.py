@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.errors import RagsimInputError
-from ragsim.study.plot import aggregate, draw_cdf, draw_curves, label
+from ragsim.study.plot import GiB, aggregate, draw_cdf, draw_curves, label, scale
 from ragsim.study.results import POINTS_DIR, RESULTS_FILE, SWEEP_FILE, read_results
 
 if TYPE_CHECKING:
@@ -115,16 +115,25 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     varying = _varying(table) or ["trace"]
     metrics = RUN_METRICS if (table["mode"] == "run").all() else REPLAY_METRICS
     key = " | ".join(varying)
-    work = table.assign(**{key: table[varying].astype(str).agg(" | ".join, axis=1), "_x": 0})
+    shown = pd.DataFrame({n: [_cell(n, v) for v in table[n]] for n in varying}, index=table.index)
+    work = table.assign(**{key: shown.agg(" | ".join, axis=1), "_x": 0})
     rows = None
     for metric in metrics:
         grouped = aggregate(work, "_x", metric, key)
         if rows is None:
             rows = pd.DataFrame({key: grouped[key], "seeds": grouped["n"]})
+        unit = scale(metric)  # the header's unit (sizes in GiB)
         rows[label(metric)] = [f"{m:.4g} ± {h - m:.2g}" if n > 1 else f"{m:.4g}"
-                               for m, h, n in zip(grouped["mean"], grouped["hi"], grouped["n"],
-                                                  strict=True)]
+                               for m, h, n in zip(grouped["mean"] / unit, grouped["hi"] / unit,
+                                                  grouped["n"], strict=True)]
     return rows
+
+
+def _cell(column: str, value) -> str:
+    """A swept value as the table shows it: sizes in GiB, as the figures draw them."""
+    if column.endswith("_bytes") and isinstance(value, int | float) and value == value:
+        return f"{value / GiB:g} GiB"
+    return str(value)
 
 
 def _table_html(frame: pd.DataFrame) -> str:
