@@ -1,0 +1,62 @@
+"""What ``--backend vllm`` asks of vLLM's engine and what it refuses: plain logic, no vLLM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragsim.errors import RagsimInputError
+from ragsim.profiles.profile import load_profile
+from ragsim.realrun.vllm.harness import check_config, engine_settings
+from ragsim.serving.config import build_config
+from ragsim.traces.schema import Trace
+
+PROFILE = "cpu-mistral-7b-l2-h256"
+
+
+def small_trace() -> Trace:
+    # request 0: docs 1 (100) + 2 (50), query 7, output 3 -> 160 tokens of prompt + output
+    # request 1: doc 3 (300), query 20, output 40 -> 360; request 2: no documents, 5 + 1
+    return Trace(request_id=np.arange(3), arrival_s=np.zeros(3),
+                 query_tokens=np.array([7, 20, 5]), output_tokens=np.array([3, 40, 1]),
+                 doc_offsets=np.array([0, 2, 3, 3]), doc_ids=np.array([1, 2, 3]),
+                 document_ids=np.array([1, 2, 3]), document_tokens=np.array([100, 50, 300]))
+
+
+def test_engine_arguments_come_from_the_configuration():
+    profile = load_profile(PROFILE)
+    config = build_config({"system": "vllm-apc", "prefix_block_tokens": 32,
+                           "system_prompt_tokens": 10, "gpu_kv_bytes": 2**26,
+                           "max_batch_size": 12, "max_batched_tokens": 256})
+    s = engine_settings(small_trace(), config, profile, seed=3)
+    # longest: request 1, 10 + 300 + 20 + 40 = 370 -> 12 blocks of 32 = 384
+    assert s.max_model_len == 384
+    assert s.max_batched_tokens == 384  # at least one whole prompt, over the configured 256
+    assert (s.prefix_caching, s.block_tokens, s.kv_cache_bytes, s.max_num_seqs, s.seed) == \
+        (True, 32, 2**26, 12, 3)
+    plain = engine_settings(small_trace(), build_config({"system": "vllm"}), profile, seed=0)
+    assert not plain.prefix_caching and plain.block_tokens == 128  # vLLM's CPU default
+    assert plain.kv_cache_bytes == profile.kv_capacity_bytes
+    assert plain.max_model_len == 384  # 360 in blocks of 128
+
+
+@pytest.mark.parametrize(("changes", "flag"), [
+    ({"system": "ragcache"}, "--system"),
+    ({"system": "sglang"}, "--system"),
+    ({"system": "vllm-apc", "speculate": True}, "--speculate"),
+    ({"system": "vllm-apc", "reorder": True}, "--reorder"),
+    ({"system": "vllm-apc", "host_cache_bytes": 2**30}, "--host-mem"),
+    ({"system": "vllm", "fail_gpu_at_s": [1.0]}, "--fail-gpu-at"),
+])
+def test_what_vllm_does_not_do_is_refused_naming_the_option(changes, flag):
+    with pytest.raises(RagsimInputError) as caught:
+        check_config(build_config(changes))
+    assert caught.value.field == flag
+
+
+def test_a_block_vllm_cannot_page_is_refused():
+    config = build_config({"system": "vllm-apc", "prefix_block_tokens": 20})
+    with pytest.raises(RagsimInputError) as caught:
+        engine_settings(small_trace(), config, load_profile(PROFILE), seed=0)
+    assert caught.value.field == "--block-tokens"
+    check_config(build_config({"system": "vllm-apc"}))  # the preset itself is fine
