@@ -26,6 +26,7 @@ import simpy.rt
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
+from ragsim.realrun.answers.stage import real_answer_stage
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
 from ragsim.realrun.search import RealSearch
@@ -87,7 +88,7 @@ class RealRun(Pipeline):
             return self.iterations
 
         super().__init__(trace, config, profile, env=env, iterations=iterations,
-                         record_moves=True, progress=progress)
+                         record_moves=True, progress=progress, answers=real_answer_stage)
         self.real_search: RealSearch | None = None
         self.search_not_real = "--search-latency fixed: the modelled stage times are waited"
         if not self.retrieval:

@@ -76,7 +76,8 @@ class Pipeline(EngineHooks):
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
                  env: simpy.Environment, iterations: Callable[[KnowledgeTree], Iterations],
-                 record_moves: bool = False, progress: Progress | None = None) -> None:
+                 record_moves: bool = False, progress: Progress | None = None,
+                 answers: Callable[[Trace, SimConfig], AnswerStage] = AnswerStage) -> None:
         asked = config.retrieval
         self.config = config = resolve_retrieval(config, trace)
         self.retrieval = config.retrieval == "on"
@@ -129,7 +130,8 @@ class Pipeline(EngineHooks):
                                    latency=config.search_latency,
                                    time_scale=config.search_time_scale)
         self.arrival_s = planned_arrivals(trace, config)
-        self.answers = AnswerStage(trace, config) if config.answer_cache else None
+        # the answer cache's stage: modelled stores here, the real ones in a real run
+        self.answers = answers(trace, config) if config.answer_cache else None
         self._previous_ended: simpy.Event | None = None  # sequential: the one in the system
         # per-request records: preallocated columns (numpy), so a 1M-request run stays small
         self.r_search_start = np.full(n, np.nan)
@@ -485,6 +487,7 @@ class Pipeline(EngineHooks):
         summary = summarize(self, columns, elapsed, interrupted, stalled)
         if self.answers is not None:
             summary.update(self.answers.summary(columns))
+            self.answers.close()
         return RunResult(config=self.config, columns=columns, summary=summary)
 
     def _columns(self) -> dict[str, np.ndarray]:

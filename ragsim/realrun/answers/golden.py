@@ -24,20 +24,25 @@ from ragsim.realrun.answers.server import EmbeddedServer
 from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect
 
 
+def check_server(redis_url: str, *, field: str = "--redis-url") -> None:
+    """The user's Redis answers and has vector search, or a one-line error naming ``field``."""
+    client = connect(redis_url, timeout_s=2.0)
+    try:
+        client.ping()
+    except Exception as error:
+        raise RagsimInputError(f"no Redis answers at {redis_url}: {error}",
+                               field=field) from None
+    modules = {m.get(b"name", m.get("name")) for m in client.execute_command("MODULE LIST")}
+    if not modules & {b"search", "search", b"searchlight", "searchlight"}:
+        raise RagsimInputError(f"the Redis at {redis_url} has no vector search (RediSearch "
+                               f"module): use Redis Stack or Redis 8", field=field)
+
+
 @contextlib.contextmanager
 def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
     """(url, description): the user's Redis, checked to answer, or an embedded one."""
     if redis_url:
-        client = connect(redis_url, timeout_s=2.0)
-        try:
-            client.ping()
-        except Exception as error:
-            raise RagsimInputError(f"no Redis answers at {redis_url}: {error}",
-                                   field="--redis-url") from None
-        modules = {m.get(b"name", m.get("name")) for m in client.execute_command("MODULE LIST")}
-        if not modules & {b"search", "search", b"searchlight", "searchlight"}:
-            raise RagsimInputError(f"the Redis at {redis_url} has no vector search (RediSearch "
-                                   f"module): use Redis Stack or Redis 8", field="--redis-url")
+        check_server(redis_url)
         yield redis_url, f"user Redis at {redis_url}"
         return
     with EmbeddedServer() as server:

@@ -173,6 +173,18 @@ class RedisSharedStore:
             self._semantic = None
             raise StoreError(str(error)) from error
 
+    def server_stats(self) -> dict:
+        """The server's memory limit and what it did about it: keys evicted (allkeys-lru) and
+        writes refused (noeviction: ``store_errors`` of the tier logic count those)."""
+        try:
+            memory, stats = self.client.info("memory"), self.client.info("stats")
+        except _errors() as error:
+            return {"unavailable": str(error)}
+        return {"used_memory_bytes": int(memory.get("used_memory", 0)),
+                "maxmemory_bytes": int(memory.get("maxmemory", 0)),
+                "maxmemory_policy": memory.get("maxmemory_policy"),
+                "evicted_keys": int(stats.get("evicted_keys", 0))}
+
     def clear(self) -> None:
         """Drop every entry (and the index): a cold cache."""
         self.client.flushdb()

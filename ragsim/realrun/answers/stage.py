@@ -1,0 +1,111 @@
+"""The answer cache in a real run (``ragsim run --backend torch --answer-cache``): the same
+stage as the simulator's, the same tier logic, on the REAL stores and the run's wall clock.
+
+L1 is cachetools (as in the simulator, driven by the run's clock), L2 and the semantic tier a
+real Redis: the user's (``answer_redis_url``, emptied at the start) or an embedded server
+started for the run and stopped when it ends. A lookup costs what it took: the call is made on
+the run's loop and its measured seconds are the request's delay (the clock has already moved
+by them). The query embedding is the trace's stored one when it has it; otherwise the real
+embedder embeds the text at the lookup, only when the semantic tier is asked (and the vector is
+kept for the write-back). Store failures fail open, as everywhere (``StoreError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ragsim.cache.answers.tiers import Embedding
+from ragsim.serving.answer_stage import AnswerStage, embed_texts
+from ragsim.serving.config import SimConfig
+from ragsim.traces.schema import Trace
+
+
+class RealAnswerStage(AnswerStage):
+    """``AnswerStage`` over cachetools + Redis + redisvl, timed by the wall clock."""
+
+    def __init__(self, trace: Trace, config: SimConfig, *,
+                 embed: Callable[[list[str]], np.ndarray] = embed_texts) -> None:
+        self._server = None
+        self._embedder = None
+        self._vectors: dict[int, np.ndarray] = {}
+        try:
+            super().__init__(trace, config, embed=embed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _embeddings(self, embed):
+        """Stored vectors are used as they are; texts are embedded at their lookup."""
+        if self.stored_embeddings is not None:
+            return self.stored_embeddings
+        from ragsim.traces.corpus.embedding import Embedder
+
+        self._embedder = Embedder()
+        self._embedder.embed(["warm up before the clock starts"])
+        return None
+
+    def _dims(self) -> int:
+        if self.stored_embeddings is not None:
+            return int(self.stored_embeddings.shape[1])
+        return self._embedder.dimension if self._embedder is not None else 2
+
+    def _shared_store(self):
+        from ragsim.realrun.answers.golden import check_server
+        from ragsim.realrun.answers.server import EmbeddedServer
+        from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex
+
+        url = self.config.answer_redis_url
+        if url:
+            check_server(url, field="--redis-url")
+            self.server_description = "user Redis"
+        else:
+            self._server = EmbeddedServer().start()
+            url = self._server.url
+            self.server_description = self._server.description
+        store = RedisSharedStore(url, dims=self._dims(),
+                                 distance_threshold=self.config.answer_distance,
+                                 index=VectorIndex(), embed=None)
+        store.clear()  # a cold cache, as the simulated run starts
+        return store
+
+    def _embedding(self, i: int) -> Embedding:
+        if not self.semantic:
+            return None
+        if self.embeddings is not None:
+            return self.embeddings[i]
+
+        def vector() -> np.ndarray:
+            if i not in self._vectors:
+                self._vectors[i] = self._embedder.embed([self.texts[i]])[0]
+            return self._vectors[i]
+
+        return vector
+
+    def _delay(self, tier: str, semantic_asked: bool, entries: int, elapsed_s: float) -> float:
+        return elapsed_s
+
+    def latency_record(self) -> dict:
+        return {"source": "measured: each lookup's own wall time on the real stores",
+                "server": self.server_description}
+
+    def summary(self, cols: dict[str, np.ndarray]) -> dict:
+        out = super().summary(cols)
+        out["answer_cache_server"] = {"server": self.server_description,
+                                      **self.shared.server_stats()}
+        return out
+
+    def write_back(self, i: int, now_s: float) -> None:
+        super().write_back(i, now_s)
+        self._vectors.pop(i, None)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def real_answer_stage(trace: Trace, config: SimConfig) -> RealAnswerStage:
+    """The pipeline's ``answers`` factory for a real run."""
+    return RealAnswerStage(trace, config)
