@@ -85,6 +85,26 @@ WORK = "work"
     assert len(outputs(notebook, "image/png")) == 2
 
 
+@pytest.mark.slow
+def test_answer_cache_runs(tmp_path):
+    execute("answer_cache.ipynb", """
+TRACE = "wiki-trivia"
+REQUESTS = 200
+RATES = [2.0, 40.0]
+TIERS_RATE = 16.0
+SEEDS = [0]
+INSTANCES = [1, 2]
+L1_SIZES = [10]
+JOBS = 1
+WORK = "work"
+""", tmp_path)
+    load = pd.read_parquet(tmp_path / "work" / "load" / "results.parquet")
+    assert sorted(load["answer_cache"].tolist()) == [False, False, True, True]
+    # the cache's hits are requests that never reached the engine
+    with_cache = load[load["answer_cache"]]
+    assert (with_cache["answer_cache_hit_rate"] > 0).all()
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
 def test_notebooks_are_stored_without_outputs(name):
     """Outputs are made by running them (the tests do); stored ones would go stale."""
