@@ -136,20 +136,24 @@ class AnswerCache:
         self._rng = random.Random(config.seed * 1_000_003 + seed_offset)
         self._hot = (HotKeys(config.hot_top_n, config.hot_window_s)
                      if config.hot_top_n is not None else None)
-        self._failing = False
+        self._failing: set[str] = set()  # operations failing since their last success
 
     # -- failures: fail open, count, log once per burst ------------------------------------
+    # A burst lasts while any kind of operation (lookup, write-back) keeps failing: a server
+    # that is down fails both (one burst), a full one under noeviction refuses writes while
+    # reads still succeed (one burst too, until a write goes through again).
     def _failed(self, what: str, error: Exception) -> None:
         self.counters.store_errors += 1
         if not self._failing:
             self.counters.error_bursts += 1
             log.warning("answer cache store unavailable (%s: %s); serving from RAG", what, error)
-        self._failing = True
+        self._failing.add(what)
 
-    def _ok(self) -> None:
-        if self._failing:
-            log.warning("answer cache store is back")
-        self._failing = False
+    def _ok(self, what: str) -> None:
+        if what in self._failing:
+            self._failing.discard(what)
+            if not self._failing:
+                log.warning("answer cache store is back")
 
     def ttl_with_jitter(self, ttl_s: float) -> float:
         return ttl_s * (1.0 + self._rng.random() * self.config.ttl_jitter)
@@ -174,12 +178,12 @@ class AnswerCache:
             if entry is None and self.config.semantic and embedding is not None:
                 vector = embedding() if callable(embedding) else embedding
                 found = self.shared.nearest(vector, now_s)
-                self._ok()
+                self._ok("lookup")
                 if found is not None and found[1] <= self.config.distance_threshold:
                     self._backfill(key, found[0], now_s)
                     return self._hit("semantic", found[0], found[1])
             else:
-                self._ok()
+                self._ok("lookup")
         except StoreError as error:
             self._failed("lookup", error)
             entry = None
@@ -234,7 +238,7 @@ class AnswerCache:
             vector = embedding() if callable(embedding) else embedding
         try:
             self.shared.write_back(key, entry, ttl_s, now_s, vector)
-            self._ok()
+            self._ok("write-back")
         except StoreError as error:
             self._failed("write-back", error)
         self.counters.writes += 1

@@ -45,9 +45,10 @@ class EmbeddedServer:
     """``with EmbeddedServer() as server: server.url`` — started on entry, stopped on exit."""
 
     def __init__(self, *, port: int | None = None, maxmemory_bytes: int = 0,
-                 start_timeout_s: float = 30.0) -> None:
+                 maxmemory_policy: str = "allkeys-lru", start_timeout_s: float = 30.0) -> None:
         self.port = port or free_port()
-        self.maxmemory_bytes = maxmemory_bytes
+        self.maxmemory_bytes = maxmemory_bytes  # 0: no limit
+        self.maxmemory_policy = maxmemory_policy  # noeviction: writes past the limit fail
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
         self._dir = tempfile.mkdtemp(prefix="ragsim-answers-")
@@ -65,7 +66,8 @@ class EmbeddedServer:
         server, module = _binaries()
         args = [server, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--loadmodule", module,
-                "--maxmemory", str(self.maxmemory_bytes), "--maxmemory-policy", "allkeys-lru",
+                "--maxmemory", str(self.maxmemory_bytes),
+                "--maxmemory-policy", self.maxmemory_policy,
                 "--protected-mode", "no"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
