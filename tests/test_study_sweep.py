@@ -4,6 +4,7 @@ an interrupted sweep keeps what finished and resumes; bad sweep files are one li
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -159,6 +160,38 @@ policy = ["pgdsf", "lru"]
     pd.testing.assert_frame_equal(again, comparable(kept))
     # no worker outlived the interrupted sweep (a zombie left to init is gone)
     assert all(not _alive(int(pid)) for pid in workers)
+
+
+def test_a_killed_worker_fails_its_point_and_the_rest_resume(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text("""
+seeds = [0, 1, 2]
+[base]
+trace = "mmlu"
+n_requests = 1500
+rate_rps = 2.0
+[axes]
+policy = ["pgdsf", "lru"]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out", str(out),
+               "--jobs", "2"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    workers: list[str] = []
+    while len(workers) < 2 and time.monotonic() < deadline:
+        workers = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"],
+                                 capture_output=True, text=True).stdout.split()
+        time.sleep(0.05)
+    time.sleep(1)  # the workers have taken points
+    os.kill(int(workers[0]), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert "a worker process died" in stderr and "run the same command to resume" in stderr
+    assert "Traceback" not in stderr
+    resumed = subprocess.run(command, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(pd.read_parquet(out / "results.parquet")) == 6
 
 
 def _alive(pid: int) -> bool:

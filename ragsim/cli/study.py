@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ragsim.cli.common import (
     check_out_dir,
@@ -87,8 +88,11 @@ def sweep(
               + (f", {len(outcome.failed)} failed" if outcome.failed else "")
               + f": {out_dir / RESULTS_FILE}", highlight=False)
     for point_id, why in outcome.failed:
-        err.print(f"[red]failed:[/] point {point_id}: {why}", highlight=False)
-    if outcome.failed:
+        err.print(f"[red]failed:[/] point {point_id}: {escape(why)}", highlight=False)
+    left = outcome.total - outcome.skipped - outcome.finished - len(outcome.failed)
+    if left:
+        err.print(f"{left} point(s) not run; run the same command to resume", highlight=False)
+    if outcome.failed or left:
         raise typer.Exit(1)
 
 

@@ -43,16 +43,24 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_ignore_sigint)
     try:
-        pending = {pool.submit(run_point, mode, p.settings, p.point_id, keep_requests)
-                   for p in points}
+        ids = {pool.submit(run_point, mode, p.settings, p.point_id, keep_requests): p.point_id
+               for p in points}
+        pending = set(ids)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                yield future.result()
+                try:
+                    yield future.result()
+                except BrokenProcessPool:  # a worker was killed (out of memory, kill -9):
+                    # the pool is gone, so the points not yet run are left for a rerun
+                    yield PointOutcome(ids[future], exit_code=1, message=(
+                        "a worker process died (killed, or out of memory)"))
+                    return
     finally:
         processes = list(getattr(pool, "_processes", {}).values())  # no public kill before 3.14
         pool.shutdown(wait=False, cancel_futures=True)
@@ -61,6 +69,7 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
                 process.kill()
         for process in processes:
             process.join()
+        pool.shutdown(wait=True)  # the pool's own thread ends now, not in an exit handler
 
 
 def run_ray(mode: str, points: list[Point], jobs: int | None, keep_requests: bool,
