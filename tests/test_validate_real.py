@@ -13,9 +13,9 @@ back in and dropped), with a profile measured minutes earlier in this session (`
   in three runs seconds apart (docs/validation.md), and the profile is measured minutes before
   the run. So the real run times the profile's own grid points right before and after itself
   (``machine_speed``), and the errors checked are those against the simulation priced at that
-  speed (``speed_adjusted``), plus ``NOISE_MARGIN`` for what drifts within the run. A run during
-  which the machine's speed moved by more than 10% is measured again (up to ``ATTEMPTS``
-  times); if none is steady, the last is held to the wider ``UNSTEADY_MARGIN``. The test fails
+  speed (``speed_adjusted``), plus margins for what drifts within the run (``MEAN_MARGIN``,
+  ``P90_MARGIN``). A run during which the machine's speed moved by more than 10% is measured
+  again (up to ``ATTEMPTS`` times); if none is steady, the last is held to wider margins. The test fails
   when the model is wrong (a prefill priced at half its cost, a pipeline that forgets the
   search), not when the machine had a slow minute.
 """
@@ -36,8 +36,11 @@ pytestmark = pytest.mark.slow  # minutes of real time: CI runs them (pytest -m s
 
 TARGET_MEAN_ABS_ERROR = 0.10
 TARGET_P90_ABS_ERROR = 0.25
-NOISE_MARGIN = 0.15  # drift within a run the probes call steady (see above)
-UNSTEADY_MARGIN = 0.25  # when no attempt was steady
+# margins on top of the targets: the mean's for drift within a run the probes call steady; the
+# p90's also for per-request jitter, which no speed factor removes (a request whose prefill
+# met a slow millisecond); wider when no attempt was steady
+MEAN_MARGIN = {True: 0.15, False: 0.25}
+P90_MARGIN = {True: 0.25, False: 0.35}
 ATTEMPTS = 3
 REQUESTS = 200
 
@@ -82,15 +85,19 @@ def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, s
         assert report["hit_agreement"] == 1.0  # every attempt: decisions never depend on time
         if report["machine_speed"]["steady"]:
             break
-    margin = NOISE_MARGIN if report["machine_speed"]["steady"] else UNSTEADY_MARGIN
+    steady = report["machine_speed"]["steady"]
     if system != "vllm":  # vllm: no cache; the others must have reused and moved KV
         assert report["real"]["token_hit_rate"] > 0
         moves = report["real"]["engine_moves"]
         assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
     adjusted = report["speed_adjusted"]
     assert adjusted["hit_agreement"] == 1.0
-    assert abs(adjusted["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + margin, report
-    assert adjusted["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + margin, report
+    said = {"attempts": attempt + 1, "machine_speed": report["machine_speed"],
+            "raw": (report["ttft_mean_error"], report["ttft_p90_abs_error"]),
+            "adjusted": (adjusted["ttft_mean_error"], adjusted["ttft_p90_abs_error"]),
+            "iteration_time_ratio": report["iteration_time_ratio"]}
+    assert abs(adjusted["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + MEAN_MARGIN[steady], said
+    assert adjusted["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + P90_MARGIN[steady], said
     assert 0.5 < report["iteration_time_ratio"] < 2.0
     # the policy core's decision time per request (the paper: < 1 ms)
     assert report["real"]["decision_p50_ms"] < 1.0
