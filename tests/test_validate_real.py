@@ -15,9 +15,9 @@ back in and dropped), with a profile measured minutes earlier in this session (`
   (``machine_speed``), and the errors checked are those against the simulation priced at that
   speed (``speed_adjusted``), plus margins for what drifts within the run (``MEAN_MARGIN``,
   ``P90_MARGIN``). A run during which the machine's speed moved by more than 10% is measured
-  again (up to ``ATTEMPTS`` times); if none is steady, the last is held to wider margins. The test fails
-  when the model is wrong (a prefill priced at half its cost, a pipeline that forgets the
-  search), not when the machine had a slow minute.
+  again (up to ``ATTEMPTS`` times); if none is steady, the last is held to wider margins. The
+  test fails when the model is wrong (a prefill priced at half its cost, a pipeline that
+  forgets the search), not when the machine had a slow minute.
 """
 
 from __future__ import annotations
