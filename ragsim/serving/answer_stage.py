@@ -80,6 +80,7 @@ class AnswerStage:
                  embed: Callable[[list[str]], np.ndarray] = embed_texts) -> None:
         self.config = config
         self.texts, self.answer_keys, real_text = request_texts(trace)
+        self.real_text = real_text
         n = len(self.texts)
         self.history = (np.zeros(n, dtype=bool) if trace.has_history is None
                         else np.asarray(trace.has_history, dtype=bool))

@@ -5,9 +5,11 @@ L1 is cachetools (as in the simulator, driven by the run's clock), L2 and the se
 real Redis: the user's (``answer_redis_url``, emptied at the start) or an embedded server
 started for the run and stopped when it ends. A lookup costs what it took: the call is made on
 the run's loop and its measured seconds are the request's delay (the clock has already moved
-by them). The query embedding is the trace's stored one when it has it; otherwise the real
-embedder embeds the text at the lookup, only when the semantic tier is asked (and the vector is
-kept for the write-back). Store failures fail open, as everywhere (``StoreError``).
+by them). The real embedder embeds the query text at the lookup, only when the semantic tier
+is asked (the vector is kept for the write-back); when the trace stores its vectors, the stored
+one makes the decision (so the simulator, which reads the same vectors, decides alike) and the
+time is still the real embedding's. A trace with vectors and no text embeds nothing. Store
+failures fail open, as everywhere (``StoreError``).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ class RealAnswerStage(AnswerStage):
             raise
 
     def _embeddings(self, embed):
-        """Stored vectors are used as they are; texts are embedded at their lookup."""
-        if self.stored_embeddings is not None:
-            return self.stored_embeddings
-        from ragsim.traces.corpus.embedding import Embedder
+        """Texts are embedded at their lookup (the real cost); a trace's stored vectors, when
+        it has them, make the decisions (the simulator's, on the same trace)."""
+        if self.real_text:
+            from ragsim.traces.corpus.embedding import Embedder
 
-        self._embedder = Embedder()
-        self._embedder.embed(["warm up before the clock starts"])
-        return None
+            self._embedder = Embedder()
+            self._embedder.embed(["warm up before the clock starts"])
+        return self.stored_embeddings
 
     def _dims(self) -> int:
         if self.stored_embeddings is not None:
@@ -73,12 +75,13 @@ class RealAnswerStage(AnswerStage):
     def _embedding(self, i: int) -> Embedding:
         if not self.semantic:
             return None
-        if self.embeddings is not None:
+        if self._embedder is None:  # vectors and no text: nothing to embed
             return self.embeddings[i]
 
         def vector() -> np.ndarray:
             if i not in self._vectors:
-                self._vectors[i] = self._embedder.embed([self.texts[i]])[0]
+                embedded = self._embedder.embed([self.texts[i]])[0]  # timed with the lookup
+                self._vectors[i] = embedded if self.embeddings is None else self.embeddings[i]
             return self._vectors[i]
 
         return vector
@@ -95,6 +98,12 @@ class RealAnswerStage(AnswerStage):
         out["answer_cache_server"] = {"server": self.server_description,
                                       **self.shared.server_stats()}
         return out
+
+    def lookup(self, i: int, now_s: float) -> tuple[bool, float]:
+        answered, delay = super().lookup(i, now_s)
+        if answered:  # no write-back to come
+            self._vectors.pop(i, None)
+        return answered, delay
 
     def write_back(self, i: int, now_s: float) -> None:
         super().write_back(i, now_s)
