@@ -30,7 +30,7 @@ for system in $SYSTEMS; do
   [ -n "$PROFILE" ] || PROFILE="$OUT/$system/profile.json"
 done
 
-"$PY" - "$OUT" $SYSTEMS <<'PYEOF'
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$OUT" $SYSTEMS <<'PYEOF'
 import json
 import sys
 from pathlib import Path
@@ -75,4 +75,37 @@ for system in systems:
 table = "\n".join(lines) + "\n"
 (out / "table.md").write_text(table)
 print(table)
+
+# the chart: mean TTFT per load point, real against simulated (and simulated at the machine's
+# measured speed), one panel per system; the overload point's throughput in the title
+from ragsim.figures import new_figure, save_figure
+
+loads_order = ["idle", "50", "90", "over"]
+fig = new_figure(4.2 * len(systems), 3.6)
+for k, system in enumerate(systems):
+    ax = fig.add_subplot(1, len(systems), k + 1)
+    combined = json.loads((out / f"{system}.json").read_text())
+    rows = {row["load"]: row for row in combined["loads"]}
+    shown = [load for load in loads_order if load in rows]
+    real, sim, adjusted = [], [], []
+    for load in shown:
+        report = json.loads((out / system / f"load-{load}" / "validation.json").read_text())
+        real_mean = report["real"]["ttft_mean_s"]
+        real.append(real_mean)
+        sim.append(real_mean * (1 + report["ttft_mean_error"]))
+        extra = report.get("speed_adjusted")
+        adjusted.append(real_mean * (1 + extra["ttft_mean_error"]) if extra else float("nan"))
+    x = range(len(shown))
+    width = 0.27
+    ax.bar([i - width for i in x], real, width, label="real (torch engine)")
+    ax.bar(list(x), sim, width, label="simulated")
+    ax.bar([i + width for i in x], adjusted, width, label="simulated at measured speed")
+    ax.set_xticks(list(x), [f"{load}%" if load.isdigit() else load for load in shown])
+    ax.set_yscale("log")
+    ax.set(xlabel="load", ylabel="mean TTFT (s)" if k == 0 else None,
+           title=f"{system}: capacity {combined['capacity_rps']:.2f} req/s")
+    if k == 0:
+        ax.legend(fontsize=7)
+fig.tight_layout()
+print(save_figure(fig, out / "validation.png"))
 PYEOF
