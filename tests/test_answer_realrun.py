@@ -101,9 +101,11 @@ def test_maxmemory_noeviction_writes_fail_open_and_nothing_is_lost():
     with EmbeddedServer(maxmemory_policy="noeviction") as server:
         cache, store, questions = _fill(server, 600)
         counters = cache.counters
-        # some writes were refused (OOM): counted, never raised, and one burst (lookups kept
-        # succeeding meanwhile: the burst is the writes' and lasts while they fail)
-        assert counters.store_errors > 0 and counters.error_bursts == 1
+        # some writes were refused (OOM): counted, never raised, and in a burst or a few (the
+        # lookups that kept succeeding meanwhile do not end it; a write that fits again as the
+        # server's memory moves a little does), not one per refused write
+        assert counters.store_errors > 100, counters
+        assert 1 <= counters.error_bursts <= 5, counters
         assert counters.writes == 600 and counters.misses == 600
         client = connect(server.url, timeout_s=5.0)
         assert store.server_stats()["evicted_keys"] == 0
@@ -112,12 +114,13 @@ def test_maxmemory_noeviction_writes_fail_open_and_nothing_is_lost():
         written = {k.decode() for k in client.keys("exact:*")} - {exact_key("first")}
         vectors = {k.decode().split(":")[-1] for k in client.keys("ragsim-answers:*")} - {
             exact_key("first").removeprefix("exact:")}
-        assert 100 < len(written) < 600
+        assert 100 < len(written) < 600, (len(written), store.server_stats())
         assert {k.removeprefix("exact:") for k in written} == vectors
+        assert counters.store_errors == 600 - len(written)  # each refused write counted once
         cold = AnswerCache(cache.config, store, l1=L1Store(10), seed_offset=1)
         tiers = [cold.lookup(q, 1.0).tier for q in questions]
+        assert cold.counters.store_errors == 0, cold.counters  # reads are never refused
         assert tiers.count("l2") == len(written)
-        assert cold.counters.store_errors == 0  # reads are never refused
 
 
 def test_maxmemory_allkeys_lru_evicts_and_an_evicted_entry_is_a_miss():
