@@ -140,3 +140,26 @@ def test_maxmemory_allkeys_lru_evicts_and_an_evicted_entry_is_a_miss():
             if exact_key(q) not in kept:
                 assert tier == "miss", q
         assert set(tiers) == {"l2", "miss"} and 0 < tiers.count("l2") <= len(kept)
+
+
+def test_recorded_configuration_never_holds_the_redis_password():
+    config = build_config({"answer_cache": True,
+                           "answer_redis_url": "redis://user:secret@cache.example:6380/0"})
+    assert config.to_dict()["answer_redis_url"] == "redis://user:***@cache.example:6380/0"
+    assert "secret" not in config.to_toml()
+    plain = build_config({"answer_cache": True, "answer_redis_url": "redis://127.0.0.1:6379/0"})
+    assert plain.to_dict()["answer_redis_url"] == "redis://127.0.0.1:6379/0"
+
+
+def test_real_run_refuses_a_redis_that_does_not_answer(trace, tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+    from ragsim.traces.io import write_trace
+
+    write_trace(trace.head(3), tmp_path / "t")
+    res = CliRunner().invoke(app, ["run", "--trace", str(tmp_path / "t"), "--answer-cache",
+                                   "--profile", PROFILE, "--backend", "torch", "--redis-url",
+                                   "redis://127.0.0.1:1/0"])
+    assert res.exit_code == 2
+    assert "--redis-url" in res.output and "no Redis answers" in res.output
