@@ -66,10 +66,15 @@ class EngineSettings:
 
 def set_cpu_environment() -> None:
     """The settings vLLM reads from the environment, set before it is imported: the engine in
-    this process (the harness steps it), and the KV budget from the engine's arguments rather
-    than ``VLLM_CPU_KVCACHE_SPACE`` (which would override them)."""
+    this process (the harness steps it), the KV budget from the engine's arguments rather
+    than ``VLLM_CPU_KVCACHE_SPACE`` (which would override them), threads not pinned."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    # vLLM pins its OpenMP threads to cores by default; on a machine whose cores other work
+    # shares, a pinned thread waits for its core and every parallel region waits for it: decode
+    # steps of the scaled-down model took 25-120 ms pinned, 6-30 ms unpinned (docs/vllm.md).
+    # Set VLLM_CPU_OMP_THREADS_BIND=auto for a machine of one's own.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
