@@ -269,9 +269,8 @@ def run(
         "(emptied at the start: a scratch database); default: an embedded server.")] = None,
     # backend
     backend: Annotated[str, _opt(
-        BACKEND, "sim: simulate (virtual time, the profile's costs); torch: serve for real, in "
-        "real time, on the profile's model with random weights (same pipeline and policies); "
-        "vllm: the same with vLLM's engine (systems vllm, vllm-apc; docs/vllm.md).")
+        BACKEND, "sim: simulate (the profile's costs); torch: serve for real on the profile's "
+        "model, random weights; vllm: on vLLM's engine (docs/vllm.md).")
     ] = "sim",
     device: Annotated[str, _opt(BACKEND, "torch backend: cpu, cuda or cuda:N.")] = "cpu",
     threads: Annotated[int, _opt(
