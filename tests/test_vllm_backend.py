@@ -160,3 +160,20 @@ def test_the_block_vllm_cannot_page_is_refused_in_one_line():
                                       "--requests", "2", "--profile", PROFILE])
     assert result.exit_code == 2, result.output
     assert "--block-tokens" in result.output and "32" in result.output
+
+
+def test_speed_probes_time_the_profiles_grid_points_on_vllm(runs):
+    profile = load_profile(PROFILE)
+    for system, over_a_prefix in (("vllm", False), ("vllm-apc", True)):
+        summary = runs[system][1].summary
+        for when in ("before", "after"):
+            points = summary["speed_probes"][when]
+            kinds = [(p["kind"], p["x"] > 0) for p in points]
+            assert (("prefill", True) in kinds) == over_a_prefix  # no prefix cache: left out
+            assert ("prefill", False) in kinds and ("decode", True) in kinds
+            for p in points:
+                grid = profile.prefill if p["kind"] == "prefill" else profile.decode
+                assert p["profiled_s"] == pytest.approx(grid.at(p["x"], p["y"]))
+                assert p["ratio"] == pytest.approx(p["measured_s"] / p["profiled_s"])
+            ratio = summary[f"speed_ratio_{when}"]
+            assert ratio == pytest.approx(float(np.median([p["ratio"] for p in points])))

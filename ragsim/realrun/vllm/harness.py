@@ -27,6 +27,7 @@ import simpy.rt
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.realrun.vllm.engine import (
     CPU_BLOCK_TOKENS,
@@ -102,8 +103,10 @@ class VllmRun(Pipeline):
     """The pipeline on a wall clock, every request served by vLLM's engine."""
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *, seed: int = 0,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, speed_probes: bool = True) -> None:
         check_config(config)
+        self.speed_probes = speed_probes  # time the profile's grid points before and after
+        self.seed = seed
         self.settings = engine_settings(trace, config, profile, seed)
         self.llm, self._model_dir = build_engine(profile.model, self.settings)
         arrivals = planned_arrivals(trace, config)
@@ -191,12 +194,29 @@ class VllmRun(Pipeline):
             self.r_finish[job.request] = finish_s
 
     # ------------------------------------------------------------------ run
+    def _probe(self) -> SpeedProbe | None:
+        """The machine's speed now on this engine (``speed.probe_vllm_speed``); the prefix
+        cache is emptied after it, so the probes' prompts take nothing from the run's."""
+        from ragsim.realrun.vllm.profile import VllmTimer
+        from ragsim.realrun.vllm.speed import probe_vllm_speed
+
+        timer = VllmTimer(self.llm, self.settings, self.profile.model.vocab_size, self.seed)
+        probe = probe_vllm_speed(timer, self.profile)
+        self.llm.reset_prefix_cache()
+        return probe if probe.points else None
+
     def run(self) -> RunResult:
+        before = self._probe() if self.speed_probes else None
         self.env.process(self._serve())
         self.env.sync()  # the clock starts now, not when the engine was built
         result = super().run()
         self._fix_records(result)
         result.summary.update(self._vllm_fields(result))
+        after = self._probe() if before is not None else None
+        if after is not None:
+            result.summary.update(speed_ratio_before=before.ratio, speed_ratio_after=after.ratio,
+                                  speed_probes={"before": before.points,
+                                                "after": after.points})
         return result
 
     def _fix_records(self, result: RunResult) -> None:

@@ -36,23 +36,34 @@ from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 class VllmTimer:
     """vLLM's steps, timed the way the profiler's ``TorchEngine`` times forward passes."""
 
-    def __init__(self, spec: ModelSpec, *, block_tokens: int, kv_cache_bytes: int,
-                 max_model_len: int, max_batched_tokens: int, max_num_seqs: int = 256,
-                 seed: int = 0) -> None:
+    def __init__(self, llm, settings: EngineSettings, vocab_size: int, seed: int = 0) -> None:
+        """Time steps of ``llm``, an engine built with ``settings`` (prefix caching on for
+        prefills over a cached prefix)."""
         import torch
 
         self.torch = torch
         self.device = torch.device("cpu")
-        self.block = block_tokens
-        self.settings = EngineSettings(
-            prefix_caching=True, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
-            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-            max_model_len=max_model_len, seed=seed)
-        self.llm, self._folder = build_engine(spec, self.settings)
-        self.vocab = spec.vocab_size
+        self.llm = llm
+        self.settings = settings
+        self.block = settings.block_tokens
+        self.vocab = vocab_size
         self.rng = np.random.default_rng(seed)
         self._prefixes: dict[int, list[int]] = {}
         self._n = 0
+
+    @classmethod
+    def build(cls, spec: ModelSpec, *, block_tokens: int, kv_cache_bytes: int,
+              max_model_len: int, max_batched_tokens: int, max_num_seqs: int = 256,
+              seed: int = 0) -> VllmTimer:
+        """A timer on an engine of its own, prefix caching on."""
+        settings = EngineSettings(
+            prefix_caching=True, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
+            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
+            max_model_len=max_model_len, seed=seed)
+        llm, folder = build_engine(spec, settings)
+        timer = cls(llm, settings, spec.vocab_size, seed)
+        timer._folder = folder  # the model's configuration lives as long as the timer
+        return timer
 
     # ------------------------------------------------------------------ helpers
     def _tokens(self, n: int) -> list[int]:
@@ -183,7 +194,7 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     longest = max(plan.cached_tokens) + max(plan.new_tokens) + 8
     longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8)
     max_len = -(-longest // block_tokens) * block_tokens
-    timer = VllmTimer(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
+    timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
                       max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
                       seed=seed)
     w, r = plan.warmup, plan.repetitions
