@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ragsim.cli import app
@@ -141,6 +142,7 @@ def test_policy_seeds_rows_match_ragsim_run_and_a_second_bound_and_the_ranges_th
             cell, values)
 
 
+@pytest.mark.slow  # ~25 s: the benchmark over a whole trace (CI runs it: pytest -m slow)
 def test_vllm_prefix_cache_rows_are_the_helpers_it_wraps_and_agree_with_room_for_all():
     out = run_script("vllm_prefix_cache.py", "--requests", "60", "--blocks", "400", "100000")
     assert "| KV tokens | ragsim / vLLM hit tokens | requests with the same prefix |" in out

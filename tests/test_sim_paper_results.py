@@ -44,6 +44,7 @@ def figure17_hit_rates(trace_name: str) -> dict[int, dict[str, float]]:
         for host_gib in (8, 32, 128)}
 
 
+@pytest.mark.slow  # ~35 s: replays over host sizes (CI runs it: pytest -m slow)
 @pytest.mark.parametrize("trace_name", ["mmlu", "nq"])
 def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lfu_across_host_sizes(trace_name):
     """Figure 17 on the built-in traces, the frequency and size half: PGDSF keeps at least as

@@ -112,6 +112,7 @@ host_capacity_bytes = [0, 2147483648]
     assert row["mode"] == "replay"
 
 
+@pytest.mark.slow  # starts a Ray cluster (~15 s; CI runs it: pytest -m slow)
 def test_ray_and_local_processes_give_the_same_table(tmp_path):
     local, local_out = sweep(tmp_path, SMALL, "--jobs", "2", name="local")
     assert local.exit_code == 0, local.output
