@@ -155,3 +155,17 @@ def test_a_semantic_hit_on_another_answer_key_is_a_false_hit(profile):
     assert result.columns["answer_tier"].tolist() == ["miss", "semantic", "miss"]
     assert result.columns["answer_false_hit"].tolist() == [False, True, False]
     assert result.summary["answer_cache_false_hit_rate"] == 1.0
+    assert result.summary["answer_cache_false_hits_by_tier"] == {"l1": 0, "l2": 0,
+                                                                 "semantic": 1}
+
+
+def test_an_exact_hit_after_the_answer_changed_is_a_stale_false_hit(profile):
+    # the same question asked three times; its answer changed before the third: the cache,
+    # which nothing invalidated, serves the old one from L1 (a stale exact hit)
+    texts = ["Who is the president of the club?"] * 3
+    result = simulate(small_trace(texts, ["ann", "ann", "bob"]), profile,
+                      answer_semantic=False)
+    assert result.columns["answer_tier"].tolist() == ["miss", "l1", "l1"]
+    assert result.columns["answer_false_hit"].tolist() == [False, False, True]
+    assert result.summary["answer_cache_false_hits_by_tier"] == {"l1": 1, "l2": 0,
+                                                                 "semantic": 0}

@@ -189,6 +189,11 @@ class AnswerStage:
             "answer_cache_misses": int((self.tier == _CODE["miss"]).sum()),
             "answer_cache_bypassed": int((self.tier == _CODE["bypass"]).sum()),
             "answer_cache_false_hits": int(self.false_hit.sum()),
+            # per tier: an exact tier's false hit is a stale answer (the question's answer
+            # changed since it was cached), the semantic tier's a near question's answer
+            "answer_cache_false_hits_by_tier": {
+                name: int((self.false_hit & (self.tier == _CODE[name])).sum())
+                for name in ("l1", "l2", "semantic")},
             "answer_cache_false_hit_rate": float(self.false_hit.sum()) / n_hits if n_hits
             else 0.0,
             "answer_cache_semantic": self.semantic,
