@@ -170,6 +170,28 @@ def test_semantic_hit_and_false_hit_on_redisvl(answer_url):
     assert cache.lookup("other", time.time(), embedding=vecs[2]).tier == "miss"
 
 
+def test_an_update_drops_the_exact_key_and_its_vector_but_not_another_instances_l1(
+        answer_url):
+    vecs = vectors(2, seed=3)
+    store = RedisSharedStore(answer_url, dims=16, distance_threshold=0.1,
+                             index=VectorIndex(algorithm="flat"))
+    writer = AnswerCache(AnswerCacheConfig(distance_threshold=0.1), store)
+    reader = AnswerCache(AnswerCacheConfig(distance_threshold=0.1), store)
+    writer.write_back("who chairs the club", "Ann", time.time(), embedding=vecs[0],
+                      answer_key="ann")
+    assert reader.lookup("who chairs the club", time.time()).tier == "l2"  # now in its L1
+    key = exact_key("who chairs the club")
+    assert store.client.exists(key) == 1
+    writer.invalidate("who chairs the club")
+    assert store.client.exists(key) == 0
+    assert store.get_exact(key, time.time()) is None
+    assert store.nearest(vecs[0], time.time()) is None  # the vector went with it
+    # the reader's L1 still holds the old answer (in-process, out of an update's reach)
+    stale = reader.lookup("who chairs the club", time.time())
+    assert stale.tier == "l1" and stale.entry.answer == "Ann"
+    assert writer.counters.invalidations == 1 and writer.counters.store_errors == 0
+
+
 def test_index_dimension_is_checked(answer_url):
     RedisSharedStore(answer_url, dims=8, distance_threshold=0.1).write_back(
         "k", AnswerCache(AnswerCacheConfig(), RedisSharedStore(

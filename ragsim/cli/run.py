@@ -261,6 +261,10 @@ def run(
         ANSWERS, "Service instances, each with its own L1 (shared L2 / semantic).")] = None,
     answer_routing: Annotated[str | None, _opt(
         ANSWERS, "Requests to instances: round-robin or hash.")] = None,
+    answer_invalidate: Annotated[bool | None, _opt(
+        ANSWERS, "When a question's answer changes in the trace, drop its shared entries "
+        "(a KB update); the instances' L1s keep the old one until their TTL.",
+        "--answer-invalidate/--no-answer-invalidate")] = None,
     answer_profile: Annotated[str | None, _opt(
         ANSWERS, "Tier latencies: a JSON file of `ragsim profile --answer-cache`, or 'default' "
         "(shipped, measured on the embedded server).")] = None,
@@ -322,6 +326,7 @@ def run(
         "answer_cache": answer_cache, "answer_distance": _answer_distance(
             answer_threshold, answer_distance), "answer_l1_size": answer_l1_size,
         "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
+        "answer_invalidate": answer_invalidate,
         "answer_profile": answer_profile, "answer_redis_url": redis_url,
     }
     try:

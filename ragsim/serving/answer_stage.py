@@ -20,11 +20,12 @@ Embeddings for the semantic tier are the trace's own ``query_embedding`` column 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Instances, ModelSharedStore
+from ragsim.cache.answers.keys import exact_key
 from ragsim.cache.answers.tiers import Embedding
 from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.errors import RagsimInputError
@@ -71,6 +72,20 @@ def embed_texts(texts: list[str]) -> np.ndarray:
     return vectors[[row[t] for t in texts]]
 
 
+def answer_updates(texts: Sequence[str], answer_keys: Sequence[str]) -> np.ndarray:
+    """Per request: whether its question (normalised) was last asked with another answer key,
+    i.e. the answer changed since. The update is taken to happen when the new answer first
+    appears (the latest it can have happened): stale hits are counted from then on."""
+    last: dict[str, str] = {}
+    updated = np.zeros(len(texts), dtype=bool)
+    for i, (text, key) in enumerate(zip(texts, answer_keys, strict=True)):
+        k = exact_key(text)
+        previous = last.get(k)
+        updated[i] = previous is not None and previous != key
+        last[k] = key
+    return updated
+
+
 class AnswerStage:
     """Per-request decisions of the answer cache, driven by the pipeline's clock. The stores,
     the embeddings and what a lookup costs are the simulator's here; the real run's stage
@@ -99,6 +114,8 @@ class AnswerStage:
         self.distance = np.full(n, np.nan)
         self.instance = np.full(n, -1, dtype=np.int64)
         self._caches: list[AnswerCache] = list(self.instances.caches)
+        self.updates = answer_updates(self.texts, self.answer_keys) \
+            if config.answer_invalidate else np.zeros(n, dtype=bool)
 
     # -- what the simulator models (the real stage overrides these) ------------------------
     def _embeddings(self, embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
@@ -137,6 +154,8 @@ class AnswerStage:
         """(answered from the cache?, lookup seconds) for request ``i`` arriving at ``now_s``."""
         cache = self.instances.route(self.texts[i])
         self.instance[i] = self._caches.index(cache)
+        if self.updates[i]:  # the knowledge behind this question changed: a KB update
+            cache.invalidate(self.texts[i])
         vector = self._embedding(i)
         entries = getattr(self.shared, "vector_entries", 0)  # the index as the lookup finds it
         started = time.perf_counter()

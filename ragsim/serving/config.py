@@ -130,6 +130,9 @@ class SimConfig:
     answer_hot_window_s: float = 60.0
     instances: int = 1  # service instances, each with its own L1
     answer_routing: str = "round-robin"  # or hash
+    # a question whose answer changed in the trace has its shared entries dropped when the new
+    # answer first appears (a knowledge-base update); instances' L1s keep the old one
+    answer_invalidate: bool = True
     # each tier's lookup latency (and the query embedding's): a latency profile measured on the
     # real stores (ragsim profile --answer-cache); "default" is the one shipped with ragsim
     answer_profile: str = "default"
@@ -190,7 +193,7 @@ def _without_password(url: str) -> str:
 ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_l1_size",
                  "answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_ttl_jitter",
                  "answer_hot_top_n", "answer_hot_window_s", "instances", "answer_routing",
-                 "answer_profile", "answer_redis_url")
+                 "answer_invalidate", "answer_profile", "answer_redis_url")
 
 
 def preset(system: str) -> dict:

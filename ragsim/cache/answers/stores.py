@@ -67,6 +67,10 @@ class L1Store:
         self._at(now_s)
         self._cache[key] = (entry, float(ttl_s))
 
+    def pop(self, key: str) -> None:
+        """Forget ``key`` (no error if absent)."""
+        self._cache.pop(key, None)
+
     def __len__(self) -> int:
         self._cache.expire()
         return len(self._cache)
@@ -84,6 +88,10 @@ class SharedStore(Protocol):
     def write_back(self, key: str, entry: Entry, ttl_s: float, now_s: float,
                    embedding: np.ndarray | None) -> None:
         """Write the exact entry and (when ``embedding`` is given) the vector entry together."""
+        ...
+
+    def invalidate(self, key: str) -> None:
+        """Forget ``key``'s exact entry and its vector (the knowledge behind it changed)."""
         ...
 
 
@@ -143,6 +151,12 @@ class ModelSharedStore:
             self._exact.popitem(last=False)
         if embedding is not None:
             self._put_vector(key, entry, unit(embedding), expires)
+
+    def invalidate(self, key: str) -> None:
+        self._exact.pop(key, None)
+        row = self._slot.pop(key, None)
+        if row is not None:
+            self._drop(row)
 
     def _put_vector(self, key: str, entry: Entry, vec: np.ndarray, expires: float) -> None:
         row = self._slot.get(key)

@@ -109,6 +109,7 @@ class Counters:
     not_admitted: int = 0
     store_errors: int = 0
     error_bursts: int = 0
+    invalidations: int = 0
 
     def add(self, other: Counters) -> None:
         for name, value in vars(other).items():
@@ -206,6 +207,20 @@ class AnswerCache:
         ttl_s = self._l1_ttl(entry, now_s)
         if ttl_s > 0:
             self.l1.put(key, entry, ttl_s, now_s)
+
+    # -- invalidation -----------------------------------------------------------------------
+    def invalidate(self, query: str) -> None:
+        """The answer to ``query`` changed: drop it from the shared tiers (L2 and its vector),
+        as a knowledge-base update does. The instances' L1s are out of its reach (in-process):
+        they keep serving the old answer until their short TTL ends, the article's
+        multi-instance L1 consistency question ("short L1 TTLs, L2 as the source of truth")."""
+        key = exact_key(query)
+        try:
+            self.shared.invalidate(key)
+            self._ok("invalidate")
+        except StoreError as error:
+            self._failed("invalidate", error)
+        self.counters.invalidations += 1
 
     # -- write-back -------------------------------------------------------------------------
     def entry_for(self, query: str, answer: str | None, now_s: float, *,

@@ -173,6 +173,17 @@ class RedisSharedStore:
             self._semantic = None
             raise StoreError(str(error)) from error
 
+    def invalidate(self, key: str) -> None:
+        """DEL the exact key and its vector hash in one MULTI/EXEC (both or neither)."""
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(key)
+            pipe.delete(self._semantic_cache()._index.key(key.removeprefix("exact:")))
+            pipe.execute()
+        except _errors() as error:
+            self._semantic = None
+            raise StoreError(str(error)) from error
+
     def server_stats(self) -> dict:
         """The server's memory limit and what it did about it: keys evicted (allkeys-lru) and
         writes refused (noeviction: ``store_errors`` of the tier logic count those)."""
