@@ -95,6 +95,7 @@ def sweep_dir(tmp_path_factory) -> Path:
     return tmp / "out"
 
 
+@pytest.mark.browser  # Debian's chromium: CI installs it (pytest -m "slow or browser")
 def test_report_renders_in_a_real_browser(sweep_dir, tmp_path):
     page = tmp_path / "report.html"
     result = runner.invoke(app, ["report", str(sweep_dir), "--out", str(page)])
