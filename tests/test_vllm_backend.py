@@ -177,3 +177,25 @@ def test_speed_probes_time_the_profiles_grid_points_on_vllm(runs):
                 assert p["ratio"] == pytest.approx(p["measured_s"] / p["profiled_s"])
             ratio = summary[f"speed_ratio_{when}"]
             assert ratio == pytest.approx(float(np.median([p["ratio"] for p in points])))
+
+
+def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
+    from dataclasses import replace
+
+    from ragsim.profiles.profiler import ProfilePlan
+    from ragsim.realrun.vllm.profile import profile_vllm
+
+    plan = replace(ProfilePlan.quick(), cached_tokens=[0, 1, 100, 256], new_tokens=[1, 16, 64],
+                   batch_sizes=[1, 2], context_tokens=[64, 128], batches=2, held_out_points=2,
+                   held_out_batches=2, warmup=1, repetitions=2)
+    out = tmp_path / "vllm.json"
+    made = profile_vllm(load_profile(PROFILE).model, name="cpu-vllm-test", plan=plan, out=out,
+                        block_tokens=BLOCK, kv_cache_bytes=2**27)
+    saved = load_profile(str(out))
+    # prefixes vLLM can cache: whole blocks of 32 (1 and 100 tokens round down to 0 and 96)
+    assert saved.prefill.x_axis == [0.0, 96.0, 256.0]
+    assert saved.prefill.y_axis == [1.0, 16.0, 64.0]
+    assert saved.decode.x_axis == [1.0, 2.0] and saved.decode.y_axis == [64.0, 128.0]
+    assert saved.engine.startswith("vLLM ") and saved.engine == made.engine
+    assert len(saved.obtained["raw"]["batches"]) == 2
+    assert all(v > 0 for row in saved.prefill.values for v in row)
