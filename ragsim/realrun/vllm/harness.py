@@ -212,7 +212,11 @@ class VllmRun(Pipeline):
         result = super().run()
         self._fix_records(result)
         result.summary.update(self._vllm_fields(result))
-        after = self._probe() if before is not None else None
+        if self._jobs:  # cut short (Ctrl-C, SIGTERM): what vLLM still holds is dropped
+            self.llm.abort_request(list(self._jobs))
+            self._jobs.clear()
+        after = self._probe() if before is not None and not result.summary["interrupted"] \
+            else None
         if after is not None:
             result.summary.update(speed_ratio_before=before.ratio, speed_ratio_after=after.ratio,
                                   speed_probes={"before": before.points,
