@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ragsim.serving.config import SimConfig
     from ragsim.traces.schema import Trace
 
-BACKENDS = ("torch", "sim")  # sim: the "real" side is a second simulation (tests, dry runs)
+BACKENDS = ("torch", "vllm", "sim")  # sim: the "real" side is a second simulation (tests)
 DEFAULT_TORCH_CPU_PROFILE = "cpu-mistral-7b-l2-h256"
 BASE_MODEL = "mistral-7b"  # the architecture the torch engine scales down (--layers/--hidden)
 TOST_MARGIN = 0.10
@@ -350,7 +350,8 @@ def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
     from ragsim.backends import runner
 
     if backend not in BACKENDS:
-        raise RagsimInputError(f"unknown backend {backend!r}; known: torch", field="--backend")
+        raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
+                               field="--backend")
     simulate = runner("sim")
     if backend == "sim":
         real = simulate(trace, config, reference_profile or profile, progress)

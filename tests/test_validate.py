@@ -361,3 +361,10 @@ def test_a_profile_measured_for_a_validation_reaches_what_its_runs_ask():
     assert plan.new_tokens == quick.new_tokens  # 100 is inside already
     assert plan.batch_sizes == [*quick.batch_sizes, 40]
     assert plan.context_tokens == [*quick.context_tokens, 5120]
+
+
+def test_validate_on_vllm_needs_a_profile_of_vllm(tmp_path):
+    result = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--out",
+                                      str(tmp_path / "v")])
+    assert result.exit_code == 2
+    assert "ragsim profile --engine vllm" in result.output

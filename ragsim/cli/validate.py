@@ -103,9 +103,14 @@ def validate(
 
     check_out_dir(out_dir)  # before the runs: a typo must not cost them
     if backend not in v.BACKENDS:
-        raise RagsimInputError(f"unknown backend {backend!r}; known: torch", field="--backend")
+        raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
+                               field="--backend")
     if profile is not None and profile_now:
         raise RagsimInputError("give --profile or --profile-now, not both", field="--profile")
+    if backend == "vllm" and profile is None:
+        raise RagsimInputError("--backend vllm needs a profile of vLLM itself: measure one with "
+                               "ragsim profile --engine vllm and give it as --profile",
+                               field="--profile")
     if sequential and loads is not None:
         raise RagsimInputError("--loads has its own sequential point (idle)",
                                field="--sequential")
