@@ -9,6 +9,9 @@
 # 2. runs `ragsim validate --backend torch --device cuda` on that measured profile at idle,
 #    ~50%, ~90% of the measured capacity and overload (REQUESTS requests each, default 120).
 #
+# 3. checks --overlap-swap on CUDA (layer-wise copies on their own stream);
+# 4. where vLLM's CUDA build is installed, profiles vLLM and validates its two systems.
+#
 # Everything lands in OUT_DIR with the machine's description (machine.txt), so the numbers can
 # be committed with their date and device. Runs from the repository root without installing
 # (the policy core is Cython pure-Python code, importable uncompiled); the Python packages
@@ -95,3 +98,17 @@ keys = ("token_hit_rate", "token_hit_rate_host", "engine_layerwise_swap_ins", "e
         "ttft_mean_s")
 print(json.dumps({k: [off.get(k), on.get(k)] for k in keys}, indent=1))
 EOF
+
+echo "== vLLM on CUDA (when the machine has vLLM's CUDA build) =="
+if "$PY" -c "import vllm, vllm.engine" >/dev/null 2>&1; then
+  VPROFILE="$OUT/cuda-vllm-mistral-7b.json"
+  "$PY" -m ragsim profile --engine vllm --model mistral-7b --device cuda --dtype fp16 --quick \
+    --block-tokens 16 --out "$VPROFILE" 2>&1 | tee "$OUT/profile-vllm.txt" || true
+  for system in vllm vllm-apc; do
+    "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" --trace mmlu \
+      --system "$system" --requests "$REQUESTS" --loads idle,50,90,over \
+      --out "$OUT/validate-vllm-$system" 2>&1 | tee "$OUT/validate-vllm-$system.txt" || true
+  done
+else
+  echo "vLLM is not installed here: the vLLM lane is skipped (nothing can be installed on it)"
+fi
