@@ -1,8 +1,9 @@
 """``--backend vllm`` on vLLM's real engine (its CPU build here): exactness, hits, records.
 
 These need vLLM's engine, which lives in a virtual environment of its own on a CPU
-(docs/vllm.md); ``.ci/run-vllm`` builds it and runs this file there. In an environment without
-the engine they are skipped (tests/test_vllm_backend_missing.py checks that case)."""
+(docs/vllm.md); ``.ci/run-vllm`` builds it and runs this file there (``-m vllm_engine``). The
+main suite leaves them out by their marker (tests/test_vllm_backend_missing.py checks the
+engine-less case there); where they are asked for, a missing engine fails them, never skips."""
 
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ def _engine_here() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
-pytestmark = pytest.mark.skipif(not _engine_here(), reason="needs vLLM's engine (its CPU "
-                                "build: .ci/run-vllm, docs/vllm.md)")
+pytestmark = pytest.mark.vllm_engine
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _the_engine_is_here():
+    assert _engine_here(), "needs vLLM's engine (its CPU build: bash .ci/run-vllm, docs/vllm.md)"
 
 PROFILE = "cpu-mistral-7b-l2-h256"
 BLOCK = 32  # vLLM's CPU kernels page KV in multiples of 32 tokens
