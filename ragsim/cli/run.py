@@ -14,6 +14,7 @@ from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
     check_out_dir,
+    cosine_distance,
     err,
     exit_interrupted,
     friendly_errors,
@@ -323,8 +324,9 @@ def run(
         "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
         "max_retries": max_retries,
         "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
-        "answer_cache": answer_cache, "answer_distance": _answer_distance(
-            answer_threshold, answer_distance), "answer_l1_size": answer_l1_size,
+        "answer_cache": answer_cache, "answer_distance": cosine_distance(
+            answer_threshold, answer_distance, similarity_flag="--answer-threshold",
+            distance_flag="--answer-distance"), "answer_l1_size": answer_l1_size,
         "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
         "answer_invalidate": answer_invalidate,
         "answer_profile": answer_profile, "answer_redis_url": redis_url,
@@ -387,20 +389,6 @@ def run(
                   "nothing left could end them. This is a bug in ragsim; please report it with "
                   f"the run's config.toml{kept}", highlight=False)
         raise typer.Exit(1)
-
-
-def _answer_distance(similarity: float | None, distance: float | None) -> float | None:
-    """--answer-threshold (cosine similarity, the article's) or --answer-distance (redisvl's
-    cosine distance): one field, the distance."""
-    if similarity is not None and distance is not None:
-        raise RagsimInputError("give --answer-threshold or --answer-distance, not both",
-                               field="--answer-threshold")
-    if similarity is not None:
-        if not 0.0 <= similarity <= 1.0:
-            raise RagsimInputError(f"must be a cosine similarity in [0, 1], got {similarity}",
-                                   field="--answer-threshold")
-        return 1.0 - similarity
-    return distance
 
 
 def _print_run_summary(s: dict) -> None:
