@@ -124,8 +124,9 @@ def test_ray_and_local_processes_give_the_same_table(tmp_path):
     pd.testing.assert_frame_equal(a, b)
 
 
-@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path, stop, code):
+def six_point_sweep(tmp_path, out) -> list[str]:
+    """The command of a sweep of 6 points of 1,500 requests (2 policies x 3 seeds) on 2
+    workers: long enough to be stopped mid-way."""
     spec = tmp_path / "s.toml"
     spec.write_text("""
 seeds = [0, 1, 2]
@@ -136,9 +137,13 @@ rate_rps = 2.0
 [axes]
 policy = ["pgdsf", "lru"]
 """)
+    return [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out", str(out), "--jobs", "2"]
+
+
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path, stop, code):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out", str(out),
-               "--jobs", "2"]
+    command = six_point_sweep(tmp_path, out)
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "results.parquet").exists() and time.monotonic() < deadline:
@@ -164,19 +169,8 @@ policy = ["pgdsf", "lru"]
 
 
 def test_a_killed_worker_fails_its_point_and_the_rest_resume(tmp_path):
-    spec = tmp_path / "s.toml"
-    spec.write_text("""
-seeds = [0, 1, 2]
-[base]
-trace = "mmlu"
-n_requests = 1500
-rate_rps = 2.0
-[axes]
-policy = ["pgdsf", "lru"]
-""")
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "ragsim", "sweep", str(spec), "--out", str(out),
-               "--jobs", "2"]
+    command = six_point_sweep(tmp_path, out)
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     workers: list[str] = []
