@@ -28,6 +28,7 @@ gpu_mem = "1GiB"
 policy = ["pgdsf", "lru"]
 host_mem = ["1GiB", "3GiB", "6GiB"]
 """
+# two systems at two rates over two seeds, small: the report's tests use it too
 RUN = """
 seeds = [0, 1]
 [base]

@@ -16,17 +16,9 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from ragsim.cli import app
+from tests.test_study_plot import RUN as SWEEP
 
 runner = CliRunner()
-SWEEP = """
-seeds = [0, 1]
-[base]
-trace = "mmlu"
-n_requests = 200
-[axes]
-system = ["ragcache", "vllm"]
-rate_rps = [1.0, 4.0]
-"""
 # matplotlib's first two curve colours (C0, C1), as 8-bit RGB
 BLUE, ORANGE = (31, 119, 180), (255, 127, 14)
 
