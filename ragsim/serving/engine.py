@@ -37,6 +37,8 @@ for both.
 from __future__ import annotations
 
 import heapq
+import math
+from bisect import bisect_left
 from collections.abc import Generator
 from dataclasses import dataclass
 from time import perf_counter
@@ -151,6 +153,10 @@ class Iterations(Protocol):
 
     def prefill(self, jobs: list[Job]) -> Wait: ...
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait: ...
+    # Optional (the simulator's): ``decode_durations(batch_size, context_sum_tokens, steps)``,
+    # the durations of ``steps`` decode steps of an unchanging batch whose contexts sum to
+    # ``context_sum_tokens`` at the first. With it the engine runs such steps as one event
+    # (``Engine._decode_run``); without it (a real engine) it runs every step.
     def leave(self, job: Job) -> None: ...
     def gpu_failed(self) -> None: ...
     def recovery_s(self, restart_s: float, root_bytes: int) -> float: ...
@@ -189,6 +195,9 @@ class Engine:
         self._terminate: list[Job] = []
         self._iterating = False  # an iteration is under way: terminations wait for its end
         self._wakeup: simpy.Event | None = None
+        # a decode run under way (``_decode_run``): set by whatever must end it early
+        self._run_cut: simpy.Event | None = None
+        self._decode_durations = getattr(iterations, "decode_durations", None)
         self._recovering = False
         self.down_until_s = 0.0  # while recovering: the earliest it can serve again
         # counters
@@ -204,9 +213,15 @@ class Engine:
 
     # ------------------------------------------------------------------ interface
     def notify(self) -> None:
-        """A job entered the pool: wake the engine if it idles."""
+        """A job entered the pool: wake the engine if it idles, or end its decode run at the
+        next step (where a step-by-step engine would admit the job)."""
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+        self._cut_decode_run()
+
+    def _cut_decode_run(self) -> None:
+        if self._run_cut is not None and not self._run_cut.triggered:
+            self._run_cut.succeed()
 
     @property
     def waiting_for_work(self) -> bool:
@@ -233,6 +248,8 @@ class Engine:
             self._terminate.append(job)
             if not self._iterating:
                 self._apply_terminations()
+            else:
+                self._cut_decode_run()  # the batch changes after the current step
 
     def confirm(self, job: Job) -> None:
         """The search confirmed a speculative job's list: its output stands."""
@@ -269,10 +286,14 @@ class Engine:
                 elif self._decoding:
                     n = len(self._decoding)
                     self._iterating = True
-                    duration = yield from self.iterations.decode(self._decoding,
-                                                                 self._context_sum / n)
+                    if (self._decode_durations is not None and not self.pool
+                            and self._finish_heap[0][0] - self._decode_iter > 1):
+                        yield from self._decode_run(n)
+                    else:
+                        duration = yield from self.iterations.decode(self._decoding,
+                                                                     self._context_sum / n)
+                        self._after_decode(duration, n)
                     self._iterating = False
-                    self._after_decode(duration, n)
                 else:
                     self._wakeup = env.event()
                     yield self._wakeup
@@ -439,11 +460,7 @@ class Engine:
         self._apply_terminations()
 
     def _after_decode(self, duration: float, n: int) -> None:
-        self.iterations_decode += 1
-        self.busy_s += duration
-        self._decode_iter += 1
-        self._slot_s += duration / n
-        self._context_sum += n
+        self._settle_decode_steps((duration,), n)
         heap = self._finish_heap
         while heap and heap[0][0] <= self._decode_iter:
             _, _, job = heapq.heappop(heap)
@@ -453,6 +470,55 @@ class Engine:
             self._release(job)
             self._finish(job)
         self._apply_terminations()
+
+    def _decode_run(self, n: int) -> Wait:
+        """Decode steps of an unchanging batch as one event, with the same outcome as stepping.
+
+        Between two changes of the batch (a request finishing or terminated, a job entering
+        the pool) a step-by-step engine only repeats decode steps, whose durations are known in
+        advance. So the run is priced at once, up to the first finish, and waited for as one
+        timeout; a job entering the pool or a termination ends it at the end of the step under
+        way, where the step-by-step engine would act. Step ends are summed in the same order
+        as stepping would, and the wait lands on them exactly, so every time and counter equals
+        the step-by-step run's (tested). Most events of a moderately loaded simulation are
+        decode steps (about 60% before this)."""
+        env = self.env
+        steps = self._finish_heap[0][0] - self._decode_iter  # to the first finish
+        durations = self._decode_durations(n, self._context_sum, steps)
+        ends = []
+        t = env.now
+        for d in durations:
+            t += d  # as SimPy adds each step's delay to its clock
+            ends.append(t)
+        cut = self._run_cut = env.event()
+        done = 0
+        try:
+            yield env.timeout(_delay_to(ends[-1], env.now)) | cut
+            if cut.triggered and env.now < ends[-1]:
+                done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
+                if ends[done] > env.now:
+                    yield env.timeout(_delay_to(ends[done], env.now))
+                done += 1
+            else:
+                done = steps
+        except simpy.Interrupt:
+            done = bisect_left(ends, env.now)  # steps that ended before the failure
+            self._settle_decode_steps(durations[:done], n)
+            raise
+        finally:
+            self._run_cut = None
+        self._settle_decode_steps(durations[:done - 1], n)
+        self._after_decode(durations[done - 1], n)
+
+    def _settle_decode_steps(self, durations: list[float], n: int) -> None:
+        """The counters of decode steps in which no request finished (``_after_decode``'s
+        first half, step by step so that the float sums equal stepping's)."""
+        for duration in durations:
+            self.iterations_decode += 1
+            self.busy_s += duration
+            self._decode_iter += 1
+            self._slot_s += duration / n
+            self._context_sum += n
 
     def _leave_decoding(self, job: Job) -> None:
         """Settle a job's decode bookkeeping when it stops decoding (finished, terminated or
@@ -519,3 +585,13 @@ class Engine:
             if not job.done:
                 job.done = True
                 self.hooks.aborted(job, "gpu-failure")
+
+
+def _delay_to(t: float, now: float) -> float:
+    """The delay that lands a SimPy timeout (scheduled at ``now + delay``) exactly on ``t``."""
+    delay = t - now
+    while now + delay < t:
+        delay = math.nextafter(delay, math.inf)
+    while now + delay > t:
+        delay = math.nextafter(delay, -math.inf)
+    return delay

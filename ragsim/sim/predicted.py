@@ -43,6 +43,15 @@ class PredictedIterations:
         yield self.env.timeout(duration)
         return duration
 
+    def decode_durations(self, batch_size: int, context_sum_tokens: int,
+                         steps: int) -> list[float]:
+        """``steps`` decode steps of an unchanging batch, priced as ``decode`` would price each
+        (every step adds a token to each request's context): the engine's decode runs."""
+        profile = self.profile
+        return [decode_step_s(profile, batch_size,
+                              (context_sum_tokens + batch_size * i) / batch_size)
+                for i in range(steps)]
+
     def leave(self, job: Job) -> None:
         pass  # no tensors to free
 

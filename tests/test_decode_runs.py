@@ -1,0 +1,73 @@
+"""Decode runs (``Engine._decode_run``) change how fast the simulator steps, never what it
+simulates: every record and counter equals the step-by-step engine's, to the last bit.
+
+The step-by-step engine is the second implementation: the same simulator with the iterations
+object's ``decode_durations`` taken away, so that the engine prices and waits for every decode
+step on its own (as it does with a real engine)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from hypothesis import HealthCheck, given, settings
+from test_sim import PROFILE, _comparable, _modelled, knobs, make_trace, rows
+
+from ragsim.serving.config import build_config
+from ragsim.sim.predicted import PredictedIterations
+from ragsim.sim.simulator import Simulation
+from ragsim.traces import resolve_trace
+
+
+@contextlib.contextmanager
+def stepping_every_decode():
+    durations = PredictedIterations.decode_durations
+    del PredictedIterations.decode_durations
+    try:
+        yield
+    finally:
+        PredictedIterations.decode_durations = durations
+
+
+def run_counting_events(trace, config):
+    sim = Simulation(trace, config, PROFILE)
+    env = sim.env
+    step = env.step
+    count = [0]
+
+    def counted():
+        count[0] += 1
+        step()
+
+    env.step = counted
+    return sim.run(), count[0]
+
+
+def assert_same_run(trace, config) -> tuple[int, int]:
+    with stepping_every_decode():
+        stepped, stepped_events = run_counting_events(trace, config)
+    fast, fast_events = run_counting_events(trace, config)
+    assert _modelled(fast.records).equals(_modelled(stepped.records))
+    assert _comparable(fast.summary) == _comparable(stepped.summary)
+    return stepped_events, fast_events
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows, knobs)
+def test_decode_runs_give_the_step_by_step_run_exactly(rows, knobs):
+    """Arrivals during runs, speculations terminated mid-run, GPU failures mid-run, retries,
+    tiny batches and memory: the fast run is the stepped run."""
+    trace = make_trace(sorted(rows, key=lambda r: r[0]))
+    config = build_config({**knobs, "stage_source": "synthetic", "retry_timeout_s": 0.2,
+                           "gpu_recovery_s": 0.5, "replicate_every_s": 0.5})
+    assert_same_run(trace, config)
+
+
+def test_on_a_built_in_trace_the_run_is_the_same_with_far_fewer_events():
+    trace = resolve_trace("mmlu", n_requests=400)
+    for system, rate in (("ragcache", 0.8), ("ragcache", 3.0), ("vllm", 2.0)):
+        config = build_config({"system": system, "rate_rps": rate, "seed": 5,
+                               "gpu_failure_rate_per_h": 100.0})
+        stepped, fast = assert_same_run(trace, config)
+        # ~32 output tokens a request: most steps of a light load are decode steps
+        if rate < 1:
+            assert fast < 0.6 * stepped, (system, rate, stepped, fast)
