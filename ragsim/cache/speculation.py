@@ -29,11 +29,18 @@ class StageDecision(NamedTuple):
     changed: bool  # the stage produced a different list (D becomes D_temp)
 
 
+def list_changed(previous: Sequence[int] | None, current: Sequence[int]) -> bool:
+    """Whether a stage's list differs from the one before (the first list always does): a
+    stage whose list did not change leads to no decision, so a driver that knows the lists in
+    advance need not stop at it."""
+    return previous is None or list(previous) != list(current)
+
+
 def on_intermediate_stage(previous: Sequence[int] | None, current: Sequence[int],
                           speculation_active: bool, pool_size: int,
                           max_prefill_bs: int) -> StageDecision:
     """Algorithm 2's loop body for a stage that is not the last one."""
-    if previous is not None and list(previous) == list(current):
+    if not list_changed(previous, current):
         return StageDecision(False, False, False)
     return StageDecision(speculation_active, pool_size < max_prefill_bs, True)
 

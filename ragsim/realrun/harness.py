@@ -119,6 +119,9 @@ class RealRun(Pipeline):
             return super()._search_stage(i, stage)
         return self._when_done(self.real_search.run_stage(i, stage))
 
+    def _stages_known_ahead(self) -> bool:
+        return self.real_search is None  # a real search's lists are known when it has them
+
     def _stage_list(self, i: int, stage: int) -> list | None:
         if self.real_search is None:
             return super()._stage_list(i, stage)

@@ -37,7 +37,6 @@ for both.
 from __future__ import annotations
 
 import heapq
-import math
 from bisect import bisect_left
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ import simpy
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
+from ragsim.serving.clock import delay_to
 
 
 class Job:
@@ -493,11 +493,11 @@ class Engine:
         cut = self._run_cut = env.event()
         done = 0
         try:
-            yield env.timeout(_delay_to(ends[-1], env.now)) | cut
+            yield env.timeout(delay_to(ends[-1], env.now)) | cut
             if cut.triggered and env.now < ends[-1]:
                 done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
                 if ends[done] > env.now:
-                    yield env.timeout(_delay_to(ends[done], env.now))
+                    yield env.timeout(delay_to(ends[done], env.now))
                 done += 1
             else:
                 done = steps
@@ -585,13 +585,3 @@ class Engine:
             if not job.done:
                 job.done = True
                 self.hooks.aborted(job, "gpu-failure")
-
-
-def _delay_to(t: float, now: float) -> float:
-    """The delay that lands a SimPy timeout (scheduled at ``now + delay``) exactly on ``t``."""
-    delay = t - now
-    while now + delay < t:
-        delay = math.nextafter(delay, math.inf)
-    while now + delay > t:
-        delay = math.nextafter(delay, -math.inf)
-    return delay

@@ -32,6 +32,7 @@ from ragsim.cache.reorder import RequestPool
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.serving.answer_stage import AnswerStage
+from ragsim.serving.clock import delay_to
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine import Engine, EngineHooks, Iterations, Job
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -258,27 +259,23 @@ class Pipeline(EngineHooks):
             stages = self.search.n_stages(i)
             if not config.speculate or stages <= 1:
                 yield self._whole_search(i)
-            else:
+            elif self._stages_known_ahead():
+                # the model knows every stage's list and end when the search starts: wait only
+                # for the stages whose list changes (the others decide nothing), landing on the
+                # times stepping through every stage would give
+                changes, end_s = self._changing_stages(i, stages)
                 current: list | None = None
+                for found, at_s in changes:
+                    yield env.timeout(delay_to(at_s, env.now))
+                    current = self._on_stage_list(i, current, found)
+                yield env.timeout(delay_to(end_s, env.now))
+            else:
+                current = None
                 for stage in range(1, stages):
                     yield self._search_stage(i, stage)
                     found = self._stage_list(i, stage)
-                    if found is None:
-                        continue
-                    active = self._active_spec.get(i)
-                    d = speculation.on_intermediate_stage(
-                        current, found, active is not None, len(self.pool),
-                        config.max_prefill_bs)
-                    if not d.changed:
-                        continue
-                    if d.terminate_running and active is not None:
-                        self._stop_speculation(i, active)
-                    if d.start_new:
-                        job = self._new_job(i, found, speculative=True)
-                        self._active_spec[i] = job
-                        self.r_spec_started[i] += 1
-                        self._submit(job)
-                    current = found
+                    if found is not None and speculation.list_changed(current, found):
+                        current = self._on_stage_list(i, current, found)
                 yield self._search_stage(i, stages)
         self.r_search_end[i] = env.now
         final = self._final_docs(i)
@@ -294,6 +291,42 @@ class Pipeline(EngineHooks):
         if d.terminate_running:
             self._stop_speculation(i, active)
         self._submit(self._new_job(i, final, speculative=False))
+
+    def _stages_known_ahead(self) -> bool:
+        """Whether the search's stages are modelled (their lists and durations known when the
+        search starts); a real run's driver says no when it runs the search for real."""
+        return True
+
+    def _changing_stages(self, i: int, stages: int) -> tuple[list[tuple[list, float]], float]:
+        """Request ``i``'s intermediate stages whose list changes, as (list, end time), and the
+        end of its last stage: each end summed from now stage by stage, as stepping would."""
+        t = self.env.now
+        duration_s = self.search.stage_duration_s
+        changes = []
+        current = None
+        for stage in range(1, stages):
+            t += duration_s(i, stage)
+            found = self._stage_list(i, stage)
+            if found is not None and speculation.list_changed(current, found):
+                changes.append((found, t))
+                current = found
+        return changes, t + duration_s(i, stages)
+
+    def _on_stage_list(self, i: int, current: list | None, found: list) -> list:
+        """Algorithm 2 at an intermediate stage whose list changed from ``current`` to
+        ``found``: stop the speculation on the old list, start one on the new if the pool has
+        room. Returns the list now current."""
+        active = self._active_spec.get(i)
+        d = speculation.on_intermediate_stage(current, found, active is not None,
+                                              len(self.pool), self.config.max_prefill_bs)
+        if d.terminate_running and active is not None:
+            self._stop_speculation(i, active)
+        if d.start_new:
+            job = self._new_job(i, found, speculative=True)
+            self._active_spec[i] = job
+            self.r_spec_started[i] += 1
+            self._submit(job)
+        return found
 
     def _stop_speculation(self, i: int, job: Job) -> None:
         if self._active_spec.get(i) is job:

@@ -1,9 +1,12 @@
-"""Decode runs (``Engine._decode_run``) change how fast the simulator steps, never what it
-simulates: every record and counter equals the step-by-step engine's, to the last bit.
+"""The simulator's two shortcuts change how fast it steps, never what it simulates: every
+record and counter equals stepping's, to the last bit.
 
-The step-by-step engine is the second implementation: the same simulator with the iterations
-object's ``decode_durations`` taken away, so that the engine prices and waits for every decode
-step on its own (as it does with a real engine)."""
+* Decode runs (``Engine._decode_run``): decode steps of an unchanging batch waited for as one.
+* Search stages that change nothing are not stopped at (``Pipeline._changing_stages``).
+
+The second implementation is the same simulator stepping through everything, as it does with
+a real engine and a real search: the iterations object's ``decode_durations`` taken away (the
+engine prices and waits for every decode step) and the stages observed one by one."""
 
 from __future__ import annotations
 
@@ -13,19 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from test_sim import PROFILE, _comparable, _modelled, knobs, make_trace, rows
 
 from ragsim.serving.config import build_config
+from ragsim.serving.pipeline import Pipeline
 from ragsim.sim.predicted import PredictedIterations
 from ragsim.sim.simulator import Simulation
 from ragsim.traces import resolve_trace
 
 
 @contextlib.contextmanager
-def stepping_every_decode():
+def stepping_through_everything():
     durations = PredictedIterations.decode_durations
+    known_ahead = Pipeline._stages_known_ahead
     del PredictedIterations.decode_durations
+    Pipeline._stages_known_ahead = lambda self: False
     try:
         yield
     finally:
         PredictedIterations.decode_durations = durations
+        Pipeline._stages_known_ahead = known_ahead
 
 
 def run_counting_events(trace, config):
@@ -43,7 +50,7 @@ def run_counting_events(trace, config):
 
 
 def assert_same_run(trace, config) -> tuple[int, int]:
-    with stepping_every_decode():
+    with stepping_through_everything():
         stepped, stepped_events = run_counting_events(trace, config)
     fast, fast_events = run_counting_events(trace, config)
     assert _modelled(fast.records).equals(_modelled(stepped.records))
@@ -53,7 +60,7 @@ def assert_same_run(trace, config) -> tuple[int, int]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows, knobs)
-def test_decode_runs_give_the_step_by_step_run_exactly(rows, knobs):
+def test_the_shortcuts_give_the_stepped_run_exactly(rows, knobs):
     """Arrivals during runs, speculations terminated mid-run, GPU failures mid-run, retries,
     tiny batches and memory: the fast run is the stepped run."""
     trace = make_trace(sorted(rows, key=lambda r: r[0]))
