@@ -48,7 +48,7 @@ import simpy
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
-from ragsim.serving.clock import delay_to
+from ragsim.serving.clock import timeout_at
 
 
 class Job:
@@ -141,6 +141,8 @@ class PrefillTiming:
 
 Wait = Generator[simpy.Event, Any, Any]
 
+_CUT = "decode-run-cut"  # the interrupt that ends a decode run early (not a failure)
+
 
 class Iterations(Protocol):
     """Runs the engine's iterations: predicted by a cost profile, or real on a model.
@@ -195,8 +197,8 @@ class Engine:
         self._terminate: list[Job] = []
         self._iterating = False  # an iteration is under way: terminations wait for its end
         self._wakeup: simpy.Event | None = None
-        # a decode run under way (``_decode_run``): set by whatever must end it early
-        self._run_cut: simpy.Event | None = None
+        # waiting in a decode run (``_decode_run``) that nothing has cut yet
+        self._in_decode_run = False
         self._decode_durations = getattr(iterations, "decode_durations", None)
         self._recovering = False
         self.down_until_s = 0.0  # while recovering: the earliest it can serve again
@@ -220,8 +222,9 @@ class Engine:
         self._cut_decode_run()
 
     def _cut_decode_run(self) -> None:
-        if self._run_cut is not None and not self._run_cut.triggered:
-            self._run_cut.succeed()
+        if self._in_decode_run:
+            self._in_decode_run = False  # once: the run ends at the step under way
+            self.process.interrupt(_CUT)
 
     @property
     def waiting_for_work(self) -> bool:
@@ -478,10 +481,12 @@ class Engine:
         the pool) a step-by-step engine only repeats decode steps, whose durations are known in
         advance. So the run is priced at once, up to the first finish, and waited for as one
         timeout; a job entering the pool or a termination ends it at the end of the step under
-        way, where the step-by-step engine would act. Step ends are summed in the same order
-        as stepping would, and the wait lands on them exactly, so every time and counter equals
-        the step-by-step run's (tested). Most events of a moderately loaded simulation are
-        decode steps (about 60% before this)."""
+        way, where the step-by-step engine would act (the cut is an interrupt: one event, and
+        none for a run nothing cuts). Step ends are summed in the same order as stepping would,
+        and the wait lands on them exactly (``ragsim.serving.clock``), so every time and counter
+        equals the step-by-step run's (tested), up to the order of events that fall at the
+        same instant. Most events of a moderately loaded simulation were decode steps (about
+        60%)."""
         env = self.env
         steps = self._finish_heap[0][0] - self._decode_iter  # to the first finish
         durations = self._decode_durations(n, self._context_sum, steps)
@@ -490,23 +495,23 @@ class Engine:
         for d in durations:
             t += d  # as SimPy adds each step's delay to its clock
             ends.append(t)
-        cut = self._run_cut = env.event()
-        done = 0
+        self._in_decode_run = True  # until cut: a cut interrupts the wait (one event, no more)
         try:
-            yield env.timeout(delay_to(ends[-1], env.now)) | cut
-            if cut.triggered and env.now < ends[-1]:
+            try:
+                yield timeout_at(env, ends[-1])
+                done = steps
+            except simpy.Interrupt as stop:
+                if stop.cause is not _CUT:
+                    raise
                 done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
                 if ends[done] > env.now:
-                    yield env.timeout(delay_to(ends[done], env.now))
+                    yield timeout_at(env, ends[done])
                 done += 1
-            else:
-                done = steps
-        except simpy.Interrupt:
-            done = bisect_left(ends, env.now)  # steps that ended before the failure
-            self._settle_decode_steps(durations[:done], n)
+        except simpy.Interrupt:  # a GPU failure: the steps that ended before it count
+            self._settle_decode_steps(durations[:bisect_left(ends, env.now)], n)
             raise
         finally:
-            self._run_cut = None
+            self._in_decode_run = False
         self._settle_decode_steps(durations[:done - 1], n)
         self._after_decode(durations[done - 1], n)
 

@@ -32,7 +32,7 @@ from ragsim.cache.reorder import RequestPool
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.serving.answer_stage import AnswerStage
-from ragsim.serving.clock import delay_to
+from ragsim.serving.clock import timeout_at
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine import Engine, EngineHooks, Iterations, Job
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -266,9 +266,9 @@ class Pipeline(EngineHooks):
                 changes, end_s = self._changing_stages(i, stages)
                 current: list | None = None
                 for found, at_s in changes:
-                    yield env.timeout(delay_to(at_s, env.now))
+                    yield timeout_at(env, at_s)
                     current = self._on_stage_list(i, current, found)
-                yield env.timeout(delay_to(end_s, env.now))
+                yield timeout_at(env, end_s)
             else:
                 current = None
                 for stage in range(1, stages):

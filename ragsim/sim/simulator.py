@@ -3,7 +3,10 @@ profile predicts (``ragsim.serving`` holds the pipeline; ``predicted.py`` the co
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
+from simpy.events import NORMAL
 
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
@@ -12,12 +15,31 @@ from ragsim.sim.predicted import PredictedIterations
 from ragsim.traces.schema import Trace
 
 
+class ExactClock(simpy.Environment):
+    """SimPy's environment with ``timeout_at``: an event at an absolute time, to the last bit.
+
+    The engine's decode runs and the pipeline's search-stage shortcut wait once for a time they
+    summed step by step as SimPy would (``ragsim.serving.clock``); ``timeout(t - now)`` lands on
+    ``now + (t - now)``, which rounding can make differ from ``t`` in the last bit, and then the
+    shortcut would not give stepping's run exactly. This schedules the event at ``t`` as SimPy
+    schedules a timeout (the same queue entry, with ``t`` in place of ``now + delay``)."""
+
+    def timeout_at(self, t: float) -> simpy.Event:
+        if t < self._now:
+            raise ValueError(f"timeout_at({t}) is before now ({self._now})")
+        event = simpy.Event(self)
+        event._ok = True
+        event._value = None
+        heappush(self._queue, (t, NORMAL, next(self._eid), event))
+        return event
+
+
 class Simulation(Pipeline):
     """The pipeline in simulated time: as fast as the CPU can step it, deterministic per seed."""
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile,
                  progress: Progress | None = None) -> None:
-        env = simpy.Environment()
+        env = ExactClock()
         super().__init__(
             trace, config, profile, env=env,
             iterations=lambda tree: PredictedIterations(env, profile, config.overlap_swap),
