@@ -8,8 +8,20 @@ ragsim's on the same work, so > 1 would mean ragsim is faster.
 
     python benchmarks/replay_vs_libcachesim.py [--requests 1000000]
 
-Targets (issue 2): flat LRU >= 0.5x libCacheSim's LRU; the knowledge tree with PGDSF at top-2
->= 0.2x libCacheSim's GDSF. Wall-clock numbers are noisy on shared machines: compare ratios.
+The knowledge tree with PGDSF is timed in two regimes, each against libCacheSim's GDSF with
+the tree's host capacity:
+
+* moderate: GPU 2% + host 10% of the working set (the bytes of every distinct document), the
+  regime issue 2's target was set in (about one GPU and one host eviction per request);
+* heavy eviction: GPU 0.2% + host 1%, caches far smaller than the working set (issue 18). Here
+  most requests evict in both tiers, so the tree's eviction path (candidate heaps, swap-outs,
+  drops) dominates instead of its lookups; a tree that is fast only while it hits would pass the
+  first regime and fail this one. libCacheSim's GDSF also evicts more here, so the ratio
+  measures eviction against eviction.
+
+Targets: flat LRU >= 0.5x libCacheSim's LRU and the tree with PGDSF >= 0.2x libCacheSim's GDSF
+in the moderate regime (issue 2); the tree with PGDSF >= 0.3x libCacheSim's GDSF under heavy
+eviction (issue 18). Wall-clock numbers are noisy on shared machines: compare ratios.
 """
 
 from __future__ import annotations
@@ -30,6 +42,12 @@ from ragsim.traces.synthetic import BUILTIN_DRIFT_PER_1K_REQUESTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from peers import write_oracle_general
+
+# regime -> (GPU, host) as fractions of the working set, and the tree's ratio target
+REGIMES = {
+    "moderate": (0.02, 0.10, 0.2),
+    "heavy": (0.002, 0.01, 0.3),
+}
 
 
 def libcachesim_seconds(policy: str, capacity_bytes: int, path: Path, repeats: int
@@ -72,50 +90,65 @@ def main() -> None:
     tokens = trace.doc_tokens_flat
     unique = np.unique(trace.doc_ids, return_index=True)[1]
     working_set = int(tokens[unique].sum()) * kv
-    gpu, host = working_set // 50, working_set // 10  # 2% and 10% of the working set
+    sizes = {name: (int(working_set * gpu), int(working_set * host))
+             for name, (gpu, host, _) in REGIMES.items()}
+    flat_capacity = sizes["moderate"][1]
 
     results = {"requests": trace.n_requests, "document_accesses": len(trace.doc_ids),
                "working_set_bytes": working_set}
+    lcs_gdsf = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = write_oracle_general(Path(tmp) / "trace.bin", trace.doc_ids, tokens * kv)
-        lcs_lru, lcs_lru_miss = libcachesim_seconds("lru", host, path, args.repeats)
-        lcs_gdsf, _ = libcachesim_seconds("gdsf", host, path, args.repeats)
+        lcs_lru, lcs_lru_miss = libcachesim_seconds("lru", flat_capacity, path, args.repeats)
+        for name, (_, host) in sizes.items():
+            lcs_gdsf[name], _ = libcachesim_seconds("gdsf", host, path, args.repeats)
     flat_lru, flat = ragsim_seconds(
-        trace, ReplayConfig(trace="mmlu", policy="lru", flat=True, gpu_capacity_bytes=host,
-                            host_capacity_bytes=0), args.repeats)
-    tree_pgdsf, tree = ragsim_seconds(
-        trace, ReplayConfig(trace="mmlu", policy="pgdsf", gpu_capacity_bytes=gpu,
-                            host_capacity_bytes=host), args.repeats)
+        trace, ReplayConfig(trace="mmlu", policy="lru", flat=True,
+                            gpu_capacity_bytes=flat_capacity, host_capacity_bytes=0),
+        args.repeats)
     assert abs(flat["object_miss_ratio"] - lcs_lru_miss) < 1e-9, "flat LRU disagrees"
     results.update({
         "libcachesim_lru_s": lcs_lru,
-        "libcachesim_gdsf_s": lcs_gdsf,
         "ragsim_flat_lru_s": flat_lru,
-        "ragsim_tree_pgdsf_s": tree_pgdsf,
         "ratio_flat_lru_vs_libcachesim_lru": lcs_lru / flat_lru,
-        "ratio_tree_pgdsf_vs_libcachesim_gdsf": lcs_gdsf / tree_pgdsf,
-        "ragsim_tree_pgdsf_requests_per_s": trace.n_requests / tree_pgdsf,
         "ragsim_flat_lru_accesses_per_s": len(trace.doc_ids) / flat_lru,
-        "tree_token_hit_rate": tree["token_hit_rate"],
-        "tree_evictions_gpu_per_request": tree["evictions_gpu"] / trace.n_requests,
-        "tree_evictions_host_per_request": tree["evictions_host"] / trace.n_requests,
         "flat_object_miss_ratio": flat["object_miss_ratio"],
     })
+    for name, (gpu, host) in sizes.items():
+        seconds, tree = ragsim_seconds(
+            trace, ReplayConfig(trace="mmlu", policy="pgdsf", gpu_capacity_bytes=gpu,
+                                host_capacity_bytes=host), args.repeats)
+        results[name] = {
+            "gpu_capacity_bytes": gpu,
+            "host_capacity_bytes": host,
+            "libcachesim_gdsf_s": lcs_gdsf[name],
+            "ragsim_tree_pgdsf_s": seconds,
+            "ratio_tree_pgdsf_vs_libcachesim_gdsf": lcs_gdsf[name] / seconds,
+            "ragsim_tree_pgdsf_requests_per_s": trace.n_requests / seconds,
+            "tree_token_hit_rate": tree["token_hit_rate"],
+            "tree_evictions_gpu_per_request": tree["evictions_gpu"] / trace.n_requests,
+            "tree_evictions_host_per_request": tree["evictions_host"] / trace.n_requests,
+        }
     if args.json:
         print(json.dumps(results, indent=2))
         return
     drift_used = trace.info["parameters"]["drift_per_1k_requests"]
     print(f"trace: mmlu (drift {drift_used:g}), {trace.n_requests:,} requests, "
-          f"{len(trace.doc_ids):,} document accesses, object miss ratio "
-          f"{flat['object_miss_ratio']:.1%} (flat LRU); GPU {gpu / 2**30:.1f} GiB, "
-          f"host {host / 2**30:.1f} GiB")
-    print(f"flat LRU      ragsim {flat_lru:6.2f} s   libCacheSim LRU  {lcs_lru:6.2f} s   "
+          f"{len(trace.doc_ids):,} document accesses, working set {working_set / 2**30:.0f} "
+          f"GiB; object miss ratio {flat['object_miss_ratio']:.1%} (flat LRU, "
+          f"{flat_capacity / 2**30:.1f} GiB)")
+    print(f"flat LRU          ragsim {flat_lru:6.2f} s   libCacheSim LRU  {lcs_lru:6.2f} s   "
           f"ratio {results['ratio_flat_lru_vs_libcachesim_lru']:.2f}x (target >= 0.5x)")
-    print(f"tree PGDSF    ragsim {tree_pgdsf:6.2f} s   libCacheSim GDSF {lcs_gdsf:6.2f} s   "
-          f"ratio {results['ratio_tree_pgdsf_vs_libcachesim_gdsf']:.2f}x (target >= 0.2x)")
-    print(f"tree evictions per request: GPU "
-          f"{results['tree_evictions_gpu_per_request']:.2f}, host "
-          f"{results['tree_evictions_host_per_request']:.2f}")
+    for name, (gpu, host) in sizes.items():
+        row = results[name]
+        print(f"tree PGDSF {name:<8} ragsim {row['ragsim_tree_pgdsf_s']:6.2f} s   "
+              f"libCacheSim GDSF {row['libcachesim_gdsf_s']:6.2f} s   "
+              f"ratio {row['ratio_tree_pgdsf_vs_libcachesim_gdsf']:.2f}x "
+              f"(target >= {REGIMES[name][2]:g}x)   GPU {gpu / 2**30:.2f} GiB, host "
+              f"{host / 2**30:.2f} GiB; evictions per request: GPU "
+              f"{row['tree_evictions_gpu_per_request']:.2f}, host "
+              f"{row['tree_evictions_host_per_request']:.2f}; token hit rate "
+              f"{row['tree_token_hit_rate']:.1%}")
 
 
 if __name__ == "__main__":
