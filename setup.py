@@ -10,6 +10,7 @@ from setuptools import setup
 
 COMPILED = [
     "ragsim/cache/tree.py",
+    "ragsim/cache/policies/base.py",
     "ragsim/cache/policies/lru.py",
     "ragsim/cache/policies/lfu.py",
     "ragsim/cache/policies/gdsf.py",

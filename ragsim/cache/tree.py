@@ -37,6 +37,9 @@ position), so a priority change is one sift and the heaps hold exactly the candi
 
 This module is plain Python with Cython annotations ("pure Python mode"): it runs as is, and
 the build compiles it to C, which makes a replay several times faster. Keep it valid Python.
+The C types of ``Node`` and of the policy hooks (``NodePolicy``) are in tree.pxd, where the
+compiled policies cimport them: they read node fields as C members and the tree calls their
+hooks through a C vtable, not a Python call per retrieved node.
 """
 
 from __future__ import annotations
@@ -97,26 +100,9 @@ class Node:
     the lifetime and window frequency scopes (under admission the count restarts).
     """
 
-    key = cython.declare(cython.longlong, visibility="public")
-    parent = cython.declare(object, visibility="public")  # Node, or None for the root
-    children = cython.declare(dict, visibility="public")  # None until the first child
-    depth = cython.declare(cython.int, visibility="public")
-    tokens = cython.declare(cython.longlong, visibility="public")
-    size_bytes = cython.declare(cython.longlong, visibility="public")
-    in_gpu = cython.declare(cython.bint, visibility="public")
-    host_copy = cython.declare(cython.bint, visibility="public")
-    gpu_children = cython.declare(cython.int, visibility="public")
-    cached_children = cython.declare(cython.int, visibility="public")
-    pins = cython.declare(cython.int, visibility="public")
-    frequency = cython.declare(cython.longlong, visibility="public")
-    total_cost = cython.declare(cython.double, visibility="public")
-    num_computed = cython.declare(cython.longlong, visibility="public")
-    value = cython.declare(cython.double, visibility="public")
-    last_access = cython.declare(cython.longlong, visibility="public")
-    priority_gpu = cython.declare(cython.double, visibility="public")
-    priority_host = cython.declare(cython.double, visibility="public")
-    gpu_pos = cython.declare(cython.Py_ssize_t, visibility="readonly")  # -1: not a candidate
-    host_pos = cython.declare(cython.Py_ssize_t, visibility="readonly")
+    # fields (C types in tree.pxd): key, parent, children, depth, tokens, size_bytes, in_gpu,
+    # host_copy, gpu_children, cached_children, pins, frequency, total_cost, num_computed,
+    # value, last_access, priority_gpu, priority_host; gpu_pos/host_pos (-1: not a candidate)
 
     def __init__(self, key: cython.longlong, parent: object, tokens: cython.longlong,
                  size_bytes: cython.longlong) -> None:
@@ -152,8 +138,9 @@ class Node:
 
 
 @cython.cfunc
+@cython.exceptval(-1)
 def _set_fields(n: Node, key: object, parent: object, tokens: cython.longlong,
-                size_bytes: cython.longlong) -> cython.void:
+                size_bytes: cython.longlong) -> cython.int:
     n.key = key
     n.parent = parent
     n.children = None
@@ -174,6 +161,7 @@ def _set_fields(n: Node, key: object, parent: object, tokens: cython.longlong,
     n.priority_host = 0.0
     n.gpu_pos = -1
     n.host_pos = -1
+    return 0
 
 
 @cython.cfunc
@@ -183,6 +171,39 @@ def _new_node(key: object, parent: Node, tokens: cython.longlong,
     n: Node = Node.__new__(Node)
     _set_fields(n, key, parent, tokens, size_bytes)
     return n
+
+
+@cython.cclass
+class NodePolicy:
+    """The per-node hooks of a replacement policy: what the tree calls for each retrieval.
+
+    ``ragsim.cache.policies.base.TreePolicy`` derives from it and is what policies implement;
+    the hooks are declared here, with the node, so that a compiled policy overrides them in C
+    (see tree.pxd) and the tree calls them without a Python call per node. A policy written in
+    plain Python overrides them as usual and is called through Python.
+    """
+
+    @cython.annotation_typing(False)
+    def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
+                  request_index: int, depth: int) -> None:
+        """Called once per retrieval of ``node`` (after frequency and recency were updated):
+        set ``node.value``. ``is_cached``: the request found it cached; ``cost_per_token_s``:
+        the request's prefill time per uncached token, T(a, b) / b (or T(a, b) itself for a
+        policy with ``cost_per_request``), 0 if the tree has no cost model; ``depth``: 1 for
+        the request's first document."""
+        raise NotImplementedError
+
+    @cython.annotation_typing(False)
+    def value_of(self, node: Node) -> float:
+        """``node``'s value from its current state; the tree calls it when a node's count
+        changes without a retrieval (a retrieval left the frequency window). Policies whose
+        value does not depend on the count keep the value they have."""
+        return node.value
+
+    @cython.annotation_typing(False)
+    def on_enter_cache(self, node: Node, seq: int) -> None:
+        """Called when a node goes from nowhere into a tier (only for policies that set
+        ``tracks_cache_entry``)."""
 
 
 # The kinds of residency change the tree reports (``KnowledgeTree.drain_moves``). Each names one
@@ -221,6 +242,7 @@ class AccessResult(NamedTuple):
     path: list  # nodes of the request's cacheable prefix, root excluded
 
 
+@cython.final
 @cython.cclass
 class KnowledgeTree:
     """Prefix tree of document KV with GPU/host tiers and a pluggable replacement policy."""
@@ -263,11 +285,10 @@ class KnowledgeTree:
     _window_s = cython.declare(cython.double)
     _now_s = cython.declare(cython.double)
     _retrievals = cython.declare(object)  # window scope: deque of (time, node), oldest first
-    _value_of = cython.declare(object)
+    _hooks = cython.declare(NodePolicy)  # the policy, as the tree calls it per node
+    _tracks_entry = cython.declare(cython.bint)
     frequency_scope = cython.declare(str, visibility="readonly")
     frequency_window_s = cython.declare(object, visibility="readonly")
-    _on_access = cython.declare(object)
-    _on_enter_cache = cython.declare(object)
     # results of the last request served (``access`` packs them into an AccessResult)
     _r_alpha = cython.declare(cython.longlong)
     _r_beta = cython.declare(cython.longlong)
@@ -334,10 +355,11 @@ class KnowledgeTree:
         self._window_s = frequency_window_s if self._windowed else 0.0
         self._now_s = -float("inf")
         self._retrievals = deque()
-        self._value_of = policy.value_of
-        self._on_access = policy.on_access
+        if not isinstance(policy, NodePolicy):
+            raise TypeError(f"the tree's policy must be a TreePolicy, not {type(policy).__name__}")
+        self._hooks = policy
         # most policies ignore entry into the cache: skip a million no-op calls for them
-        self._on_enter_cache = policy.on_enter_cache if policy.tracks_cache_entry else None
+        self._tracks_entry = bool(policy.tracks_cache_entry)
         self.evictions_gpu = 0
         self.evictions_host = 0
         self.swap_in_bytes = 0
@@ -478,6 +500,7 @@ class KnowledgeTree:
         n: Node
         i: cython.Py_ssize_t = lo
         tokens: cython.longlong
+        ghost: object = None  # the node where the match stopped, if it exists uncached
         # 1. prefix match over cached nodes
         while i < depth_limit:
             if node.children is None:
@@ -492,24 +515,32 @@ class KnowledgeTree:
                 hit_host += child.tokens
                 swap_in += child.size_bytes
             else:
+                ghost = child
                 break
             path.append(child)
             node = child
             i += 1
         n_cached: cython.Py_ssize_t = i - lo
-        # 2. nodes for the documents to compute (ghosts are reused, new ones created)
+        # 2. nodes for the documents to compute (ghosts are reused, new ones created); the
+        # first was looked up by the match already, and a new node's children are all new
         while i < depth_limit:
-            key = doc_ids[i]
-            if node.children is None:
-                node.children = {}
-            found = node.children.get(key)
-            if found is None:
-                tokens = doc_tokens[i]
-                child = _new_node(key, node, tokens, tokens * kv)
-                node.children[key] = child
-                self.node_count += 1
+            if ghost is not None:
+                child = ghost
+                ghost = None
             else:
-                child = found
+                key = doc_ids[i]
+                if node.children is None:
+                    node.children = {}
+                    found = None
+                else:
+                    found = node.children.get(key)
+                if found is None:
+                    tokens = doc_tokens[i]
+                    child = _new_node(key, node, tokens, tokens * kv)
+                    node.children[key] = child
+                    self.node_count += 1
+                else:
+                    child = found
             path.append(child)
             node = child
             i += 1
@@ -524,7 +555,7 @@ class KnowledgeTree:
             if not self._cost_per_request:
                 cost_per_token /= beta
         # 3. policy update (Algorithm 1: UPDATE_NODE_IN_GPU for every node retrieved)
-        on_access = self._on_access
+        hooks: NodePolicy = self._hooks
         depth: cython.Py_ssize_t
         for depth in range(n_path):
             n = cython.cast(Node, path[depth])
@@ -536,7 +567,7 @@ class KnowledgeTree:
             n.pins += 1
             if n.pins == 1 and n.in_gpu:
                 self.pinned_gpu_bytes += n.size_bytes
-            on_access(n, depth < n_cached, cost_per_token, request_index, depth + 1)
+            hooks.on_access(n, depth < n_cached, cost_per_token, request_index, depth + 1)
             if depth < n_cached:
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
@@ -559,8 +590,8 @@ class KnowledgeTree:
             parent = n.parent
             if depth >= n_cached:  # newly computed
                 self._seq += 1
-                if self._on_enter_cache is not None:
-                    self._on_enter_cache(n, self._seq)
+                if self._tracks_entry:
+                    hooks.on_enter_cache(n, self._seq)
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
                 parent.cached_children += 1
@@ -599,7 +630,7 @@ class KnowledgeTree:
         self._now_s = now_s
         cutoff: cython.double = now_s - self._window_s
         retrievals = self._retrievals
-        value_of = self._value_of
+        hooks: NodePolicy = self._hooks
         n: Node
         old: cython.double
         new: cython.double
@@ -607,7 +638,7 @@ class KnowledgeTree:
             n = cython.cast(Node, retrievals.popleft()[1])
             n.frequency -= 1
             old = n.value
-            new = value_of(n)
+            new = hooks.value_of(n)
             if new != old:
                 n.value = new
                 n.priority_gpu = n.priority_gpu - old + new
@@ -671,9 +702,11 @@ class KnowledgeTree:
         return len(self._moves) if self.record_moves else 0
 
     @cython.cfunc
-    def _note(self, kind: str, n: Node) -> cython.void:
+    @cython.exceptval(-1)
+    def _note(self, kind: str, n: Node) -> cython.int:
         """Log one residency change; callers test ``record_moves`` first (no cost when off)."""
         self._moves.append(_tuple_new(Move, (kind, n)))  # Move(kind, n) without its __new__
+        return 0
 
     # ------------------------------------------------------------------ running requests
     @property
@@ -826,6 +859,7 @@ class KnowledgeTree:
 
     @cython.cfunc
     @cython.inline
+    @cython.exceptval(check=False)
     def _place(self, heap: list, n: Node, pos: cython.Py_ssize_t, gpu: cython.bint
                ) -> cython.void:
         heap[pos] = n
@@ -835,6 +869,7 @@ class KnowledgeTree:
             n.host_pos = pos
 
     @cython.cfunc
+    @cython.exceptval(check=False)
     def _sift_up(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
         n: Node = cython.cast(Node, heap[pos])
         parent: Node
@@ -849,6 +884,7 @@ class KnowledgeTree:
         self._place(heap, n, pos, gpu)
 
     @cython.cfunc
+    @cython.exceptval(check=False)
     def _sift_down(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
         size: cython.Py_ssize_t = len(heap)
         n: Node = cython.cast(Node, heap[pos])
@@ -872,7 +908,8 @@ class KnowledgeTree:
         self._place(heap, n, pos, gpu)
 
     @cython.cfunc
-    def _heap_remove(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
+    @cython.exceptval(-1)
+    def _heap_remove(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.int:
         removed: Node = cython.cast(Node, heap[pos])
         last: Node = cython.cast(Node, heap.pop())
         if gpu:
@@ -880,14 +917,16 @@ class KnowledgeTree:
         else:
             removed.host_pos = -1
         if last is removed:
-            return
+            return 0
         self._place(heap, last, pos, gpu)
         self._sift_up(heap, pos, gpu)
         self._sift_down(heap, last.gpu_pos if gpu else last.host_pos, gpu)
+        return 0
 
     @cython.cfunc
+    @cython.exceptval(-1)
     def _heap_set(self, heap: list, n: Node, member: cython.bint, gpu: cython.bint
-                  ) -> cython.void:
+                  ) -> cython.int:
         """Make ``n``'s membership in ``heap`` equal to ``member``, at its current priority."""
         pos: cython.Py_ssize_t = n.gpu_pos if gpu else n.host_pos
         if member:
@@ -899,9 +938,11 @@ class KnowledgeTree:
             self._sift_down(heap, n.gpu_pos if gpu else n.host_pos, gpu)
         elif pos >= 0:
             self._heap_remove(heap, pos, gpu)
+        return 0
 
     @cython.cfunc
-    def _sync(self, n: Node) -> cython.void:
+    @cython.exceptval(-1)
+    def _sync(self, n: Node) -> cython.int:
         """Update ``n``'s place among the eviction candidates after any change to it.
 
         GPU candidates: GPU nodes without GPU children. Host candidates: nodes with a host copy
@@ -909,10 +950,11 @@ class KnowledgeTree:
         Pinned nodes stay candidates; eviction steps over them.
         """
         if n.depth == 0:
-            return  # the root (system prompt) is never evicted
+            return 0  # the root (system prompt) is never evicted
         self._heap_set(self._heap_gpu, n, n.in_gpu and n.gpu_children == 0, True)
         self._heap_set(self._heap_host, n,
                        n.host_copy and (n.in_gpu or n.cached_children == 0), False)
+        return 0
 
     @cython.cfunc
     def _victim(self, gpu: cython.bint) -> object:
@@ -928,11 +970,13 @@ class KnowledgeTree:
         return None
 
     @cython.cfunc
-    def _restore_set_aside(self) -> cython.void:
+    @cython.exceptval(-1)
+    def _restore_set_aside(self) -> cython.int:
         n: Node
         while self._set_aside:
             n = self._set_aside.pop()
             self._sync(n)
+        return 0
 
     # ------------------------------------------------------------------ eviction
     @cython.cfunc
@@ -956,7 +1000,8 @@ class KnowledgeTree:
         return ok
 
     @cython.cfunc
-    def _evict_from_gpu(self, n: Node) -> cython.void:
+    @cython.exceptval(-1)
+    def _evict_from_gpu(self, n: Node) -> cython.int:
         if self._uses_clock and n.priority_gpu > self.clock_gpu:
             self.clock_gpu = n.priority_gpu
         self.evictions_gpu += 1
@@ -985,9 +1030,11 @@ class KnowledgeTree:
         elif self.record_moves:
             self._note("free_gpu", n)
         self._sync(parent)
+        return 0
 
     @cython.cfunc
-    def _evict_from_host(self, n: Node) -> cython.void:
+    @cython.exceptval(-1)
+    def _evict_from_host(self, n: Node) -> cython.int:
         if self._uses_clock and n.priority_host > self.clock_host:
             self.clock_host = n.priority_host
         self.evictions_host += 1
@@ -998,11 +1045,13 @@ class KnowledgeTree:
                 self._note("free_host", n)
             self.host_used_bytes -= n.size_bytes
             self._sync(n)
-            return
+            return 0
         self._drop(n)
+        return 0
 
     @cython.cfunc
-    def _drop(self, n: Node) -> cython.void:
+    @cython.exceptval(-1)
+    def _drop(self, n: Node) -> cython.int:
         """Free ``n`` (not in GPU) entirely, with its host-only descendants: it becomes a ghost."""
         stack: list = [n]
         m: Node
@@ -1027,6 +1076,7 @@ class KnowledgeTree:
         parent: Node = n.parent
         parent.cached_children -= 1
         self._sync(parent)
+        return 0
 
     # ------------------------------------------------------------------ inspection
     def iter_nodes(self):
@@ -1109,4 +1159,4 @@ class KnowledgeTree:
             if self._forget_on_drop and not n.cached and n.parent is not None:
                 assert n.frequency == 0, f"{n} left the cache but kept its count"
             if n.cached and n.parent is not None:
-                assert self._value_of(n) == n.value, f"{n}: value is not its count's"
+                assert self._hooks.value_of(n) == n.value, f"{n}: value is not its count's"

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import cython
 import numpy as np
 
-from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node, check_frequency_scope
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, NodePolicy, check_frequency_scope
 
 
 class FlatCache(Protocol):
@@ -49,8 +50,14 @@ def checked_sizes(keys: list, sizes_bytes, *aligned) -> np.ndarray:
     return sizes
 
 
-class TreePolicy:
+@cython.cclass
+class TreePolicy(NodePolicy):
     """Base class: frequency and recency are kept by the tree, policies derive ``value``.
+
+    The per-node hooks (``on_access``, ``value_of``, ``on_enter_cache``) are inherited from
+    ``ragsim.cache.tree.NodePolicy``, where they are documented. The built-in policies are
+    compiled classes that override them in C (each with a .pxd); a policy written in plain
+    Python subclasses this class and overrides them as Python methods.
 
     How retrievals are counted (``node.frequency``) is not a policy's choice: the tree applies
     one frequency scope to every policy (see ``ragsim.cache.tree.FREQUENCY_SCOPES``), so that
@@ -69,20 +76,6 @@ class TreePolicy:
     # False: on_access receives the request's prefill time per uncached token, T(a, b) / b.
     # True: the request's whole prefill time T(a, b) (PGDSF without the size term).
     cost_per_request = False
-
-    def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
-                  request_index: int, depth: int) -> None:
-        """Called once per retrieval of ``node`` (after frequency and recency were updated)."""
-        raise NotImplementedError
-
-    def value_of(self, node: Node) -> float:
-        """``node``'s value from its current state; the tree calls it when a node's count
-        changes without a retrieval (a retrieval left the frequency window). Policies whose
-        value does not depend on the count keep the value they have."""
-        return node.value
-
-    def on_enter_cache(self, node: Node, seq: int) -> None:
-        """Called when a node goes from nowhere into a tier."""
 
     def flat_cache(self, capacity_bytes: int, cost_per_token_s=None,
                    frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,

@@ -19,6 +19,7 @@ from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 GDSF_CONSTANT_COST = 1.0e6
 
 
+@cython.cclass
 class GDSF(TreePolicy):
     name = "gdsf"
     family = "greedy-dual"
@@ -27,10 +28,12 @@ class GDSF(TreePolicy):
     uses_clock = True
     uses_frequency = True
 
+    @cython.annotation_typing(False)
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         node.value = self.value_of(node)
 
+    @cython.annotation_typing(False)
     def value_of(self, node: Node) -> float:
         return node.frequency * GDSF_CONSTANT_COST / node.size_bytes if node.size_bytes \
             else float("inf")

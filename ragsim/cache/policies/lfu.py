@@ -16,6 +16,7 @@ from ragsim.cache.policies.gdsf import FlatGreedyDual
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 
 
+@cython.cclass
 class LFU(TreePolicy):
     name = "lfu"
     family = "frequency"
@@ -23,10 +24,12 @@ class LFU(TreePolicy):
     algorithm1 = "Frequency only: no clock, no cost, no size"
     uses_frequency = True
 
+    @cython.annotation_typing(False)
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         node.value = float(node.frequency)
 
+    @cython.annotation_typing(False)
     def value_of(self, node: Node) -> float:
         return float(node.frequency)
 

@@ -10,12 +10,14 @@ from ragsim.cache.policies.base import TreePolicy, checked_sizes
 from ragsim.cache.tree import Node
 
 
+@cython.cclass
 class LRU(TreePolicy):
     name = "lru"
     family = "recency"
     description = "least recently retrieved leaf first (SGLang's radix tree, vLLM's prefix cache)"
     algorithm1 = "none: no clock, frequency, cost or size"
 
+    @cython.annotation_typing(False)
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         node.value = float(node.last_access)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import cython
+
 from ragsim.cache.policies.base import TreePolicy, flat_counting
 from ragsim.cache.policies.gdsf import FlatGreedyDual
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
@@ -38,6 +40,7 @@ from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, Node
 CONST_COST_PER_TOKEN = 1.0  # pgdsf-const-cost's Cost/Size; its scale changes no decision
 
 
+@cython.cclass
 class PGDSF(TreePolicy):
     name = "pgdsf"
     family = "greedy-dual"
@@ -48,6 +51,7 @@ class PGDSF(TreePolicy):
     uses_frequency = True
     needs_cost = True
 
+    @cython.annotation_typing(False)
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         # UPDATE_NODE_IN_GPU: frequency was already incremented by the tree.
@@ -56,6 +60,7 @@ class PGDSF(TreePolicy):
             node.num_computed += 1
         node.value = self.value_of(node)
 
+    @cython.annotation_typing(False)
     def value_of(self, node: Node) -> float:
         avg_cost = node.total_cost / node.num_computed if node.num_computed else 0.0
         return avg_cost * node.frequency
@@ -80,6 +85,7 @@ class PGDSF(TreePolicy):
                               **flat_counting(frequency_scope, frequency_window_s))
 
 
+@cython.cclass
 class PGDSFConstCost(PGDSF):
     """PGDSF with a constant cost per token: no profile, no prefix awareness."""
 
@@ -89,6 +95,7 @@ class PGDSFConstCost(PGDSF):
     algorithm1 = "Clock, Frequency; Cost/Size a constant (no profile, no prefix awareness)"
     needs_cost = False
 
+    @cython.annotation_typing(False)
     def on_access(self, node: Node, is_cached: bool, cost_per_token_s: float,
                   request_index: int, depth: int) -> None:
         PGDSF.on_access(self, node, is_cached, CONST_COST_PER_TOKEN, request_index, depth)
@@ -101,6 +108,7 @@ class PGDSFConstCost(PGDSF):
                               **flat_counting(frequency_scope, frequency_window_s))
 
 
+@cython.cclass
 class PGDSFNoSize(PGDSF):
     """PGDSF without the size term: the mean prefill time of the requests that computed the
     node, not divided by their uncached tokens (Algorithm 1's listing as printed)."""
