@@ -254,7 +254,8 @@ class Pipeline(EngineHooks):
             self._submit(self._new_job(i, self._final_docs(i), speculative=False))
             return
         with self.workers.request() as worker:
-            yield worker
+            if not worker.triggered:  # granted at once when a worker is free: no need to wait
+                yield worker
             self.r_search_start[i] = env.now
             stages = self.search.n_stages(i)
             if not config.speculate or stages <= 1:
