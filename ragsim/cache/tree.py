@@ -91,6 +91,7 @@ class Tier(IntEnum):
     GPU = 2
 
 
+@cython.no_gc
 @cython.cclass
 class Node:
     """Tree node: structure, residency, and the policy's metadata.
@@ -98,6 +99,10 @@ class Node:
     A node that left the cache stays in the tree as a *ghost* (tier NONE) so that PGDSF keeps
     its cost statistics over the m requests that computed it, and its retrieval count under
     the lifetime and window frequency scopes (under admission the count restarts).
+
+    Nodes are invisible to the cyclic garbage collector (``no_gc``): a tree holds millions,
+    and every full collection walked them all. The parent/children cycles are broken by the
+    tree when it is freed (``KnowledgeTree.__dealloc__``), so reference counting frees them.
     """
 
     # fields (C types in tree.pxd): key, parent, children, depth, tokens, size_bytes, in_gpu,
@@ -243,9 +248,15 @@ class AccessResult(NamedTuple):
 
 
 @cython.final
+@cython.no_gc_clear
 @cython.cclass
 class KnowledgeTree:
-    """Prefix tree of document KV with GPU/host tiers and a pluggable replacement policy."""
+    """Prefix tree of document KV with GPU/host tiers and a pluggable replacement policy.
+
+    ``no_gc_clear``: when the collector frees a tree caught in a reference cycle, its fields
+    must still be there for ``__dealloc__`` to unlink its nodes, which the collector does not
+    see (``Node`` is ``no_gc``).
+    """
 
     policy = cython.declare(object, visibility="public")
     root = cython.declare(Node, visibility="public")
@@ -458,23 +469,32 @@ class KnowledgeTree:
         return AccessResult(self._r_alpha, self._r_beta, self._r_hit_gpu, self._r_hit_host,
                             self._r_recomputed, self._r_swap_in, path)
 
-    def access_many(self, doc_ids: list, doc_tokens: list, doc_offsets: list,
-                    query_tokens: list, start: cython.Py_ssize_t, stop: cython.Py_ssize_t,
-                    out: cython.longlong[:, :], arrival_s: list | None = None) -> None:
+    def access_many(self, doc_ids: list, doc_tokens: list,
+                    doc_offsets: cython.const[cython.longlong][:],
+                    query_tokens: cython.const[cython.longlong][:], start: cython.Py_ssize_t,
+                    stop: cython.Py_ssize_t, out: cython.longlong[:, :],
+                    arrival_s: cython.const[cython.double][:] | None = None) -> None:
         """Serve requests ``start..stop-1`` of a CSR-encoded trace, one after another.
 
+        ``doc_offsets`` (int64, n_requests + 1), ``query_tokens`` and ``arrival_s`` (float64)
+        are the whole trace's columns; ``doc_ids`` and ``doc_tokens`` hold only these
+        requests' documents, from position ``doc_offsets[start]`` on, so that a caller going
+        through a long trace in chunks keeps one chunk of Python ints alive, not the trace's.
         ``out`` (int64, shape (5, n_requests)) receives, per request: cached tokens, GPU-hit
         tokens, host-hit tokens, recomputed tokens, swapped-in bytes. This is ``access`` in a
         loop without per-request Python objects, for replay. ``arrival_s`` (per request) is
         needed by the window frequency scope.
         """
         i: cython.Py_ssize_t
+        base: cython.Py_ssize_t = doc_offsets[start]
         if self._windowed and arrival_s is None:
             raise ValueError("the window frequency scope needs the requests' arrival times")
+        if len(doc_ids) < doc_offsets[stop] - base or len(doc_tokens) < len(doc_ids):
+            raise ValueError("doc_ids and doc_tokens must hold the requests' documents")
         for i in range(start, stop):
             if self._windowed:
                 self._advance(arrival_s[i])
-            self._serve(doc_ids, doc_tokens, doc_offsets[i], doc_offsets[i + 1],
+            self._serve(doc_ids, doc_tokens, doc_offsets[i] - base, doc_offsets[i + 1] - base,
                         query_tokens[i], i, False)
             out[0, i] = self._r_alpha
             out[1, i] = self._r_hit_gpu

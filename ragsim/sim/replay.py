@@ -115,16 +115,20 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
     )
     n = trace.n_requests
     out = np.zeros((5, n), dtype=np.int64)
+    offsets = np.ascontiguousarray(trace.doc_offsets, dtype=np.int64)
+    query = np.ascontiguousarray(trace.query_tokens, dtype=np.int64)
+    # trace time, for the window frequency scope (traces are sorted by arrival)
+    arrival = (np.ascontiguousarray(trace.arrival_s, dtype=np.float64)
+               if config.frequency_scope == "window" else None)
+
+    def step(start: int, stop: int) -> None:
+        # the documents as Python ints (the tree's dictionary keys), one chunk at a time
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        tree.access_many(trace.doc_ids[lo:hi].tolist(), trace.doc_tokens_flat[lo:hi].tolist(),
+                         offsets, query, start, stop, out, arrival)
+
     with cyclic_gc_paused():
-        ids = trace.doc_ids.tolist()
-        toks = trace.doc_tokens_flat.tolist()
-        offsets = trace.doc_offsets.tolist()
-        query = trace.query_tokens.tolist()
-        # trace time, for the window frequency scope (traces are sorted by arrival)
-        arrival = (trace.arrival_s.astype(float).tolist()
-                   if config.frequency_scope == "window" else None)
-        done = _in_chunks(n, lambda start, stop: tree.access_many(
-            ids, toks, offsets, query, start, stop, out, arrival), progress)
+        done = _in_chunks(n, step, progress)
     records = _record_columns(trace.head(done), *out[:, :done])
     counters = {
         "requests_replayed": done,
