@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -338,3 +339,22 @@ def test_compressed_mooncake_reads_as_the_plain_file_and_a_broken_one_names_itse
     with pytest.raises(TraceError) as info:
         read_mooncake(broken)
     assert info.value.file == str(broken)
+
+
+def test_a_generated_trace_is_kept_for_the_next_run_and_cannot_be_changed_by_one():
+    """Sweeps run dozens of points on one synthetic trace: it is generated once per process.
+    What a run gets must be the same trace every time, and no run may alter the next one's."""
+    from ragsim.traces.synthetic import BUILTIN_SPECS, generate
+
+    first = resolve_trace("mmlu", n_requests=300, seed=4)
+    first.info["touched"] = True
+    with pytest.raises(ValueError):
+        first.arrival_s[0] = 99.0
+    again = resolve_trace("mmlu", n_requests=300, seed=4)
+    assert "touched" not in again.info
+    fresh = generate(dataclasses.replace(BUILTIN_SPECS["mmlu"], n_requests=300, seed=4))
+    for name in ("arrival_s", "query_tokens", "output_tokens", "doc_offsets", "doc_ids",
+                 "document_tokens"):
+        assert np.array_equal(getattr(again, name), getattr(fresh, name)), name
+    assert not np.array_equal(resolve_trace("mmlu", n_requests=300, seed=5).doc_ids,
+                              fresh.doc_ids)
