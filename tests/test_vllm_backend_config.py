@@ -41,7 +41,10 @@ def test_engine_arguments_come_from_the_configuration():
 
 
 @pytest.mark.parametrize(("changes", "flag"), [
-    ({"system": "ragcache"}, "--system"),
+    ({"system": "ragcache"}, "--speculate"),  # vLLM prefills the final list only
+    ({"system": "ragcache", "speculate": False}, "--reorder"),
+    ({"system": "ragcache", "speculate": False, "reorder": False, "overlap_swap": True},
+     "--overlap-swap"),
     ({"system": "sglang"}, "--system"),
     ({"system": "vllm-apc", "speculate": True}, "--speculate"),
     ({"system": "vllm-apc", "reorder": True}, "--reorder"),
@@ -60,3 +63,15 @@ def test_a_block_vllm_cannot_page_is_refused():
         engine_settings(small_trace(), config, load_profile(PROFILE), seed=0)
     assert caught.value.field == "--block-tokens"
     check_config(build_config({"system": "vllm-apc"}))  # the preset itself is fine
+
+
+def test_ragcache_runs_its_tree_as_a_connector_with_a_host_tier():
+    config = build_config({"system": "ragcache", "speculate": False, "reorder": False,
+                           "prefix_block_tokens": 32})
+    check_config(config)  # its host tier and host replicas are the connector's
+    assert config.host_cache_bytes > 0 and config.host_replicas > 0
+    s = engine_settings(small_trace(), config, load_profile(PROFILE), seed=0)
+    assert s.kv_connector == "RagsimTreeConnector" and s.prefix_caching
+    assert engine_settings(small_trace(), build_config({"system": "vllm-apc",
+                                                        "prefix_block_tokens": 32}),
+                           load_profile(PROFILE), seed=0).kv_connector is None

