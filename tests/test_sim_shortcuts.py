@@ -14,13 +14,14 @@ import contextlib
 import math
 
 from hypothesis import HealthCheck, given, settings
-from test_sim import PROFILE, _comparable, _modelled, knobs, make_trace, rows
+from test_sim import KV, PROFILE, _comparable, _modelled, knobs, make_trace, rows
 
 from ragsim.serving.config import build_config
 from ragsim.serving.pipeline import Pipeline
 from ragsim.sim.predicted import PredictedIterations
 from ragsim.sim.simulator import Simulation
 from ragsim.traces import resolve_trace
+from ragsim.traces.io import TraceBuilder
 
 SQRT_5 = math.sqrt(5)
 
@@ -88,3 +89,20 @@ def test_on_a_built_in_trace_the_run_is_the_same_with_far_fewer_events():
         # ~32 output tokens a request: most steps of a light load are decode steps
         if rate < 1:
             assert fast < 0.6 * stepped, (system, rate, stepped, fast)
+
+
+def test_steps_priced_ahead_but_never_run_are_not_counted_as_extrapolations():
+    """Contexts that grow past the decode grid's end (32,768 tokens) while other requests
+    arrive and cut the runs (a 32k prefill takes ~13 s on this profile, a request decodes for
+    ~100 s), with a GPU failure mid-run: the cost model's extrapolation count is that of the
+    steps run, as stepping counts them."""
+    b = TraceBuilder("long")
+    for i in range(6):
+        b.add(i, 25.0 * i + 0.01 * i / SQRT_5, 50, 700, [10 + i], [32_300])
+    trace = b.build({"name": "long"})
+    for failures in ((), (170.123,)):
+        config = build_config({"system": "vllm", "search_s": 0.05, "stage_source": "none",
+                               "max_batch_size": 8, "gpu_kv_bytes": 300_000 * KV,
+                               "fail_gpu_at_s": failures, "gpu_recovery_s": 1.0})
+        assert_same_run(trace, config)
+        assert run_counting_events(trace, config)[0].summary["cost_extrapolations"] > 0

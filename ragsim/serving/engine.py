@@ -157,8 +157,9 @@ class Iterations(Protocol):
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait: ...
     # Optional (the simulator's): ``decode_durations(batch_size, context_sum_tokens, steps)``,
     # the durations of ``steps`` decode steps of an unchanging batch whose contexts sum to
-    # ``context_sum_tokens`` at the first. With it the engine runs such steps as one event
-    # (``Engine._decode_run``); without it (a real engine) it runs every step.
+    # ``context_sum_tokens`` at the first, and ``decode_run_ended(steps_run)``, how many of
+    # them ran. With them the engine runs such steps as one event (``Engine._decode_run``);
+    # without them (a real engine) it runs every step.
     def leave(self, job: Job) -> None: ...
     def gpu_failed(self) -> None: ...
     def recovery_s(self, restart_s: float, root_bytes: int) -> float: ...
@@ -508,10 +509,13 @@ class Engine:
                     yield timeout_at(env, ends[done])
                 done += 1
         except simpy.Interrupt:  # a GPU failure: the steps that ended before it count
-            self._settle_decode_steps(durations[:bisect_left(ends, env.now)], n)
+            done = bisect_left(ends, env.now)
+            self.iterations.decode_run_ended(min(done + 1, steps))  # as priced when stepping
+            self._settle_decode_steps(durations[:done], n)
             raise
         finally:
             self._in_decode_run = False
+        self.iterations.decode_run_ended(done)
         self._settle_decode_steps(durations[:done - 1], n)
         self._after_decode(durations[done - 1], n)
 
