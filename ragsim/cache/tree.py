@@ -870,6 +870,7 @@ class KnowledgeTree:
     # ------------------------------------------------------------------ heaps
     @cython.cfunc
     @cython.inline
+    @cython.exceptval(check=False)
     def _less(self, a: Node, b: Node, gpu: cython.bint) -> cython.bint:
         pa: cython.double = a.priority_gpu if gpu else a.priority_host
         pb: cython.double = b.priority_gpu if gpu else b.priority_host

@@ -64,19 +64,32 @@ def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
                     hit_host: np.ndarray, recomputed: np.ndarray, swap_in: np.ndarray
                     ) -> dict[str, np.ndarray]:
     # what an engine reuses of what the cache found, as ``run`` counts it (a context cached
-    # to the end recomputes its last token)
-    u = engine_reuse_columns(cached, recomputed + trace.query_tokens, hit_gpu, hit_host,
-                             recomputed)
+    # to the end recomputes its last token); a chunk at a time, so that the rule's temporary
+    # columns stay small and in cache instead of faulting in fresh memory per operation
+    n = len(cached)
+    fields = ("doc_tokens", "cached_tokens", "hit_tokens_gpu", "hit_tokens_host",
+              "recomputed_tokens")
+    columns = {name: np.empty(n, dtype=np.int64) for name in fields}
+    query = trace.query_tokens
+    for start in range(0, n, PROGRESS_EVERY):
+        part = slice(start, min(n, start + PROGRESS_EVERY))
+        u = engine_reuse_columns(cached[part], recomputed[part] + query[part], hit_gpu[part],
+                                 hit_host[part], recomputed[part])
+        columns["doc_tokens"][part] = u.hit_tokens_gpu + u.hit_tokens_host + u.recomputed_tokens
+        columns["cached_tokens"][part] = u.cached_tokens
+        columns["hit_tokens_gpu"][part] = u.hit_tokens_gpu
+        columns["hit_tokens_host"][part] = u.hit_tokens_host
+        columns["recomputed_tokens"][part] = u.recomputed_tokens
     return {
         "request_id": trace.request_id,
         "arrival_s": trace.arrival_s,
         "top_k": trace.top_k,
-        "doc_tokens": u.hit_tokens_gpu + u.hit_tokens_host + u.recomputed_tokens,
+        "doc_tokens": columns["doc_tokens"],
         "query_tokens": trace.query_tokens,
-        "cached_tokens": u.cached_tokens,
-        "hit_tokens_gpu": u.hit_tokens_gpu,
-        "hit_tokens_host": u.hit_tokens_host,
-        "recomputed_tokens": u.recomputed_tokens,
+        "cached_tokens": columns["cached_tokens"],
+        "hit_tokens_gpu": columns["hit_tokens_gpu"],
+        "hit_tokens_host": columns["hit_tokens_host"],
+        "recomputed_tokens": columns["recomputed_tokens"],
         "swap_in_bytes": swap_in,
     }
 
