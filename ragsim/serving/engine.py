@@ -142,6 +142,7 @@ class PrefillTiming:
 Wait = Generator[simpy.Event, Any, Any]
 
 _CUT = "decode-run-cut"  # the interrupt that ends a decode run early (not a failure)
+DECODE_RUN_MAX_STEPS = 128
 
 
 class Iterations(Protocol):
@@ -489,7 +490,9 @@ class Engine:
         same instant. Most events of a moderately loaded simulation were decode steps (about
         60%)."""
         env = self.env
-        steps = self._finish_heap[0][0] - self._decode_iter  # to the first finish
+        # to the first finish, at most DECODE_RUN_MAX_STEPS (a cut run's later steps were
+        # priced for nothing)
+        steps = min(self._finish_heap[0][0] - self._decode_iter, DECODE_RUN_MAX_STEPS)
         durations = self._decode_durations(n, self._context_sum, steps)
         ends = []
         t = env.now
@@ -522,12 +525,15 @@ class Engine:
     def _settle_decode_steps(self, durations: list[float], n: int) -> None:
         """The counters of decode steps in which no request finished (``_after_decode``'s
         first half, step by step so that the float sums equal stepping's)."""
+        busy_s, slot_s = self.busy_s, self._slot_s
         for duration in durations:
-            self.iterations_decode += 1
-            self.busy_s += duration
-            self._decode_iter += 1
-            self._slot_s += duration / n
-            self._context_sum += n
+            busy_s += duration
+            slot_s += duration / n
+        self.busy_s, self._slot_s = busy_s, slot_s
+        steps = len(durations)
+        self.iterations_decode += steps
+        self._decode_iter += steps
+        self._context_sum += n * steps
 
     def _leave_decoding(self, job: Job) -> None:
         """Settle a job's decode bookkeeping when it stops decoding (finished, terminated or

@@ -24,7 +24,8 @@ class PredictedIterations:
         self.overlap_swap = overlap_swap
         self.profile = profile
         self._h2d = profile.transfers.host_to_device_s
-        self._run_outside: list[bool] = []  # per step of the last priced run: off the grid?
+        # per step of the last priced run: off the grid? (None: all on it)
+        self._run_outside: list[bool] | None = None
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
@@ -50,20 +51,26 @@ class PredictedIterations:
         (every step adds a token to each request's context): the engine's decode runs. A run
         may end before its last step (a job arrives); ``decode_run_ended`` then says how many
         ran, and only their lookups count as the cost model's extrapolations."""
-        grid = self.profile.decode
+        profile = self.profile
+        grid = profile.decode
         counted = grid.extrapolated_queries
-        durations = []
-        outside = self._run_outside = []
-        for i in range(steps):
-            durations.append(decode_step_s(self.profile, batch_size,
-                                           (context_sum_tokens + batch_size * i) / batch_size))
-            outside.append(grid.extrapolated_queries != counted)
+        durations = [decode_step_s(profile, batch_size,
+                                   (context_sum_tokens + batch_size * i) / batch_size)
+                     for i in range(steps)]
+        self._run_outside = None  # the usual case: every step on the grid
+        if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
+            outside = self._run_outside = []
+            for i in range(steps):
+                grid.at(batch_size, (context_sum_tokens + batch_size * i) / batch_size)
+                outside.append(grid.extrapolated_queries != counted)
+                grid.extrapolated_queries = counted
         return durations
 
     def decode_run_ended(self, steps_run: int) -> None:
         """The last priced run ended after ``steps_run`` steps: count their extrapolations."""
-        self.profile.decode.extrapolated_queries += sum(self._run_outside[:steps_run])
+        if self._run_outside is not None:
+            self.profile.decode.extrapolated_queries += sum(self._run_outside[:steps_run])
 
     def leave(self, job: Job) -> None:
         pass  # no tensors to free
