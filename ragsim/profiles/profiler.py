@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -298,6 +299,42 @@ class TorchEngine:
             return self.torch.cuda.get_device_name(self.device)
         return platform.processor() or platform.machine()
 
+    def engine_name(self) -> str:
+        """What was timed, as the profile's ``engine`` field names it."""
+        import transformers
+
+        return f"transformers {transformers.__version__} (torch {self.torch.__version__})"
+
+    def libraries(self) -> dict[str, str]:
+        import transformers
+
+        return {"torch": self.torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}
+
+
+class TimingEngine(Protocol):
+    """What ``run_profile`` times: ``TorchEngine`` (the reference engine's forward passes) or
+    another engine's steps (vLLM's, ``ragsim.realrun.vllm.profile.VllmTimer``)."""
+
+    device: Any  # a torch device (its ``type``: "cpu" or "cuda")
+
+    def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
+               repetitions: int) -> Timed: ...
+
+    def decode(self, batch: int, context: int, warmup: int, repetitions: int
+               ) -> Measurement: ...
+
+    def copy(self, n_bytes: int, to_device: bool, warmup: int, repetitions: int
+             ) -> Measurement: ...
+
+    def free_memory_bytes(self) -> int: ...
+
+    def device_name(self) -> str: ...
+
+    def engine_name(self) -> str: ...
+
+    def libraries(self) -> dict[str, str]: ...
+
 
 def _key(*values: int) -> str:
     return ",".join(str(v) for v in values)
@@ -317,10 +354,21 @@ def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
 def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: ProfilePlan,
                 out: Path, threads: int | None = 1, seed: int = 0,
                 kv_capacity_bytes: int | None = None, label: str = "",
-                progress: Progress | None = None) -> Profile:
-    """Measure everything in ``plan`` and write the profile to ``out`` (resuming if possible)."""
+                progress: Progress | None = None, engine: TimingEngine | None = None,
+                whole_cached: Callable[[int], int] | None = None) -> Profile:
+    """Measure everything in ``plan`` and write the profile to ``out`` (resuming if possible).
+
+    ``engine`` times the passes (default: a ``TorchEngine`` of ``spec`` on ``device``);
+    ``whole_cached`` maps a cached length to the one the engine can hold cached (vLLM: whole
+    blocks), applied to the grid's cached axis and to every batch and held-out point, so the
+    profile describes what the engine can do."""
+    if whole_cached is not None:
+        plan = replace(plan, cached_tokens=sorted({whole_cached(a)
+                                                   for a in plan.cached_tokens}))
+    engine = engine or TorchEngine(spec, device, dtype, threads, seed)
     settings = {"model": asdict(spec), "device": device, "dtype": dtype, "plan": asdict(plan),
-                "threads": threads, "seed": seed, "timing": SWEEP_TIMING}
+                "threads": threads, "seed": seed, "timing": SWEEP_TIMING,
+                "engine": engine.engine_name()}
     partial = out.with_name(out.name + ".partial.json")
     state = ProfilerState(settings=settings)
     if partial.exists():
@@ -331,7 +379,6 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     def save() -> None:
         write_text_atomically(partial, json.dumps(asdict(state)))
 
-    engine = TorchEngine(spec, device, dtype, threads, seed)
     report = progress or (lambda phase, done, total: None)
     w, r = plan.warmup, plan.repetitions
     if kv_capacity_bytes is None:
@@ -355,6 +402,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         report("transfers", i + 1, len(plan.copy_bytes))
 
     units = _sweep_units(plan, seed)
+    if whole_cached is not None:
+        units = [replace(u, passes=[([whole_cached(a) for a in cached], new)
+                                    for cached, new in u.passes]) for u in units]
     groups = _sweep_groups(units, spec.kv_bytes_per_token, kv_capacity_bytes // 2)
     for g, group in enumerate(groups):
         if g >= state.groups_done:
@@ -482,11 +532,8 @@ def _random_batch(rng: np.random.Generator, plan: ProfilePlan) -> tuple[list[int
 
 
 def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: ProfilePlan,
-              state: ProfilerState, engine: TorchEngine, kv_capacity_bytes: int | None,
+              state: ProfilerState, engine: TimingEngine, kv_capacity_bytes: int | None,
               label: str, threads: int | None) -> Profile:
-    import torch
-    import transformers
-
     raw_prefill = [[state.prefill[_key(a, b)][0] for b in plan.new_tokens]
                    for a in plan.cached_tokens]
     raw_decode = [[state.decode[_key(bs, c)][0] for c in plan.context_tokens]
@@ -526,15 +573,14 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
         model=spec,
         dtype=dtype,
         tensor_parallel=1,
-        engine=f"transformers {transformers.__version__} (torch {torch.__version__})",
+        engine=engine.engine_name(),
         obtained={
             "kind": "measured",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "device": engine.device_name(),
             "device_type": engine.device.type,
             "label": label,
-            "libraries": {"torch": torch.__version__, "transformers": transformers.__version__,
-                          "python": platform.python_version()},
+            "libraries": engine.libraries(),
             "threads": threads,
             "warmup": plan.warmup,
             "repetitions": plan.repetitions,

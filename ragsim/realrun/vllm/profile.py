@@ -24,7 +24,6 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -174,58 +173,41 @@ class VllmTimer:
     def device_name(self) -> str:
         return platform.processor() or platform.machine()
 
+    def engine_name(self) -> str:
+        import vllm
+
+        threads = int(self.torch.get_num_threads())
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        return (f"vLLM {vllm.__version__} (in-process engine, block {self.block}, prefix "
+                f"caching on; {threads} OMP threads, bound: {bind})")
+
+    def libraries(self) -> dict[str, str]:
+        import vllm
+
+        return {"vllm": vllm.__version__, "torch": self.torch.__version__,
+                "python": platform.python_version()}
+
 
 def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: int,
                  kv_cache_bytes: int, seed: int = 0, label: str = "",
                  progress: Callable[[str, int, int], None] | None = None):
-    """Measure ``plan`` on vLLM and write the profile to ``out``.
+    """Measure ``plan`` on vLLM and write the profile to ``out``: the profiler's own loop
+    (``run_profile``: grid, batches, held-out points, interleaved sweeps, assembly, resuming
+    from ``OUT.partial.json``) with ``VllmTimer`` as its timing engine and cached lengths
+    rounded down to whole blocks, so the profile has the format, fits and checks of any
+    other."""
+    from ragsim.profiles.profiler import run_profile
 
-    The profiler's loop over its plan, with ``VllmTimer`` in place of ``TorchEngine``: the same
-    grid, batches, held-out points, sweeps and assembly (``ragsim.profiles.profiler``), so the
-    profile has the format, fits and checks of any other. (Until the profiler takes its timing
-    engine as an argument this repeats its short measuring loop, without resuming.)"""
-    import vllm
+    def whole(tokens: int) -> int:
+        return tokens // block_tokens * block_tokens
 
-    from ragsim.profiles import profiler as p
-
-    report = progress or (lambda phase, done, total: None)
-    plan = replace(plan, cached_tokens=sorted({a // block_tokens * block_tokens
-                                               for a in plan.cached_tokens}))
-    longest = max(plan.cached_tokens) + max(plan.new_tokens) + 8
+    longest = whole(max(plan.cached_tokens)) + max(plan.new_tokens) + 8
     longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8)
     max_len = -(-longest // block_tokens) * block_tokens
     timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
-                      max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
-                      seed=seed)
-    w, r = plan.warmup, plan.repetitions
-    threads = int(timer.torch.get_num_threads())
-    state = p.ProfilerState(settings={"model": spec.to_dict(), "engine": "vllm",
-                                      "block_tokens": block_tokens})
-    cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
-    for i, (bs, ctx) in enumerate(cells):
-        m = timer.decode(bs, ctx, w, r)
-        state.decode[p._key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
-        report("decode", i + 1, len(cells))
-    for i, n_bytes in enumerate(plan.copy_bytes):
-        for direction in ("h2d", "d2h"):
-            m = timer.copy(n_bytes, direction == "h2d", w, r)
-            state.copies[p._key(n_bytes) + direction] = [m.median_s, m.min_s, m.max_s]
-        report("transfers", i + 1, len(plan.copy_bytes))
-    units = p._sweep_units(plan, seed)
-    units = [replace(u, passes=[([a // block_tokens * block_tokens for a in cached], new)
-                                for cached, new in u.passes]) for u in units]
-    passes = [pass_ for unit in units for pass_ in unit.passes]
-    timed = timer.sweeps(passes, w, r)
-    found = iter(timed.passes)
-    for unit in units:
-        for (cached, new), m in zip(unit.passes, found, strict=False):
-            p._record(state, unit.kind, cached, new, m)
-    state.sweep_speed.append(timed.sweep_speed)
-    report("prefill grid, batches, held-out points", 1, 1)
-    profile = p._assemble(spec, name, "cpu", spec.dtype, plan, state, timer, kv_cache_bytes,
-                          label, threads)
-    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    profile = replace(profile, engine=f"vLLM {vllm.__version__} (in-process engine, block "
-                      f"{block_tokens}, prefix caching on; {threads} OMP threads, bound: {bind})")
-    profile.save(out)
-    return profile
+                            max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
+                            seed=seed)
+    return run_profile(spec, name=name, device="cpu", dtype=spec.dtype, plan=plan, out=out,
+                       threads=int(timer.torch.get_num_threads()), seed=seed,
+                       kv_capacity_bytes=kv_cache_bytes, label=label, progress=progress,
+                       engine=timer, whole_cached=whole)
