@@ -591,7 +591,7 @@ class KnowledgeTree:
             if depth < n_cached:
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
-                self._sync(n)
+                self._sync(n, True)
         # 4. admission into GPU, top-down, stopping at the first node that cannot be placed
         parent: Node
         rest: cython.Py_ssize_t
@@ -663,7 +663,7 @@ class KnowledgeTree:
                 n.value = new
                 n.priority_gpu = n.priority_gpu - old + new
                 n.priority_host = n.priority_host - old + new
-                self._sync(n)
+                self._sync(n, True)
 
     @cython.ccall
     def release(self, path: list) -> cython.void:
@@ -946,25 +946,30 @@ class KnowledgeTree:
 
     @cython.cfunc
     @cython.exceptval(-1)
-    def _heap_set(self, heap: list, n: Node, member: cython.bint, gpu: cython.bint
-                  ) -> cython.int:
-        """Make ``n``'s membership in ``heap`` equal to ``member``, at its current priority."""
+    def _heap_set(self, heap: list, n: Node, member: cython.bint, gpu: cython.bint,
+                  moved: cython.bint) -> cython.int:
+        """Make ``n``'s membership in ``heap`` equal to ``member``, at its current priority.
+        ``moved``: its priority may have changed since it was placed (else a member stays
+        where it is: every heap operation keeps the others in order)."""
         pos: cython.Py_ssize_t = n.gpu_pos if gpu else n.host_pos
         if member:
             if pos < 0:
                 heap.append(n)
                 pos = len(heap) - 1
                 self._place(heap, n, pos, gpu)
-            self._sift_up(heap, pos, gpu)
-            self._sift_down(heap, n.gpu_pos if gpu else n.host_pos, gpu)
+                self._sift_up(heap, pos, gpu)
+            elif moved:
+                self._sift_up(heap, pos, gpu)
+                self._sift_down(heap, n.gpu_pos if gpu else n.host_pos, gpu)
         elif pos >= 0:
             self._heap_remove(heap, pos, gpu)
         return 0
 
     @cython.cfunc
     @cython.exceptval(-1)
-    def _sync(self, n: Node) -> cython.int:
-        """Update ``n``'s place among the eviction candidates after any change to it.
+    def _sync(self, n: Node, moved: cython.bint = False) -> cython.int:
+        """Update ``n``'s place among the eviction candidates after any change to it;
+        ``moved``: its priority changed (a retrieval, a window expiry), not only its tier.
 
         GPU candidates: GPU nodes without GPU children. Host candidates: nodes with a host copy
         that are in GPU (dropping the copy is always allowed) or have no cached children.
@@ -972,9 +977,9 @@ class KnowledgeTree:
         """
         if n.depth == 0:
             return 0  # the root (system prompt) is never evicted
-        self._heap_set(self._heap_gpu, n, n.in_gpu and n.gpu_children == 0, True)
+        self._heap_set(self._heap_gpu, n, n.in_gpu and n.gpu_children == 0, True, moved)
         self._heap_set(self._heap_host, n,
-                       n.host_copy and (n.in_gpu or n.cached_children == 0), False)
+                       n.host_copy and (n.in_gpu or n.cached_children == 0), False, moved)
         return 0
 
     @cython.cfunc
