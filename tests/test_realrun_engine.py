@@ -113,7 +113,7 @@ def test_a_batch_with_mixed_cached_lengths_is_exact():
     run = served(trace, arrival="poisson", rate_rps=1e6, max_prefill_bs=4)
     summary = run.result.summary
     assert summary["iterations_prefill"] < trace.n_requests  # some requests shared a pass
-    assert summary["engine_decode_rebuilds"] > 1
+    assert summary["engine_decode_rebuilds"] >= 1 and summary["engine_decode_reshapes"] >= 1
     assert len(set(run.result.columns["cached_tokens"].tolist())) >= 3
     assert_exact(run, trace)
 

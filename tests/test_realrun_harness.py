@@ -144,7 +144,7 @@ def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
     alone = real_run(trace, config("vllm"))
     summary = batched.result.summary
     assert summary["iterations_prefill"] < 16  # requests shared prefill passes
-    assert summary["engine_decode_rebuilds"] > 1
+    assert summary["engine_decode_rebuilds"] >= 1 and summary["engine_decode_reshapes"] >= 1
     outputs = batched.iterations.outputs
     assert outputs == alone.iterations.outputs
     assert all(len(tokens) == 3 for tokens in outputs.values())

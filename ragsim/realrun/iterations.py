@@ -17,8 +17,10 @@ does what it decided and reports how long it took:
   pass in the same iteration: the tree counts the KV as reused, and a real engine must compute it
   first.
 * **Decode** generates one greedy token for every running job. The running set is one padded
-  batch; when a job joins or leaves, the batch is rebuilt from each job's KV (a real cost of this
-  engine, which the profile's decode grid does not contain: it is reported apart).
+  batch; when a job joins or leaves, the batch changes in place (a leaver's row takes the last
+  row, a joiner's KV is copied into a free row) or, when it cannot, is rebuilt from each job's
+  KV. Those copies are a real cost of this engine, which the profile's decode grid does not
+  contain: they are reported apart.
 * **Time**: the harness runs on a wall clock (``simpy.rt``); an iteration measures its own work
   (moves, copies, forward) and yields that long, so the clock and the engine agree. Events that
   fell due while it worked are handled right after it, stamped with their own times: for
@@ -43,6 +45,8 @@ from ragsim.serving.engine import Job, PrefillTiming, Wait
 
 # room a rebuilt decode batch keeps for the tokens still to come (then it grows by a quarter)
 DECODE_HEADROOM_TOKENS = 64
+# and for rows that join later (at least this many, or a quarter more)
+DECODE_HEADROOM_ROWS = 4
 
 
 @dataclass
@@ -57,8 +61,9 @@ class EngineTimes:
     layerwise_swap_ins: int = 0  # nodes copied layer by layer during a prefill
     decode_s: float = 0.0
     decode_steps: int = 0
-    decode_rebuilds: int = 0
-    decode_rebuild_s: float = 0.0
+    decode_rebuilds: int = 0  # the whole batch copied into a new buffer
+    decode_reshapes: int = 0  # rows left and joined in place
+    decode_rebuild_s: float = 0.0  # both
     recover_s: float = 0.0
     moves: dict[str, int] = field(default_factory=dict)
 
@@ -168,6 +173,7 @@ class TorchIterations:
         self._running: dict[Job, _Running] = {}
         self._decode_order: list[Job] = []  # rows of the decode batch
         self._decode_batch = None
+        self._row_storage: list | None = None  # per layer [keys, values]: the batch's rows
         self._root_host: NodeKV | None = None
         # request -> the tokens its latest attempt generated (greedy; exactness is tested on it)
         self.outputs: dict[int, list[int]] = {}
@@ -356,8 +362,9 @@ class TorchIterations:
         """The decode batch for ``members``: rows that ran the last step are copied from its
         cache, rows that join from their prefill's KV, each once, into a buffer zeroed only
         where rows are padded. Every row's KV ends at the same index (left padding, masked), so
-        a step appends every row's token at one position. A real engine pages its KV and copies
-        none of it when its batch changes; this one copies the running KV once per change."""
+        a step appends every row's token at one position. Used when the batch cannot change
+        in place (``_reshape``): the first batch, a joiner longer than the rows' common end,
+        or more rows than the buffer holds. The buffer keeps room for a quarter more rows."""
         torch, model = self.model.torch, self.model
         old, old_order = self._decode_batch, self._decode_order
         kept = [j for j in old_order if j in members] if old is not None else []
@@ -366,6 +373,7 @@ class TorchIterations:
         order = kept + joined
         lengths = [self._running[j].tokens for j in order]
         n, longest = len(order), max(lengths)
+        rows = n + max(DECODE_HEADROOM_ROWS, n // 4)
         heads, dim = model.config.num_key_value_heads, model.config.head_dim
         device, dtype = model.device, model.dtype
         cache = model.new_cache()
@@ -375,12 +383,13 @@ class TorchIterations:
             old_layers = old.cache.layers[:model.num_layers]
             old_total = int(old_layers[0].keys.shape[-2])
             take = min(longest, old_total)
+        storage = []
         for layer in range(model.num_layers):
             pair = []
             for side in (0, 1):
                 # written once: each row's KV where it belongs, zeros only in its padding, and
                 # room after it for the tokens to come (appended in place)
-                buffer = torch.empty(n, heads, longest + DECODE_HEADROOM_TOKENS, dim,
+                buffer = torch.empty(rows, heads, longest + DECODE_HEADROOM_TOKENS, dim,
                                      device=device, dtype=dtype)
                 if kept:
                     source = (old_layers[layer].keys if side == 0
@@ -395,20 +404,79 @@ class TorchIterations:
                     copy_chunks(buffer[row, :, longest - lengths[row]:longest],
                                 self._running[job].kv[layer][side])
                 pair.append(buffer)
-            cache.layers[layer].adopt(pair[0], pair[1], longest)
+            storage.append(pair)
+            cache.layers[layer].adopt(pair[0][:n], pair[1][:n], longest)
         for job in joined:
             self._running[job].kv = None  # its KV lives in the batch from now on
+        self._row_storage = storage
+        self.times.decode_rebuilds += 1
+        return self._new_decode_batch(cache, order, longest)
+
+    def _reshape(self, members: set[Job]) -> tuple[Batch, list[Job]] | None:
+        """The decode batch for ``members``, changed in place: a row that left takes the last
+        row (one row copied), a joiner is written into the next free row (its own KV and the
+        zeros of its padding). The rows that stay are not copied, as a paged engine copies
+        none of its running KV when its batch changes; rebuilding the whole batch at every join
+        and leave took 28 of a 49 s overload run. None when it cannot be done in place."""
+        old, order = self._decode_batch, self._decode_order
+        if old is None or self._row_storage is None:
+            return None
+        model = self.model
+        layers = old.cache.layers[:model.num_layers]
+        if layers[0]._keys_buffer.data_ptr() != self._row_storage[0][0].data_ptr():
+            # the cache outgrew the buffer and moved to a bigger one (of exactly its rows)
+            self._row_storage = [[layer._keys_buffer, layer._values_buffer]
+                                 for layer in layers]
+        storage = self._row_storage
+        end = int(layers[0].keys.shape[-2])  # where every row's KV ends
+        in_batch = set(order)
+        joined = sorted((j for j in members if j not in in_batch), key=lambda j: j.key)
+        if (len(members) > storage[0][0].shape[0]
+                or any(self._running[j].tokens > end for j in joined)):
+            return None
+        rows = list(order)
+        for row in sorted((r for r, j in enumerate(order) if j not in members), reverse=True):
+            last = len(rows) - 1
+            if row != last:  # the last row moves into the hole
+                for pair in storage:
+                    for buffer in pair:
+                        buffer[row, :, :end].copy_(buffer[last, :, :end])
+                rows[row] = rows[last]
+            rows.pop()
+        for job in joined:
+            row, length = len(rows), self._running[job].tokens
+            for layer, pair in enumerate(storage):
+                for side, buffer in enumerate(pair):
+                    buffer[row, :, :end - length].zero_()
+                    copy_chunks(buffer[row, :, end - length:end],
+                                self._running[job].kv[layer][side])
+            self._running[job].kv = None
+            rows.append(job)
+        n = len(rows)
+        cache = model.new_cache()
+        for layer, (keys, values) in enumerate(storage):
+            cache.layers[layer].adopt(keys[:n], values[:n], end)
+        self.times.decode_reshapes += 1
+        return self._new_decode_batch(cache, rows, end)
+
+    def _new_decode_batch(self, cache: Any, order: list[Job], end: int
+                          ) -> tuple[Batch, list[Job]]:
+        """The decode step's inputs for rows ``order`` whose KV ends at ``end`` in ``cache``:
+        each row's next token, its position, and a mask of its own tokens when rows differ."""
+        torch, model = self.model.torch, self.model
+        device = model.device
+        lengths = [self._running[j].tokens for j in order]
+        n = len(order)
         sizes = torch.tensor(lengths, device=device).reshape(n, 1)
         mask = None
-        if len(set(lengths)) > 1:  # each row's own tokens and the one it feeds now
-            span = torch.arange(longest + 1, device=device).reshape(1, -1)
-            mask = (span >= longest - sizes).to(torch.long)
+        if len(set(lengths)) > 1 or lengths[0] != end:  # each row's own tokens and the new one
+            span = torch.arange(end + 1, device=device).reshape(1, -1)
+            mask = (span >= end - sizes).to(torch.long)
         batch = Batch(ids=model.token_tensor([self._running[j].next_token for j in order]
                                              ).reshape(n, 1),
                       mask=mask, positions=sizes, cache=cache, cached_lengths=lengths,
                       new_lengths=[1] * n, next_positions=sizes + 1)
         self._decode_batch, self._decode_order = batch, order
-        self.times.decode_rebuilds += 1
         return batch, order
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
@@ -421,7 +489,7 @@ class TorchIterations:
                                        [self._running[j].next_token for j in order])
         else:
             rebuild_started = perf_counter()
-            batch, order = self._rebuild(jobs)
+            batch, order = self._reshape(jobs) or self._rebuild(jobs)
             self.times.decode_rebuild_s += perf_counter() - rebuild_started
             logits = self.model.forward(batch)
         self.model.sync()
@@ -451,6 +519,7 @@ class TorchIterations:
         tree dropped (its moves) and the system prompt (recovered by ``recover``)."""
         self._running.clear()
         self._decode_batch = None
+        self._row_storage = None
         self._decode_order = []
         self._apply_moves()
         root = self.tree.root
