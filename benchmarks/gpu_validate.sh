@@ -10,7 +10,8 @@
 #    ~50%, ~90% of the measured capacity and overload (REQUESTS requests each, default 120).
 #
 # 3. checks --overlap-swap on CUDA (layer-wise copies on their own stream);
-# 4. where vLLM's CUDA build is installed, profiles vLLM and validates its two systems.
+# 4. where vLLM's CUDA build is installed, profiles vLLM and validates its three systems
+#    (vllm, vllm-apc, and ragcache: the knowledge tree inside vLLM as its host tier).
 #
 # Everything lands in OUT_DIR with the machine's description (machine.txt), so the numbers can
 # be committed with their date and device. Runs from the repository root without installing
@@ -104,9 +105,15 @@ if "$PY" -c "import vllm, vllm.engine" >/dev/null 2>&1; then
   VPROFILE="$OUT/cuda-vllm-mistral-7b.json"
   "$PY" -m ragsim profile --engine vllm --model mistral-7b --device cuda --dtype fp16 --quick \
     --block-tokens 16 --out "$VPROFILE" 2>&1 | tee "$OUT/profile-vllm.txt" || true
-  for system in vllm vllm-apc; do
+  # ragcache: the knowledge tree as vLLM's host tier (a KV connector); vLLM schedules FCFS and
+  # prefills the final list only, and its prefix cache shares blocks within a batch
+  printf '[run]\nspeculate = false\nreorder = false\nprefix_block_tokens = 16\nbatch_kv_sharing = true\n' \
+    > "$OUT/ragcache-vllm.toml"
+  for system in vllm vllm-apc ragcache; do
+    config=()
+    [ "$system" = ragcache ] && config=(--config "$OUT/ragcache-vllm.toml")
     "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" --trace mmlu \
-      --system "$system" --requests "$REQUESTS" --loads idle,50,90,over \
+      --system "$system" "${config[@]}" --requests "$REQUESTS" --loads idle,50,90,over \
       --out "$OUT/validate-vllm-$system" 2>&1 | tee "$OUT/validate-vllm-$system.txt" || true
   done
 else
