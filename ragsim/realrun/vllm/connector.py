@@ -112,8 +112,7 @@ class RequestRecord:
     tree_hit_gpu: int = 0  # the tree's hits (its GPU tier: vLLM's blocks as the tree models them)
     tree_hit_host: int = 0
     local: int = 0  # vLLM's own prefix-cache hit
-    external: int = 0  # loaded by this connector
-    offered: int = 0  # what the connector found it could load (before vLLM took it)
+    external: int = 0  # loaded by this connector (when vLLM first scheduled the request)
 
 
 @dataclass
@@ -251,7 +250,6 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         if plan is None:
             plan = self._serve(rid, params)
             plan.record.local, plan.record.external = local, num_external_tokens
-            plan.record.offered = num_external_tokens
         if num_external_tokens:
             ids = blocks.get_block_ids()[0]
             for i in range(local // self.block, (local + num_external_tokens) // self.block):
