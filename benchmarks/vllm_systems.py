@@ -57,11 +57,17 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
     from ragsim.validate import CPU_PROFILE_MAX_BATCH, run_needs
 
     spec = scaled_down(resolve_model("mistral-7b"), layers=2, hidden=256).with_dtype("fp32")
-    config = config_of("vllm", 1.0, requests, gpu_mib, 1024, "cpu-mistral-7b-l2-h256")
-    trace = requests_to_run(resolve_trace("mmlu", seed=0, n_requests=requests), config)
-    needs = run_needs(trace, config, spec.kv_bytes_per_token)
+    # what the runs of 100 to `requests` requests ask for (the mmlu trace's sample, and so its
+    # longest prompt, depends on the number of requests): no price by extrapolation
+    needs: dict[str, int] = {}
+    for n in sorted({100, 200, requests}):
+        config = config_of("vllm", 1.0, n, gpu_mib, 1024, "cpu-mistral-7b-l2-h256")
+        trace = requests_to_run(resolve_trace("mmlu", seed=0, n_requests=n), config)
+        for key, value in run_needs(trace, config, spec.kv_bytes_per_token).items():
+            needs[key] = max(needs.get(key, 0), value)
     needs["batch_size"] = min(max(needs["batch_size"], 16), CPU_PROFILE_MAX_BATCH)
     plan = ProfilePlan.quick().covering(**needs)
+    print(f"plan: {plan}", flush=True)
     made = profile_vllm(spec, name=out.stem, plan=plan, out=out, block_tokens=BLOCK,
                         kv_cache_bytes=2**30, seed=0,
                         label="vLLM; scaled down from mistral-7b: 2 layers, hidden 256; "
