@@ -53,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ragsim.cache.tree import KnowledgeTree, Node
+from ragsim.realrun.vllm.blocks import block_owners, loadable_tokens
 from ragsim.realrun.vllm.engine import TREE_CONNECTOR
 
 PARAMS = "ragsim"  # the key of a request's document boundaries in kv_transfer_params
@@ -124,15 +125,6 @@ class _Plan:
     record: RequestRecord
 
 
-def _blocks_of(spans: list[tuple[int, int]], block: int) -> list[int]:
-    """Owner index (into ``spans``) of each whole block that ends inside a span."""
-    owner = []
-    for k, (start, end) in enumerate(spans):
-        first = start // block  # the first block that ends after ``start``
-        owner.extend(k for i in range(first, end // block) if (i + 1) * block > start)
-    return owner
-
-
 class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
     """The knowledge tree's host tier for vLLM (scheduler side) and its KV (worker side)."""
 
@@ -175,7 +167,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         self.blocks_saved = self.blocks_loaded = self.copies_freed = 0
         self.never_saved = 0  # nodes cached by the tree whose request ended before saving them
         root = tree.root
-        self._admit(root, len(_blocks_of([(0, tree.system_prompt_tokens)], self.block)))
+        self._admit(root, len(block_owners([(0, tree.system_prompt_tokens)], self.block)))
 
     def _admit(self, node: Node, n_blocks: int) -> int:
         uid = next(self._uids)
@@ -237,7 +229,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         self._local[request.request_id] = num_computed_tokens
         plan = self._plans.get(request.request_id)
         held = self._held_prefix(params, plan.path if plan else None)
-        hit = min(held, request.num_tokens - 1) // self.block * self.block
+        hit = loadable_tokens(held, request.num_tokens, self.block)
         return max(0, hit - num_computed_tokens), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -265,7 +257,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         self._apply(tree.drain_moves())
         path = list(result.path)
         spans = self._spans(params, len(path))
-        owner_k = _blocks_of(spans, self.block)
+        owner_k = block_owners(spans, self.block)
         nodes = [tree.root, *path]
         owner = [self._uid.get(nodes[k], -1) for k in owner_k]
         pending = {}
@@ -289,7 +281,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
             if kind == "admit_gpu":
                 start = self.tree.system_prompt_tokens + sum(n.tokens
                                                              for n in node_path(node)[:-1])
-                self._admit(node, len(_blocks_of([(start, start + node.tokens)], self.block)))
+                self._admit(node, len(block_owners([(start, start + node.tokens)], self.block)))
             elif kind == "drop":
                 self._free(node)
 
