@@ -69,6 +69,8 @@ def test_ragcache_runs_its_tree_as_a_connector_with_a_host_tier():
     config = build_config({"system": "ragcache", "speculate": False, "reorder": False,
                            "prefix_block_tokens": 32})
     check_config(config)  # its host tier and host replicas are the connector's
+    with pytest.raises(RagsimInputError, match="--no-speculate --no-reorder"):
+        check_config(build_config({"system": "ragcache"}))
     assert config.host_cache_bytes > 0 and config.host_replicas > 0
     s = engine_settings(small_trace(), config, load_profile(PROFILE), seed=0)
     assert s.kv_connector == "RagsimTreeConnector" and s.prefix_caching

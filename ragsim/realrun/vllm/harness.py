@@ -83,9 +83,11 @@ def check_config(config: SimConfig) -> None:
                 "--host-replicas", "vLLM's prefix cache has no host tier"),
                ("overlap_swap", config.overlap_swap, "--overlap-swap",
                 "the host tier's copies finish before vLLM's step starts"))
-    for _name, on, flag, why in refused:
+    for name, on, flag, why in refused:
         if on:
-            raise RagsimInputError(f"not with --backend vllm: {why}", field=flag)
+            hint = ("; ragcache's preset turns it on: give --no-speculate --no-reorder"
+                    if tiered and name in ("speculate", "reorder") else "")
+            raise RagsimInputError(f"not with --backend vllm: {why}{hint}", field=flag)
 
 
 def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
