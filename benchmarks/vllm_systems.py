@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 SYSTEMS = ("vllm", "vllm-apc", "ragcache")
@@ -67,6 +68,11 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
             needs[key] = max(needs.get(key, 0), value)
     needs["batch_size"] = min(max(needs["batch_size"], 16), CPU_PROFILE_MAX_BATCH)
     plan = ProfilePlan.quick().covering(**needs)
+    # covering adds one row at the longest prefix; a row every 512 tokens past 2,048 keeps
+    # the interpolation between measured prefixes short
+    top = max(plan.cached_tokens)
+    plan = replace(plan, cached_tokens=sorted({*plan.cached_tokens,
+                                               *range(2560, top, 512)}))
     print(f"plan: {plan}", flush=True)
     made = profile_vllm(spec, name=out.stem, plan=plan, out=out, block_tokens=BLOCK,
                         kv_cache_bytes=2**30, seed=0,
