@@ -322,6 +322,8 @@ class KnowledgeTree:
         frequency_window_s: float | None = None,
         record_moves: bool = False,
     ) -> None:
+        if not isinstance(policy, NodePolicy):
+            raise TypeError(f"the tree's policy must be a TreePolicy, not {type(policy).__name__}")
         check_frequency_scope(frequency_scope, frequency_window_s)
         if gpu_capacity_bytes < 0 or host_capacity_bytes < 0:
             raise ValueError("capacities must be >= 0")
@@ -366,8 +368,6 @@ class KnowledgeTree:
         self._window_s = frequency_window_s if self._windowed else 0.0
         self._now_s = -float("inf")
         self._retrievals = deque()
-        if not isinstance(policy, NodePolicy):
-            raise TypeError(f"the tree's policy must be a TreePolicy, not {type(policy).__name__}")
         self._hooks = policy
         # most policies ignore entry into the cache: skip a million no-op calls for them
         self._tracks_entry = bool(policy.tracks_cache_entry)
