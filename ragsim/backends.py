@@ -51,6 +51,11 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
     from ragsim.realrun.harness import run_real
 
     def real(trace, config, profile, progress=None):
+        if config.scheduler != "prefill-first":
+            raise RagsimInputError(
+                "the torch engine runs prefill-first iterations; mixed steps (chunked prefill) "
+                "are modelled by the simulator and run by vLLM (--backend vllm)",
+                field="scheduler")
         return run_real(trace, config, profile, device=device, threads=threads,
                         seed=config.seed, progress=progress)
 

@@ -332,6 +332,9 @@ knobs = st.fixed_dictionaries({
     "host_cache_bytes": st.sampled_from([0, 3000 * KV]),
     "max_prefill_bs": st.integers(1, 4),
     "max_batch_size": st.integers(1, 8),
+    # mixed steps with a budget small enough to chunk prompts (documents of 400-1,000 tokens)
+    "scheduler": st.sampled_from(["prefill-first", "mixed"]),
+    "max_batched_tokens": st.sampled_from([16384, 700]),
     "reorder": st.booleans(),
     "speculate": st.booleans(),
     "reorder_window_s": st.sampled_from([0.0, 0.05, 0.5, 5.0]),

@@ -204,7 +204,11 @@ def run(
     max_prefill_bs: Annotated[int | None, _opt(SCHEDULER, "Most requests per prefill iteration.")
                               ] = None,
     max_batched_tokens: Annotated[int | None, _opt(
-        SCHEDULER, "Most new tokens per prefill iteration.")] = None,
+        SCHEDULER, "Most new tokens per prefill iteration (mixed: per step, decodes "
+        "included).")] = None,
+    scheduler: Annotated[str | None, _opt(
+        SCHEDULER, "prefill-first (vLLM v0.3) or mixed (chunked prefill: decodes and prompt "
+        "chunks share each step's token budget; vLLM >= 0.4, SGLang).")] = None,
     # retrieval
     top_k: Annotated[int | None, _opt(RETRIEVAL, "Use only the first K retrieved documents.")
                      ] = None,
@@ -313,7 +317,8 @@ def run(
         "speculate": speculate, "overlap_swap": overlap_swap,
         "batch_kv_sharing": batch_kv_sharing,
         "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
-        "max_batched_tokens": max_batched_tokens, "search_workers": search_workers,
+        "max_batched_tokens": max_batched_tokens, "scheduler": scheduler,
+        "search_workers": search_workers,
         "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
         "stage_converge_p": stage_converge_p, "stage_keeps_d1_p": stage_keeps_d1_p,
         "stage_other_found_p": stage_other_found_p, "search_latency": search_latency,

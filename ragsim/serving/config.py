@@ -108,6 +108,11 @@ class SimConfig:
     # requests of one prefill batch hit KV an earlier request of the same batch computes (vLLM
     # v1 caches blocks when it schedules them; SGLang and RAGCache insert after the prefill)
     batch_kv_sharing: bool = False
+    # how an iteration is formed: "prefill-first" (vLLM v0.3, the paper's prototype: a prefill
+    # iteration of waiting requests, else a decode step) or "mixed" (vLLM >= 0.4's chunked
+    # prefill, SGLang's mixed chunks: every step decodes the running requests and fills the
+    # rest of max_batched_tokens with prefill chunks; a long prompt spans several steps)
+    scheduler: str = "prefill-first"
     # faults
     fail_gpu_at_s: tuple[float, ...] = ()
     gpu_failure_rate_per_h: float = 0.0
@@ -158,6 +163,8 @@ class SimConfig:
     def replace(self, **changes) -> SimConfig:
         return validate(dataclasses.replace(self, **changes))
 
+
+SCHEDULERS = ("prefill-first", "mixed")
 
 # The systems the paper compares. Each preset lists only what it changes from the defaults.
 SYSTEM_PRESETS: dict[str, dict] = {
@@ -331,6 +338,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.reorder_window_start in WINDOW_STARTS, "reorder_window_start",
            f"must be one of {', '.join(WINDOW_STARTS)}", source)
     _check(c.search_time_scale > 0, "search_time_scale", "must be > 0", source)
+    _check(c.scheduler in SCHEDULERS, "scheduler", f"must be one of {', '.join(SCHEDULERS)}",
+           source)
     _check(c.retrieval in RETRIEVALS, "retrieval", f"must be one of {', '.join(RETRIEVALS)}",
            source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",

@@ -58,6 +58,7 @@ class Job:
         "alpha",
         "attributed_s",
         "beta",
+        "computing",
         "context_tokens",
         "decision_s",
         "doc_tokens",
@@ -74,6 +75,7 @@ class Job:
         "output_tokens",
         "path",
         "prefill_start_s",
+        "prefilled",
         "query_tokens",
         "recomputed",
         "request",
@@ -100,6 +102,8 @@ class Job:
         self.path: list | None = None
         self.reserved_bytes = 0
         self.alpha = self.beta = 0
+        self.prefilled = 0  # of its beta new tokens, those computed (mixed steps: in chunks)
+        self.computing: list = []  # the tree nodes its prefill computes
         self.context_tokens = 0
         self.generated = generated
         self.attributed_s = 0.0  # engine time spent on this job (for speculation waste)
@@ -163,6 +167,9 @@ class Iterations(Protocol):
     # without them (a real engine) it runs every step.
     def leave(self, job: Job) -> None: ...
     def gpu_failed(self) -> None: ...
+    # Optional (the simulator's): ``mixed(chunks, decoding, mean_context_tokens)``, one step
+    # of the mixed scheduler: prefill chunks ``(job, new tokens)`` (each over the job's
+    # ``alpha + prefilled`` tokens) and a decode token for every job of ``decoding``.
     def recovery_s(self, restart_s: float, root_bytes: int) -> float: ...
     def recover(self, restart_s: float, root_bytes: int) -> Wait: ...
 
@@ -172,7 +179,7 @@ class Engine:
                  hooks: EngineHooks, iterations: Iterations, kv_bytes_per_token: int,
                  max_batch_size: int, max_prefill_bs: int, max_batched_tokens: int,
                  prefix_block_tokens: int, gpu_recovery_s: float,
-                 batch_kv_sharing: bool = False) -> None:
+                 batch_kv_sharing: bool = False, scheduler: str = "prefill-first") -> None:
         self.env = env
         self.tree = tree
         self.pool = pool
@@ -185,6 +192,11 @@ class Engine:
         self.block = prefix_block_tokens
         self.gpu_recovery_s = gpu_recovery_s
         self.batch_kv_sharing = batch_kv_sharing
+        self.mixed = scheduler == "mixed"
+        if self.mixed and not hasattr(iterations, "mixed"):
+            raise ValueError("the mixed scheduler is modelled by the simulator only: this "
+                             "engine runs prefill-first iterations")
+        self._prefilling: list[Job] = []  # mixed: admitted, part of their prompt computed
         self._batch_computed: set = set()  # nodes the batch being formed computes
         self._speculated: dict = {}  # node -> the request whose speculation computed it
         self._speculated_by: dict[int, list] = {}  # request -> those nodes (to forget them)
@@ -207,6 +219,7 @@ class Engine:
         # counters
         self.iterations_prefill = 0
         self.iterations_decode = 0
+        self.iterations_mixed = 0  # steps that prefilled and decoded together
         self.busy_s = 0.0
         self.swap_in_s = 0.0
         self.scheduler_s = 0.0  # wall time spent choosing batches
@@ -279,7 +292,21 @@ class Engine:
                     self._recovering = False
                     self.down_until_s = env.now
                     continue
-                batch = self._admit()
+                if self.mixed and (self._prefilling or self.pool):
+                    chunks = self._mixed_chunks()
+                    if chunks:
+                        n = len(self._decoding)
+                        self._current = [job for job, _ in chunks]
+                        self._iterating = True
+                        timing = yield from self.iterations.mixed(
+                            chunks, self._decoding, self._context_sum / n if n else 0.0)
+                        self._iterating = False
+                        self._current = []
+                        self._after_mixed(chunks, timing, n)
+                        continue
+                    batch = []
+                else:
+                    batch = self._admit()
                 if batch:
                     self._current = batch
                     self._iterating = True
@@ -292,6 +319,7 @@ class Engine:
                     n = len(self._decoding)
                     self._iterating = True
                     if (self._decode_durations is not None and not self.pool
+                            and not self._prefilling
                             and self._finish_heap[0][0] - self._decode_iter > 1):
                         yield from self._decode_run(n)
                     else:
@@ -329,27 +357,34 @@ class Engine:
                     return depth
         return matched
 
-    def _admit(self) -> list[Job]:
-        """Take requests from the pool into one prefill batch (None fits: an empty list)."""
+    def _admit(self, budget: int | None = None, chunked: bool = False) -> list[Job]:
+        """Take requests from the pool into one prefill batch (None fits: an empty list).
+        ``chunked`` (the mixed scheduler): admit while ``budget`` tokens remain, the last job
+        admitted possibly larger than what remains (its prompt is then computed in chunks)."""
         self._apply_terminations()
         pool = self.pool
         if not pool:
             return []
         started = perf_counter()
         self._batch_computed.clear()
+        for job in self._prefilling:  # mixed: prompts still being computed, chunk by chunk
+            self._batch_computed.update(job.computing)
         tree = self.tree
         kv = self.kv
         batch: list[Job] = []
-        budget = self.max_batched_tokens
+        if budget is None:
+            budget = self.max_batched_tokens
         lengths = self._lengths if pool.reorder else None
         now = self.env.now
+        running = len(self._decoding) + len(self._prefilling)
         while (pool and len(batch) < self.max_prefill_bs
-               and len(self._decoding) + len(batch) < self.max_batch_size):
+               and running + len(batch) < self.max_batch_size
+               and (not chunked or budget > 0)):
             decided = perf_counter()
             key, job = pool.peek(lengths, now)
             need_bytes = job.footprint_tokens * kv
             if need_bytes > tree.gpu_available_bytes:
-                if not batch and not self._decoding:
+                if not batch and not self._decoding and not self._prefilling:
                     # nothing runs that could free memory: it can never fit
                     pool.take(key, now)
                     job.done = True
@@ -357,7 +392,7 @@ class Engine:
                     continue
                 break
             _, compute = self._lengths(job)
-            if batch and compute > budget:
+            if batch and compute > budget and not chunked:
                 break  # a single request larger than the budget still runs alone
             pool.take(key, now)
             self._start(job)
@@ -396,7 +431,7 @@ class Engine:
             if True in mine:
                 own_gpu, own_host = own_hit_tokens([n.tokens for n in hit_path], mine,
                                                    u.hit_tokens_gpu, hit_gpu, u.hit_tokens_host)
-        computed = path[n_hit:]
+        computed = job.computing = path[n_hit:]
         if computed:
             if not self.batch_kv_sharing:
                 self._batch_computed.update(computed)
@@ -420,6 +455,51 @@ class Engine:
         if not tree.reserve_gpu(job.reserved_bytes):  # admission checked the whole footprint
             raise AssertionError("KV reservation failed after admission")
         job.prefill_start_s = self.env.now
+
+    def _mixed_chunks(self) -> list[tuple[Job, int]]:
+        """One mixed step's prefill work: every running request decodes a token, partial
+        prompts continue first (oldest first), then the pool's requests are admitted while
+        the token budget lasts; a prompt larger than what is left is computed in chunks."""
+        self._apply_terminations()
+        budget = self.max_batched_tokens - len(self._decoding)
+        chunks: list[tuple[Job, int]] = []
+        for job in self._prefilling:
+            if budget <= 0:
+                break
+            take = min(job.beta - job.prefilled, budget)
+            chunks.append((job, take))
+            budget -= take
+        if budget > 0:
+            for job in self._admit(budget, chunked=True):
+                take = min(job.beta, budget)
+                chunks.append((job, take))
+                budget -= take
+                self._prefilling.append(job)
+        return chunks
+
+    def _after_mixed(self, chunks: list[tuple[Job, int]], timing: PrefillTiming,
+                     n: int) -> None:
+        """Settle a mixed step: the running requests' decode token (as a decode step), the
+        chunks' tokens, and the first token of every request whose prompt is now computed."""
+        duration = timing.duration_s
+        self.iterations_mixed += n > 0
+        self.swap_in_s += timing.copy_s
+        exposed_copy = duration - timing.compute_s
+        total_new = sum(take for _, take in chunks) or 1
+        for job, take in chunks:
+            if job.prefilled == 0:  # its host hits were copied before this step's compute
+                job.swap_in_s = exposed_copy
+            job.prefilled += take
+            job.attributed_s += duration * take / total_new
+        if n:
+            self._after_decode(duration, n)  # busy time, decode counters, finishes
+        else:
+            self.busy_s += duration
+        done = [job for job, _ in chunks if job.prefilled >= job.beta]
+        if done:
+            self.iterations_prefill += 1
+            self._prefilling = [j for j in self._prefilling if j.prefilled < j.beta]
+            self._after_prefill(done, duration)
 
     def forget_request(self, request: int) -> None:
         """The request ended: documents its speculation computed are anybody's from now on."""
@@ -567,6 +647,8 @@ class Engine:
         for job in self._terminate:
             if job in self._decoding:
                 self._leave_decoding(job)
+            elif job in self._prefilling:
+                self._prefilling.remove(job)
             self._release(job)
             if not job.done:
                 job.done = True
@@ -578,8 +660,11 @@ class Engine:
         """Every running job loses its KV; the tree loses its GPU tier; the GPU is down a while."""
         # in submission order: a set of jobs iterates in memory-address order, which would make
         # the retries' order (and so the run) differ between two runs with the same seed
-        victims = list(self._current) + sorted(self._decoding, key=lambda job: job.key)
+        current = set(self._current)
+        victims = (list(self._current) + [j for j in self._prefilling if j not in current]
+                   + sorted(self._decoding, key=lambda job: job.key))
         self._current = []
+        self._prefilling = []
         for job in victims:
             if job in self._decoding:
                 self._leave_decoding(job)

@@ -114,7 +114,8 @@ class Pipeline(EngineHooks):
             max_batch_size=config.max_batch_size,
             max_prefill_bs=config.max_prefill_bs, max_batched_tokens=config.max_batched_tokens,
             prefix_block_tokens=config.prefix_block_tokens,
-            gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing)
+            gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing,
+            scheduler=config.scheduler)
         self.workers = simpy.Resource(self.env, capacity=config.search_workers)
         # the requests' documents, CSR: slicing flat lists is cheaper than n small lists
         self._ids = trace.doc_ids.tolist()

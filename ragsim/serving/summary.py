@@ -148,6 +148,7 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         "window_forced_decisions": int(pool.overdue_served),
         "iterations_prefill": int(engine.iterations_prefill),
         "iterations_decode": int(engine.iterations_decode),
+        "iterations_mixed": int(engine.iterations_mixed),
         "gpu_busy_fraction": engine.busy_s / simulated_s if simulated_s > 0 else 0.0,
         "swap_in_s": float(engine.swap_in_s),
         # with those of an already failed, empty system that were counted, not simulated

@@ -40,6 +40,24 @@ class PredictedIterations:
         yield self.env.timeout(timing.duration_s)
         return timing
 
+    def mixed(self, chunks: list[tuple[Job, int]], decoding: set[Job],
+              mean_context_tokens: float) -> Wait:
+        """A mixed step: the prefill chunks priced as one batched prefill (each chunk over its
+        job's context so far), plus a decode step of the running requests. Additive: it counts
+        a step's fixed cost twice and reads the weights twice, so on a GPU, where a small
+        decode batch costs little beside a prefill, it is an upper bound; a profile with
+        measured mixed steps would replace it. Host hits are copied before a job's first
+        chunk (or beside the compute, with ``overlap_swap``)."""
+        compute = prefill_compute_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
+                                    [take for _, take in chunks])
+        if decoding:
+            compute += decode_step_s(self.profile, len(decoding), mean_context_tokens)
+        swap_bytes = sum(j.swap_in_bytes for j, _ in chunks if j.prefilled == 0)
+        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
+        duration = max(compute, copy) if self.overlap_swap else compute + copy
+        yield self.env.timeout(duration)
+        return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
+
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
         duration = decode_step_s(self.profile, len(jobs), mean_context_tokens)
         yield self.env.timeout(duration)
