@@ -368,3 +368,20 @@ def test_validate_on_vllm_needs_a_profile_of_vllm(tmp_path):
                                       str(tmp_path / "v")])
     assert result.exit_code == 2
     assert "ragsim profile --engine vllm" in result.output
+
+
+def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_path):
+    """vLLM >= 0.4 forms every step from decodes and prompt chunks: validating against it
+    simulates that by default; the torch engine runs prefill-first; an explicit choice (flag
+    or config file) stands."""
+    from ragsim.cli.validate import _config
+
+    common = dict(trace="mmlu", system="vllm", rate=None, requests=10, seed=0, policy=None,
+                  gpu_mem=None, host_mem=None)
+    assert _config(None, **common, backend="vllm").scheduler == "mixed"
+    assert _config(None, **common, backend="torch").scheduler == "prefill-first"
+    assert _config(None, **common, backend="vllm",
+                   scheduler="prefill-first").scheduler == "prefill-first"
+    file = tmp_path / "c.toml"
+    file.write_text('format = "ragsim.config"\nversion = 1\n[run]\nscheduler = "prefill-first"\n')
+    assert _config(file, **common, backend="vllm").scheduler == "prefill-first"

@@ -36,7 +36,7 @@ DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU c
 _OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
                     "n_requests": "--requests", "seed": "--seed", "profile": "--profile",
                     "policy": "--policy", "gpu_kv_bytes": "--gpu-mem",
-                    "host_cache_bytes": "--host-mem"}
+                    "host_cache_bytes": "--host-mem", "scheduler": "--scheduler"}
 
 
 class ValidateCommand(Command):
@@ -94,6 +94,10 @@ def validate(
         help="Compare at several loads, e.g. idle,50,90,over: the overload point's real "
         "throughput is the capacity the percentages take; idle is sequential.")] = None,
     seed: Annotated[int, typer.Option(help="Seed (built-in traces, arrivals, stages).")] = 0,
+    scheduler: Annotated[str | None, typer.Option(
+        help="The simulator's iterations: prefill-first or mixed (chunked prefill). Default: "
+        "the engine's own (torch: prefill-first; vLLM: mixed, as vLLM >= 0.4 schedules).")
+    ] = None,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -118,7 +122,8 @@ def validate(
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
     config = _config(config_file, trace=trace, system=system, rate=rate, requests=requests,
-                     seed=seed, policy=policy, gpu_mem=gpu_mem, host_mem=host_mem)
+                     seed=seed, policy=policy, gpu_mem=gpu_mem, host_mem=host_mem,
+                     scheduler=scheduler, backend=backend)
     from ragsim.traces import resolve_trace
 
     data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
@@ -201,15 +206,19 @@ def _kept_on_interrupt(out_dir: Path, signals):
 
 def _config(config_file: Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem: str | None,
-            host_mem: str | None):
+            host_mem: str | None, scheduler: str | None = None, backend: str = "torch"):
     """The run's configuration (a --config file under this command's options), an error
-    naming this command's option or the file's field."""
+    naming this command's option or the file's field. Unless told otherwise, the simulation
+    of a vLLM run uses the mixed scheduler: vLLM >= 0.4 forms every step that way."""
     from ragsim.serving.config import build_config, load_config_file
     from ragsim.units import parse_bytes
 
     base = load_config_file(config_file) if config_file is not None else None
+    if scheduler is None and backend == "vllm" and "scheduler" not in (base or {}):
+        scheduler = "mixed"
     flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
              "seed": seed, "policy": policy.lower() if policy else None,
+             "scheduler": scheduler,
              "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
              "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem
              else None}
