@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ragsim.errors import RagsimInputError
@@ -214,6 +214,7 @@ PROFILE_CHANGES = st.tuples(
 
 @FUZZ
 @given(changes=st.lists(PROFILE_CHANGES, min_size=1, max_size=3))
+@example(changes=[(("kv_capacity_bytes",), False, 0)])  # found by this test: no room for KV
 def test_broken_profiles_fail_cleanly(changes):
     data = copy.deepcopy(GOOD_PROFILE)
     for path, drop, value in changes:

@@ -358,8 +358,9 @@ class Profile:
             engine=str(data["engine"]),
             obtained=_object(data, "obtained", source),
             # bytes are summed in 64-bit integers: an exbibyte of KV is past any GPU
+            # no KV room: no request could ever run (a profile of a model that does not fit)
             kv_capacity_bytes=int(_number(data, "kv_capacity_bytes", source, integer=True,
-                                          maximum=2**60)),
+                                          minimum=1, maximum=2**60)),
             overhead_s=_number(data, "overhead_s", source),
             prefill=prefill,
             batched_prefill=_batched(data["batched_prefill"], prefill, int(version), source),
