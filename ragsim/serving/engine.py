@@ -2,7 +2,9 @@
 
 Each iteration is either a *prefill* iteration (requests taken from the pool, their uncached
 tokens computed in one batch) or a *decode* iteration (one token for every running request);
-waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends.
+waiting prefills go first, as in vLLM v0.3, which the paper's prototype extends. With
+``scheduler="mixed"`` (vLLM >= 0.4, SGLang) every step decodes the running requests and fills
+the rest of the token budget with prompt chunks (``_mixed_chunks``, docs/model.md section 6).
 
 Memory: the knowledge tree owns the GPU's KV space. A request admitted to a batch pins its
 cached path, places its computed documents in the tree, and reserves the rest of its KV (query,
