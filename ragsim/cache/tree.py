@@ -895,6 +895,7 @@ class KnowledgeTree:
         n: Node = cython.cast(Node, heap[pos])
         parent: Node
         up: cython.Py_ssize_t
+        start: cython.Py_ssize_t = pos
         while pos > 0:
             up = (pos - 1) >> 1
             parent = cython.cast(Node, heap[up])
@@ -902,7 +903,8 @@ class KnowledgeTree:
                 break
             self._place(heap, parent, pos, gpu)
             pos = up
-        self._place(heap, n, pos, gpu)
+        if pos != start:  # else it is already there
+            self._place(heap, n, pos, gpu)
 
     @cython.cfunc
     @cython.exceptval(check=False)
@@ -912,6 +914,7 @@ class KnowledgeTree:
         child: cython.Py_ssize_t
         c: Node
         other: Node
+        start: cython.Py_ssize_t = pos
         while True:
             child = 2 * pos + 1
             if child >= size:
@@ -926,7 +929,19 @@ class KnowledgeTree:
                 break
             self._place(heap, c, pos, gpu)
             pos = child
-        self._place(heap, n, pos, gpu)
+        if pos != start:
+            self._place(heap, n, pos, gpu)
+
+    @cython.cfunc
+    @cython.exceptval(check=False)
+    def _sift(self, heap: list, pos: cython.Py_ssize_t, gpu: cython.bint) -> cython.void:
+        """Restore the order around the node at ``pos`` (placed there, its priority set):
+        up if it is less than its parent, else down."""
+        if pos > 0 and self._less(cython.cast(Node, heap[pos]),
+                                  cython.cast(Node, heap[(pos - 1) >> 1]), gpu):
+            self._sift_up(heap, pos, gpu)
+        else:
+            self._sift_down(heap, pos, gpu)
 
     @cython.cfunc
     @cython.exceptval(-1)
@@ -940,8 +955,7 @@ class KnowledgeTree:
         if last is removed:
             return 0
         self._place(heap, last, pos, gpu)
-        self._sift_up(heap, pos, gpu)
-        self._sift_down(heap, last.gpu_pos if gpu else last.host_pos, gpu)
+        self._sift(heap, pos, gpu)
         return 0
 
     @cython.cfunc
@@ -959,8 +973,7 @@ class KnowledgeTree:
                 self._place(heap, n, pos, gpu)
                 self._sift_up(heap, pos, gpu)
             elif moved:
-                self._sift_up(heap, pos, gpu)
-                self._sift_down(heap, n.gpu_pos if gpu else n.host_pos, gpu)
+                self._sift(heap, pos, gpu)
         elif pos >= 0:
             self._heap_remove(heap, pos, gpu)
         return 0
