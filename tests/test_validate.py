@@ -364,10 +364,15 @@ def test_a_profile_measured_for_a_validation_reaches_what_its_runs_ask():
 
 
 def test_validate_on_vllm_needs_a_profile_of_vllm(tmp_path):
-    result = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--out",
-                                      str(tmp_path / "v")])
+    """On a GPU there is no shipped profile of vLLM: one must be measured and given. On a CPU
+    the shipped one is used (and here the run then stops at vLLM's missing CPU engine)."""
+    result = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--device", "cuda",
+                                      "--out", str(tmp_path / "v")])
     assert result.exit_code == 2
     assert "ragsim profile --engine vllm" in result.output
+    on_cpu = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--requests", "5",
+                                      "--out", str(tmp_path / "c")])
+    assert "ragsim profile --engine vllm" not in on_cpu.output
 
 
 def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_path):

@@ -33,6 +33,8 @@ from ragsim.errors import RagsimInputError
 
 DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
 # configuration fields this command sets -> its options, so an error names what the user typed
+# the shipped profile of vLLM's CPU engine: what --backend vllm prices with on a CPU by default
+VLLM_CPU_PROFILE = "cpu-vllm-mistral-7b-l2-h256"
 _OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
                     "n_requests": "--requests", "seed": "--seed", "profile": "--profile",
                     "policy": "--policy", "gpu_kv_bytes": "--gpu-mem",
@@ -82,7 +84,8 @@ def validate(
     host_mem: Annotated[str | None, typer.Option(
         "--host-mem", help="Host memory for the KV cache's host tier.")] = None,
     profile: Annotated[str | None, typer.Option(
-        help="Cost profile: shipped name or JSON path.")] = None,
+        help="Cost profile: shipped name or JSON path (--backend vllm on a CPU: "
+        "cpu-vllm-mistral-7b-l2-h256 unless given).")] = None,
     profile_now: Annotated[bool, typer.Option(
         "--profile-now", help="Profile the engine on this machine first (quick plan) and "
         "use that profile.")] = False,
@@ -111,6 +114,8 @@ def validate(
                                field="--backend")
     if profile is not None and profile_now:
         raise RagsimInputError("give --profile or --profile-now, not both", field="--profile")
+    if backend == "vllm" and profile is None and device == "cpu" and not profile_now:
+        profile = VLLM_CPU_PROFILE  # measured on vLLM's CPU engine (docs/vllm.md)
     if backend == "vllm" and profile is None:
         raise RagsimInputError("--backend vllm needs a profile of vLLM itself: measure one with "
                                "ragsim profile --engine vllm and give it as --profile",
