@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ragsim.cache.reuse import engine_reuse
+
 
 def block_owners(spans: Sequence[tuple[int, int]], block: int) -> list[int]:
     """For each whole block that ends inside one of ``spans`` (``[start, end)`` token spans,
@@ -27,5 +29,7 @@ def block_owners(spans: Sequence[tuple[int, int]], block: int) -> list[int]:
 
 def loadable_tokens(cached_prefix_tokens: int, prompt_tokens: int, block: int) -> int:
     """The tokens a request can take from a cached prefix of ``cached_prefix_tokens``: whole
-    blocks of it, never the prompt's last token."""
-    return min(cached_prefix_tokens, prompt_tokens - 1) // block * block
+    blocks of it, never the prompt's last token (the policy core's reuse rule, the one the
+    simulator applies)."""
+    cached = min(cached_prefix_tokens, prompt_tokens)
+    return engine_reuse(cached, prompt_tokens - cached, 0, 0, 0, block).cached_tokens
