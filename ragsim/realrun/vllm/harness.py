@@ -36,11 +36,13 @@ from ragsim.profiles.profile import Profile
 from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.realrun.vllm.engine import (
+    BLOCK_MULTIPLE_TOKENS,
     CPU_BLOCK_TOKENS,
     TREE_CONNECTOR,
     EngineSettings,
     build_engine,
     greedy,
+    smallest_block_tokens,
 )
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine import Job
@@ -60,6 +62,28 @@ class _NoIterations:
     prefill = decode = leave = gpu_failed = recovery_s = recover = _never
 
 
+# What vLLM's engine does whatever a configuration says, as the configuration's fields: (the
+# value, the option that sets it, why). ``check_config`` refuses a configuration that says
+# otherwise; ``engine_terms`` gives the values to simulate a vLLM run with.
+ENGINE_FIXED = {
+    "speculate": (False, "--speculate",
+                  "vLLM prefills the final list only (no speculative pipelining)"),
+    "reorder": (False, "--reorder", "vLLM schedules first come first served"),
+}
+
+
+def engine_terms(config: SimConfig, *, on_cpu: bool) -> dict:
+    """How vLLM's engine runs ``config``, as the simulator's fields: ``ENGINE_FIXED``'s values
+    and, with its prefix cache, hits counted in whole blocks of the smallest block it pages
+    (``smallest_block_tokens``) and shared by the requests of one batch (vLLM v1 caches a block
+    when it schedules it, so a batch mate's blocks are hits). ``ragsim validate`` simulates a
+    vLLM run on these terms where its configuration does not set them."""
+    terms = {name: value for name, (value, _, _) in ENGINE_FIXED.items()}
+    if config.cache:
+        terms.update(prefix_block_tokens=smallest_block_tokens(on_cpu), batch_kv_sharing=True)
+    return terms
+
+
 def check_config(config: SimConfig) -> None:
     """Refuse what vLLM's engine does not do, naming the option."""
     if config.system not in SYSTEMS:
@@ -70,9 +94,8 @@ def check_config(config: SimConfig) -> None:
     if tiered and not config.cache:
         raise RagsimInputError("ragcache on vLLM is its knowledge tree: not with --no-cache",
                                field="--no-cache")
-    refused = (("speculate", config.speculate, "--speculate",
-                "vLLM prefills the final list only (no speculative pipelining)"),
-               ("reorder", config.reorder, "--reorder", "vLLM schedules first come first served"),
+    refused = (*((name, getattr(config, name) != value, flag, why)
+                 for name, (value, flag, why) in ENGINE_FIXED.items()),
                ("host_cache_bytes", not tiered and config.cache and config.host_cache_bytes > 0,
                 "--host-mem", "vLLM's prefix cache has no host tier (--system ragcache adds one)"),
                ("fail_gpu_at_s", bool(config.fail_gpu_at_s), "--fail-gpu-at",
@@ -95,9 +118,10 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
     """vLLM's engine arguments for this run: the configuration's limits, KV budget and prefix
     block (the simulator's ``--block-tokens`` is vLLM's ``block_size``)."""
     block = config.prefix_block_tokens if config.cache else CPU_BLOCK_TOKENS
-    if block < 16 or block % 16:
-        raise RagsimInputError(f"vLLM pages KV in blocks of a multiple of 16 tokens, got "
-                               f"{block}", field="--block-tokens")
+    if block < BLOCK_MULTIPLE_TOKENS or block % BLOCK_MULTIPLE_TOKENS:
+        raise RagsimInputError(f"vLLM pages KV in blocks of a multiple of "
+                               f"{BLOCK_MULTIPLE_TOKENS} tokens, got {block}",
+                               field="--block-tokens")
     cumulative = np.concatenate(([0], np.cumsum(trace.doc_tokens_flat)))
     docs = cumulative[trace.doc_offsets[1:]] - cumulative[trace.doc_offsets[:-1]]
     longest = int((config.system_prompt_tokens + docs + trace.query_tokens
