@@ -18,14 +18,16 @@ other way round); it imports them inside the functions that run them.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from ragsim.errors import RagsimInputError
+from ragsim.errors import ConfigError, RagsimInputError
 
 if TYPE_CHECKING:
     from ragsim.profiles.profile import Profile
@@ -58,6 +60,12 @@ LOAD_IDLE, LOAD_OVER = "idle", "over"
 # moved during the run, and no single factor describes it (the report says so)
 STEADY_SPEED_CHANGE = 0.10
 _KEPT = ("request_id", "ttft_s", "hit_tokens_gpu", "hit_tokens_host")
+# the simulator's iterations for a vLLM run unless told otherwise: vLLM >= 0.4 forms every step
+# from decodes and prompt chunks under one token budget (the torch engine runs prefill-first)
+VLLM_SCHEDULER = "mixed"
+# why vLLM's engine runs these as ``harness.engine_terms`` says, for those ``harness.ENGINE_FIXED``
+# does not say (its prefix cache shares a block with the batch that scheduled it)
+_SHARED_IN_BATCH = "vLLM caches a block when it schedules it: the requests of a batch share it"
 
 
 # --------------------------------------------------------------------------- the join
@@ -253,11 +261,13 @@ def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool
 
 
 def compare(real, sim, *, backend: str, load: str | None = None,
-            sim_speed_adjusted=None) -> dict:
+            sim_speed_adjusted=None, terms: dict[str, tuple] | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
-    the simulation priced at the machine's speed during the run (``speed_adjusted``)."""
+    the simulation priced at the machine's speed during the run (``speed_adjusted``).
+    ``terms``: what ``backend_terms`` changed, recorded as ``backend_terms`` (field -> the
+    value both sides ran with; the full configuration is the runs' own)."""
     joined, dropped = join_runs(real.columns, sim.columns)
     if joined.empty:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
@@ -277,6 +287,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "load": load,
         "arrival": config.arrival,
         "rate_rps": config.rate_rps,
+        "backend_terms": {name: getattr(config, name) for name in terms or {}},
         "hit_agreement": hit_agreement(joined),
         **ttft_errors(joined),
         "throughput_error": throughput_error(real.summary, sim.summary),
@@ -337,6 +348,57 @@ def plot_ttft(joined: pd.DataFrame, out_dir: Path, label: str) -> list[Path]:
     ax.legend()
     paths.append(save_figure(fig, out_dir / "ttft_cdf.png"))
     return paths
+
+
+# --------------------------------------------------------------------------- equal terms
+def _toml(value) -> str:
+    return json.dumps(value)  # true, false, 32, "mixed": as a --config file writes them
+
+
+def backend_terms(config: SimConfig, backend: str, *, device: str = "cpu",
+                  given: Collection[str] = (), source: str | None = None
+                  ) -> tuple[SimConfig, dict[str, tuple]]:
+    """``config`` on the terms ``backend`` runs it with, for both sides of the comparison, and
+    what that changed (field -> (was, now)). vLLM runs a configuration its own way
+    (``realrun.vllm.harness.engine_terms``: no speculation, first come first served, with its
+    prefix cache hits in whole blocks of its smallest block on ``device``, shared within a
+    batch) and, unless told otherwise, is simulated with the mixed scheduler; each field the
+    user did not set (``given``: by an option or in the --config file ``source``) takes that
+    value. One set to a value vLLM cannot run, or to a block it cannot page, is refused naming
+    the field; so is whatever else vLLM's engine does not do (``harness.check_config``). Other
+    backends run the configuration as it is."""
+    if backend != "vllm":
+        return config, {}
+    from ragsim.realrun.vllm.engine import smallest_block_tokens
+    from ragsim.realrun.vllm.harness import ENGINE_FIXED, check_config, engine_terms
+
+    on_cpu = device == "cpu"
+    terms = {**engine_terms(config, on_cpu=on_cpu), "scheduler": VLLM_SCHEDULER}
+    why = {**{name: reason for name, (_, _, reason) in ENGINE_FIXED.items()},
+           "batch_kv_sharing": _SHARED_IN_BATCH}
+    for name, value in terms.items():
+        if name in given and name in why and getattr(config, name) != value:
+            raise ConfigError(f"{name} = {_toml(getattr(config, name))} is not how --backend "
+                              f"vllm runs ({name} = {_toml(value)}): {why[name]}",
+                              file=source, field=name)
+    smallest = smallest_block_tokens(on_cpu)
+    if config.cache and "prefix_block_tokens" in given and config.prefix_block_tokens % smallest:
+        raise ConfigError(f"vLLM {'on a CPU ' if on_cpu else ''}pages KV in blocks of a "
+                          f"multiple of {smallest} tokens, got {config.prefix_block_tokens}",
+                          file=source, field="prefix_block_tokens")
+    changed = {name: (getattr(config, name), value) for name, value in terms.items()
+               if name not in given and getattr(config, name) != value}
+    config = config.replace(**{name: now for name, (_, now) in changed.items()})
+    check_config(config)
+    return config, changed
+
+
+def terms_note(changed: dict[str, tuple], backend: str) -> str:
+    """One line saying what ``backend_terms`` changed."""
+    return (f"--backend {backend}: both sides run as it does: "
+            + ", ".join(f"{name} {_toml(was)} -> {_toml(now)}"
+                        for name, (was, now) in changed.items())
+            + " (a --config file may set the block and the scheduler)")
 
 
 # --------------------------------------------------------------------------- the runs

@@ -373,6 +373,9 @@ def test_validate_on_vllm_needs_a_profile_of_vllm(tmp_path):
     on_cpu = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--requests", "5",
                                       "--out", str(tmp_path / "c")])
     assert "ragsim profile --engine vllm" not in on_cpu.output
+    # the settings vLLM runs with, said in one line before the runs (ragcache's preset)
+    notes = [line for line in on_cpu.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "speculate true -> false" in notes[0], on_cpu.stderr
 
 
 def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_path):
@@ -383,10 +386,10 @@ def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_p
 
     common = dict(trace="mmlu", system="vllm", rate=None, requests=10, seed=0, policy=None,
                   gpu_mem=None, host_mem=None)
-    assert _config(None, **common, backend="vllm").scheduler == "mixed"
-    assert _config(None, **common, backend="torch").scheduler == "prefill-first"
+    assert _config(None, **common, backend="vllm")[0].scheduler == "mixed"
+    assert _config(None, **common, backend="torch")[0].scheduler == "prefill-first"
     assert _config(None, **common, backend="vllm",
-                   scheduler="prefill-first").scheduler == "prefill-first"
+                   scheduler="prefill-first")[0].scheduler == "prefill-first"
     file = tmp_path / "c.toml"
     file.write_text('format = "ragsim.config"\nversion = 1\n[run]\nscheduler = "prefill-first"\n')
-    assert _config(file, **common, backend="vllm").scheduler == "prefill-first"
+    assert _config(file, **common, backend="vllm")[0].scheduler == "prefill-first"

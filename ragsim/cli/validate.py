@@ -126,9 +126,13 @@ def validate(
     points = v.parse_loads(loads) if loads is not None else None
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
-    config = _config(config_file, trace=trace, system=system, rate=rate, requests=requests,
-                     seed=seed, policy=policy, gpu_mem=gpu_mem, host_mem=host_mem,
-                     scheduler=scheduler, backend=backend)
+    config, terms = _config(config_file, trace=trace, system=system, rate=rate,
+                            requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
+                            host_mem=host_mem, scheduler=scheduler, backend=backend,
+                            device=device)
+    if terms and not json_output:
+        err.print(f"[dim]note:[/] {v.terms_note(terms, backend)}", highlight=False,
+                  soft_wrap=True)
     from ragsim.traces import resolve_trace
 
     data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
@@ -163,7 +167,8 @@ def validate(
                                    reference_profile=reference,
                                    progress=lambda ended, _now: done(ended))
         adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
-        report = v.compare(real, sim, backend=backend, load=load, sim_speed_adjusted=adjusted)
+        report = v.compare(real, sim, backend=backend, load=load, sim_speed_adjusted=adjusted,
+                           terms=terms)
         # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
         report["interrupted"] = bool(real.summary.get("interrupted"))
         _write_pair(folder, real, sim, report, backend)
@@ -181,7 +186,9 @@ def validate(
         rows, capacity_rps = [], None
         combined = {"backend": backend, "real_is_simulated": backend == "sim",
                     "system": config.system, "trace": config.trace,
-                    "profile": config.profile, "capacity_rps": None, "loads": rows}
+                    "profile": config.profile,
+                    "backend_terms": {name: getattr(config, name) for name in terms},
+                    "capacity_rps": None, "loads": rows}
         for load in points:
             report = one(v.config_at_load(config, load, capacity_rps), load,
                          out_dir / f"load-{load}")
@@ -211,28 +218,31 @@ def _kept_on_interrupt(out_dir: Path, signals):
 
 def _config(config_file: Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem: str | None,
-            host_mem: str | None, scheduler: str | None = None, backend: str = "torch"):
-    """The run's configuration (a --config file under this command's options), an error
-    naming this command's option or the file's field. Unless told otherwise, the simulation
-    of a vLLM run uses the mixed scheduler: vLLM >= 0.4 forms every step that way."""
+            host_mem: str | None, scheduler: str | None = None, backend: str = "torch",
+            device: str = "cpu"):
+    """The run's configuration (a --config file under this command's options) on the terms
+    the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
+    its engine's settings and the mixed scheduler), and what those terms changed (field ->
+    (was, now)); an error naming this command's option or the file's field."""
+    from ragsim import validate as v
     from ragsim.serving.config import build_config, load_config_file
     from ragsim.units import parse_bytes
 
     base = load_config_file(config_file) if config_file is not None else None
-    if scheduler is None and backend == "vllm" and "scheduler" not in (base or {}):
-        scheduler = "mixed"
     flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
              "seed": seed, "policy": policy.lower() if policy else None,
              "scheduler": scheduler,
              "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
              "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem
              else None}
+    source = str(config_file) if config_file is not None else None
+    given = {*(base or {}), *(name for name, value in flags.items() if value is not None)}
     try:
-        return build_config(flags, base=base,
-                            source=str(config_file) if config_file is not None else None)
+        config = build_config(flags, base=base, source=source)
     except RagsimInputError as exc:
         flag = _OPTION_OF_FIELD.get(exc.field or "")
         raise (type(exc)(exc.detail, field=flag) if flag else exc) from None
+    return v.backend_terms(config, backend, device=device, given=given, source=source)
 
 
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
