@@ -11,12 +11,16 @@ has something to give back.
     python benchmarks/vllm_systems.py profile \
         --out ragsim/profiles/data/cpu-vllm-mistral-7b-l2-h256.json
     python benchmarks/vllm_systems.py table --rates 4,8 --out vllm-systems/
+    python benchmarks/vllm_systems.py table --rates 4,8 --scheduler prefill-first --out v0.3/
 
 ``profile`` measures the vLLM profile the simulation prices these runs with (the quick plan
 reaching what the runs ask for: ``validate.run_needs``); ``table`` prints the markdown table of
-docs/vllm.md and writes every run's records and summary under ``--out``. Run both in vLLM's own
-environment (``.venv-vllm``, docs/vllm.md); on a shared 2-core machine each real run takes
-about a minute and a half.
+docs/vllm.md and writes every run's records and summary under ``--out``; its simulations use
+``--scheduler`` (default: the one ``ragsim validate --backend vllm`` simulates with,
+``validate.VLLM_SCHEDULER``; the real runs are vLLM's whatever it says). The configurations
+are the ones ``validate`` runs (``validate.backend_terms``: vLLM's block, no speculation or
+reordering, KV shared within a batch). Run both in vLLM's own environment (``.venv-vllm``,
+docs/vllm.md); on a shared 2-core machine each real run takes about a minute and a half.
 """
 
 from __future__ import annotations
@@ -26,32 +30,36 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from ragsim.serving.config import SCHEDULERS
+from ragsim.validate import VLLM_SCHEDULER
+
 SYSTEMS = ("vllm", "vllm-apc", "ragcache")
 PROFILE = "cpu-vllm-mistral-7b-l2-h256"  # shipped (measured by `profile` below)
-BLOCK = 32  # vLLM's CPU kernels page KV in multiples of 32 tokens
 MiB = 2**20
 
 
 def config_of(system: str, rate_rps: float, requests: int, gpu_mib: int, host_mib: int,
-              profile: str):
-    """The run's configuration: the system's preset at vLLM's block, as vLLM serves it
-    (FCFS, the final document list only; its prefix cache shares blocks within a batch)."""
+              profile: str, scheduler: str | None = None):
+    """The run's configuration: the system's preset as vLLM on a CPU serves it, on the terms
+    ``ragsim validate --backend vllm`` sets (``validate.backend_terms``: vLLM's block, FCFS,
+    the final document list only, its prefix cache sharing blocks within a batch), simulated
+    with ``scheduler`` (None: validate's default for vLLM)."""
     from ragsim.serving.config import build_config
+    from ragsim.validate import backend_terms
 
     flags = {"trace": "mmlu", "system": system, "n_requests": requests, "arrival": "poisson",
              "rate_rps": rate_rps, "gpu_kv_bytes": gpu_mib * MiB, "profile": profile,
-             "seed": 0}
-    if system != "vllm":
-        flags["prefix_block_tokens"] = BLOCK
+             "seed": 0, "scheduler": scheduler}
     if system == "ragcache":
-        flags.update(speculate=False, reorder=False, host_cache_bytes=host_mib * MiB,
-                     batch_kv_sharing=True)
-    return build_config(flags)
+        flags["host_cache_bytes"] = host_mib * MiB
+    given = [name for name, value in flags.items() if value is not None]
+    return backend_terms(build_config(flags), "vllm", device="cpu", given=given)[0]
 
 
 def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan
+    from ragsim.realrun.vllm.engine import smallest_block_tokens
     from ragsim.realrun.vllm.profile import profile_vllm
     from ragsim.serving.pipeline import requests_to_run
     from ragsim.traces import resolve_trace
@@ -74,7 +82,8 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
     plan = replace(plan, cached_tokens=sorted({*plan.cached_tokens,
                                                *range(2560, top, 512)}))
     print(f"plan: {plan}", flush=True)
-    made = profile_vllm(spec, name=out.stem, plan=plan, out=out, block_tokens=BLOCK,
+    made = profile_vllm(spec, name=out.stem, plan=plan, out=out,
+                        block_tokens=smallest_block_tokens(on_cpu=True),
                         kv_cache_bytes=2**30, seed=0,
                         label="vLLM; scaled down from mistral-7b: 2 layers, hidden 256; "
                               "benchmarks/vllm_systems.py profile")
@@ -86,7 +95,7 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
 
 def _row(system: str, rate: float, real, sim) -> dict:
     r, s = real.summary, sim.summary
-    return {"system": system, "rate_rps": rate,
+    return {"system": system, "rate_rps": rate, "sim_scheduler": sim.config.scheduler,
             "real_ttft_mean_s": r["ttft_mean_s"], "real_ttft_p90_s": r["ttft_p90_s"],
             "sim_ttft_mean_s": s["ttft_mean_s"], "sim_ttft_p90_s": s["ttft_p90_s"],
             "real_hit_rate": r["token_hit_rate"], "real_hit_rate_host": r["token_hit_rate_host"],
@@ -98,18 +107,20 @@ def _row(system: str, rate: float, real, sim) -> dict:
 
 
 def table(rates: list[float], requests: int, gpu_mib: int, host_mib: int, profile_name: str,
-          out: Path) -> list[dict]:
+          out: Path, scheduler: str | None = None) -> list[dict]:
     from ragsim.profiles.profile import load_profile
     from ragsim.serving.pipeline import requests_to_run
     from ragsim.traces import resolve_trace
     from ragsim.validate import run_pair
 
+    scheduler = scheduler or VLLM_SCHEDULER
     profile = load_profile(profile_name)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for rate in rates:
         for system in SYSTEMS:
-            config = config_of(system, rate, requests, gpu_mib, host_mib, profile_name)
+            config = config_of(system, rate, requests, gpu_mib, host_mib, profile_name,
+                               scheduler)
             trace = requests_to_run(resolve_trace("mmlu", seed=0, n_requests=requests), config)
             real, sim = run_pair(trace, config, profile, backend="vllm")
             rows.append(_row(system, rate, real, sim))
@@ -121,6 +132,7 @@ def table(rates: list[float], requests: int, gpu_mib: int, host_mib: int, profil
                                                                 default=str))
             print(json.dumps(rows[-1]), flush=True)
     (out / "table.json").write_text(json.dumps(rows, indent=1))
+    print(f"simulated with --scheduler {scheduler}")
     print(markdown(rows))
     return rows
 
@@ -153,6 +165,9 @@ def main() -> None:
     t.add_argument("--out", type=Path, default=Path("vllm-systems"))
     t.add_argument("--profile", default=PROFILE)
     t.add_argument("--host-mib", type=int, default=1024)
+    t.add_argument("--scheduler", choices=SCHEDULERS, default=VLLM_SCHEDULER,
+                   help="the simulations' iterations (default: validate's for --backend vllm, "
+                   "%(default)s)")
     for q in (p, t):
         q.add_argument("--requests", type=int, default=300)
         q.add_argument("--gpu-mib", type=int, default=16)
@@ -161,7 +176,7 @@ def main() -> None:
         measure_profile(args.out, args.requests, args.gpu_mib)
     else:
         table([float(r) for r in args.rates.split(",")], args.requests, args.gpu_mib,
-              args.host_mib, args.profile, args.out)
+              args.host_mib, args.profile, args.out, args.scheduler)
 
 
 if __name__ == "__main__":
