@@ -398,7 +398,7 @@ def terms_note(changed: dict[str, tuple], backend: str) -> str:
     return (f"--backend {backend}: both sides run as it does: "
             + ", ".join(f"{name} {_toml(was)} -> {_toml(now)}"
                         for name, (was, now) in changed.items())
-            + " (a --config file may set the block and the scheduler)")
+            + " (--scheduler or a --config file may set the scheduler, the file the block)")
 
 
 # --------------------------------------------------------------------------- the runs

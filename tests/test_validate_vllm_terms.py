@@ -132,7 +132,8 @@ def test_the_output_says_so_in_one_line():
     assert terms_note(changed, "vllm") == (
         "--backend vllm: both sides run as it does: speculate true -> false, reorder true -> "
         "false, prefix_block_tokens 1 -> 32, batch_kv_sharing false -> true, scheduler "
-        '"prefill-first" -> "mixed" (a --config file may set the block and the scheduler)')
+        '"prefill-first" -> "mixed" (--scheduler or a --config file may set the scheduler, the '
+        "file the block)")
 
 
 def test_the_result_records_the_settings_both_sides_ran(tmp_path):
