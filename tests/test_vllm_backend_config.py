@@ -77,3 +77,20 @@ def test_ragcache_runs_its_tree_as_a_connector_with_a_host_tier():
     assert engine_settings(small_trace(), build_config({"system": "vllm-apc",
                                                         "prefix_block_tokens": 32}),
                            load_profile(PROFILE), seed=0).kv_connector is None
+
+
+@pytest.mark.parametrize("scheduler", ["prefill-first", "mixed"])
+def test_the_real_side_takes_either_scheduler(scheduler):
+    """``validate --backend vllm`` simulates vLLM's steps with the mixed scheduler and gives the
+    real side the same configuration: the pipeline vLLM serves under must accept it (its own
+    engine gets no work either way)."""
+    import simpy
+
+    from ragsim.realrun.vllm.harness import _NoIterations
+    from ragsim.serving.pipeline import Pipeline
+
+    config = build_config({"system": "vllm-apc", "prefix_block_tokens": 32,
+                           "scheduler": scheduler})
+    check_config(config)
+    Pipeline(small_trace(), config, load_profile(PROFILE), env=simpy.Environment(),
+             iterations=lambda tree: _NoIterations())

@@ -54,12 +54,14 @@ SYSTEMS = ("vllm", "vllm-apc", "ragcache")
 
 class _NoIterations:
     """ragsim's engine is idle under this backend (vLLM serves every request): it must never
-    be asked to run an iteration."""
+    be asked to run an iteration, of either scheduler (the configuration's ``scheduler`` is the
+    simulation's model of vLLM's steps, which vLLM runs its own way: ``validate`` gives both
+    sides the same configuration)."""
 
     def _never(self, *args, **kwargs):
         raise AssertionError("--backend vllm: ragsim's engine got work; vLLM serves requests")
 
-    prefill = decode = leave = gpu_failed = recovery_s = recover = _never
+    prefill = decode = mixed = leave = gpu_failed = recovery_s = recover = _never
 
 
 # What vLLM's engine does whatever a configuration says, as the configuration's fields: (the
