@@ -117,10 +117,14 @@ class RequestPool(Generic[Item]):
 
         ``skip`` excludes requests the caller cannot serve now (e.g. already tried this round).
         """
+        entries = self._entries
+        if len(entries) == 1 and skip is None:  # one request waits: it is the decision
+            key, (_, item) = next(iter(entries.items()))
+            return key, item
         best_key = best_item = None
         best_priority = -1.0
         first = True
-        for scanned, (key, (_, item)) in enumerate(self._entries.items()):
+        for scanned, (key, (_, item)) in enumerate(entries.items()):
             if skip is not None and skip(item):
                 continue
             if not self.reorder or (first and self.overdue(key, now_s)):

@@ -145,6 +145,21 @@ class BilinearGrid:
         value: cython.double = t_y_lo + (y - y_lo) / (y_hi - y_lo) * (t_y_hi - t_y_lo)
         return value if value > 0.0 else 0.0
 
+    @cython.ccall
+    def at_steps(self, x: cython.longlong, y_sum: cython.longlong,
+                 steps: cython.Py_ssize_t) -> list:
+        """``at(x, (y_sum + x * k) / x)`` for ``k = 0 .. steps - 1``: a decode run, ``x``
+        requests whose contexts sum to ``y_sum`` and grow by a token each per step (the
+        simulator prices a run of steps at once; each value, and the extrapolation count, is
+        what ``at`` gives for that step: the mean is the same correctly rounded quotient)."""
+        values: list = []
+        k: cython.Py_ssize_t
+        for k in range(steps):
+            values.append(self.at(cython.cast(cython.double, x),
+                                  cython.cast(cython.double, y_sum + x * k)
+                                  / cython.cast(cython.double, x)))
+        return values
+
     def many(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Vectorised ``at`` (same formula, same extrapolation, same counting)."""
         a = np.asarray(x, dtype=np.float64)

@@ -13,9 +13,23 @@ from __future__ import annotations
 import simpy
 
 
-def timeout_at(env: simpy.Environment, t: float) -> simpy.Event:
-    """An event that fires at time ``t`` (exactly, on a clock that offers ``timeout_at``)."""
+def timeout_at(env: simpy.Environment, t: float, urgent: bool = False) -> simpy.Event:
+    """An event that fires at time ``t`` (exactly, on a clock that offers ``timeout_at``);
+    ``urgent``: before the other events of that instant, as an interrupt would be."""
     at = getattr(env, "timeout_at", None)
     if at is not None:
-        return at(t)
+        return at(t, urgent)
     return env.timeout(max(t - env.now, 0.0))
+
+
+def redirect_wait(process: simpy.Process, event: simpy.Event) -> None:
+    """Have ``process``, waiting on an event, wait on ``event`` instead.
+
+    A driver that waits once for several steps (a decode run) learns during the wait that it
+    must stop earlier. An interrupt would do it, at the price of an event, an exception thrown
+    into the process and a second wait; this does what SimPy's interrupt does to the process's
+    wait before it throws (``Interruption._interrupt``: the process leaves its target's
+    callbacks), then waits on ``event``. The earlier event still fires, for nobody."""
+    process._target.callbacks.remove(process._resume)
+    event.callbacks.append(process._resume)
+    process._target = event

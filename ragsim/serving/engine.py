@@ -41,16 +41,15 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Generator
-from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import simpy
 
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
-from ragsim.serving.clock import timeout_at
+from ragsim.serving.clock import redirect_wait, timeout_at
 
 
 class Job:
@@ -132,8 +131,7 @@ class EngineHooks:
     def cannot_fit(self, job: Job) -> None: ...
 
 
-@dataclass(frozen=True)
-class PrefillTiming:
+class PrefillTiming(NamedTuple):
     """How long a prefill iteration took and what of it was the host->GPU copy.
 
     ``duration_s`` is the whole iteration; ``compute_s`` the forward pass; ``copy_s`` the
@@ -147,7 +145,6 @@ class PrefillTiming:
 
 Wait = Generator[simpy.Event, Any, Any]
 
-_CUT = "decode-run-cut"  # the interrupt that ends a decode run early (not a failure)
 DECODE_RUN_MAX_STEPS = 128
 
 
@@ -213,8 +210,11 @@ class Engine:
         self._terminate: list[Job] = []
         self._iterating = False  # an iteration is under way: terminations wait for its end
         self._wakeup: simpy.Event | None = None
-        # waiting in a decode run (``_decode_run``) that nothing has cut yet
+        # waiting in a decode run (``_decode_run``) that nothing has cut yet; its step ends;
+        # the steps it runs once cut (0: not cut)
         self._in_decode_run = False
+        self._run_ends: list[float] = []
+        self._run_cut_steps = 0
         self._decode_durations = getattr(iterations, "decode_durations", None)
         self._recovering = False
         self.down_until_s = 0.0  # while recovering: the earliest it can serve again
@@ -239,9 +239,18 @@ class Engine:
         self._cut_decode_run()
 
     def _cut_decode_run(self) -> None:
-        if self._in_decode_run:
-            self._in_decode_run = False  # once: the run ends at the step under way
-            self.process.interrupt(_CUT)
+        """End the decode run at the end of the step under way (once): the engine's wait moves
+        from the run's last step to that step's end (or to now, if a step ends now)."""
+        if not self._in_decode_run:
+            return
+        self._in_decode_run = False
+        env = self.env
+        ends = self._run_ends
+        done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
+        self._run_cut_steps = done + 1
+        wake = timeout_at(env, ends[done]) if ends[done] > env.now else timeout_at(
+            env, env.now, urgent=True)
+        redirect_wait(self.process, wake)
 
     @property
     def waiting_for_work(self) -> bool:
@@ -565,8 +574,8 @@ class Engine:
         the pool) a step-by-step engine only repeats decode steps, whose durations are known in
         advance. So the run is priced at once, up to the first finish, and waited for as one
         timeout; a job entering the pool or a termination ends it at the end of the step under
-        way, where the step-by-step engine would act (the cut is an interrupt: one event, and
-        none for a run nothing cuts). Step ends are summed in the same order as stepping would,
+        way, where the step-by-step engine would act (the cut moves the engine's wait to that
+        step's end: ``_cut_decode_run``). Step ends are summed in the same order as stepping would,
         and the wait lands on them exactly (``ragsim.serving.clock``), so every time and counter
         equals the step-by-step run's (tested), up to the order of events that fall at the
         same instant. Most events of a moderately loaded simulation were decode steps (about
@@ -581,18 +590,12 @@ class Engine:
         for d in durations:
             t += d  # as SimPy adds each step's delay to its clock
             ends.append(t)
-        self._in_decode_run = True  # until cut: a cut interrupts the wait (one event, no more)
+        self._in_decode_run = True  # until cut: a cut moves the wait (no event of its own)
+        self._run_ends = ends
+        self._run_cut_steps = 0
         try:
-            try:
-                yield timeout_at(env, ends[-1])
-                done = steps
-            except simpy.Interrupt as stop:
-                if stop.cause is not _CUT:
-                    raise
-                done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
-                if ends[done] > env.now:
-                    yield timeout_at(env, ends[done])
-                done += 1
+            yield timeout_at(env, ends[-1])
+            done = self._run_cut_steps or steps
         except simpy.Interrupt:  # a GPU failure: the steps that ended before it count
             done = bisect_left(ends, env.now)
             self.iterations.decode_run_ended(min(done + 1, steps))  # as priced when stepping
@@ -608,7 +611,7 @@ class Engine:
         """The counters of decode steps in which no request finished (``_after_decode``'s
         first half, step by step so that the float sums equal stepping's)."""
         busy_s, slot_s = self.busy_s, self._slot_s
-        for duration in durations:
+        for duration in durations:  # (a loop: faster here than reduce over operator.add)
             busy_s += duration
             slot_s += duration / n
         self.busy_s, self._slot_s = busy_s, slot_s

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -116,12 +117,13 @@ class Pipeline(EngineHooks):
             prefix_block_tokens=config.prefix_block_tokens,
             gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing,
             scheduler=config.scheduler)
-        self.workers = simpy.Resource(self.env, capacity=config.search_workers)
+        self.workers = SearchWorkers(self.env, config.search_workers)
         # the requests' documents, CSR: slicing flat lists is cheaper than n small lists
         self._ids = trace.doc_ids.tolist()
         self._toks = trace.doc_tokens_flat.tolist()
         self._offsets = trace.doc_offsets.tolist()
         self._query = trace.query_tokens.tolist()
+        self._tokens_by_id: dict[int, int] | None = None  # for speculative lists, once needed
         self._output = trace.output_tokens.tolist()
         self.search = StagedSearch(trace, self._final_docs, stages=config.search_stages,
                                    search_s=config.search_s,
@@ -180,7 +182,10 @@ class Pipeline(EngineHooks):
         final = self._ids[lo:hi]
         if docs == final[:len(docs)]:
             return self._toks[lo:lo + len(docs)]
-        return self.trace.tokens_of(docs).tolist()  # a speculative list: rare, so not cached
+        tokens = self._tokens_by_id  # a speculative list
+        if tokens is None:
+            tokens = self._tokens_by_id = self.trace.tokens_by_id
+        return [tokens[d] for d in docs]
 
     def _new_job(self, i: int, docs: list, speculative: bool) -> Job:
         self._next_key += 1
@@ -254,9 +259,10 @@ class Pipeline(EngineHooks):
             self.r_search_start[i] = self.r_search_end[i] = env.now
             self._submit(self._new_job(i, self._final_docs(i), speculative=False))
             return
-        with self.workers.request() as worker:
-            if not worker.triggered:  # granted at once when a worker is free: no need to wait
-                yield worker
+        waiting = self.workers.take()
+        if waiting is not None:  # every worker busy: wait for one
+            yield waiting
+        try:
             self.r_search_start[i] = env.now
             stages = self.search.n_stages(i)
             if not config.speculate or stages <= 1:
@@ -279,6 +285,8 @@ class Pipeline(EngineHooks):
                     if found is not None and speculation.list_changed(current, found):
                         current = self._on_stage_list(i, current, found)
                 yield self._search_stage(i, stages)
+        finally:  # the worker is free again, whatever ended the search
+            self.workers.give_back()
         self.r_search_end[i] = env.now
         final = self._final_docs(i)
         active = self._active_spec.pop(i, None)
@@ -568,6 +576,41 @@ class Pipeline(EngineHooks):
                 (cols["finish_s"] - cols["first_token_s"]) / np.maximum(decode_tokens, 1),
                 np.nan)
         return cols
+
+
+class SearchWorkers:
+    """The vector search's CPU pool: ``capacity`` workers, taken first come, first served.
+
+    SimPy's ``Resource`` models the same pool at the price of two events and four objects per
+    search, even when a worker is free, as it nearly always is below saturation. Here a free
+    worker is taken at once, without an event, and only a request that finds every worker busy
+    waits (an event). A release with requests waiting hands the worker to the oldest one when
+    the release's own event is processed, as SimPy's release does."""
+
+    def __init__(self, env: simpy.Environment, capacity: int) -> None:
+        self.env = env
+        self.free = capacity
+        self._waiting: deque[simpy.Event] = deque()
+
+    def take(self) -> simpy.Event | None:
+        """A worker at once (None), or the event of one being handed over later."""
+        if self.free and not self._waiting:
+            self.free -= 1
+            return None
+        handed = self.env.event()
+        self._waiting.append(handed)
+        return handed
+
+    def give_back(self) -> None:
+        if not self._waiting:
+            self.free += 1
+            return
+        release = self.env.event()
+        release.callbacks.append(self._hand_over)
+        release.succeed()
+
+    def _hand_over(self, _release: simpy.Event) -> None:
+        self._waiting.popleft().succeed()
 
 
 def trace_has_retrieval(trace: Trace) -> bool:

@@ -87,6 +87,12 @@ class StagedSearch:
             self._other_found_p = other_found_p
             self._wrong: dict[int, list] = {}  # requests searching now -> their wrong list
         self.stage_s = search_s / self.stages_per_request
+        # the per-request lookups of a run, as Python lists (indexing numpy per stage cost more
+        # than the rest of a stage's bookkeeping)
+        self._n_stages = self.stages_per_request.tolist()
+        self._stage_s = self.stage_s.tolist()
+        if source == "synthetic":
+            self._first_final_l = self._first_final.tolist()
         self.latency = latency
         if latency == "trace":
             if source != "trace" or trace.stage_times_s is None:
@@ -109,21 +115,21 @@ class StagedSearch:
             if lo == self._time_offsets[i + 1]:
                 return 0.0
             return self._times[lo + stage - 1]
-        return float(self.stage_s[i])
+        return self._stage_s[i]
 
     def total_s(self, i: int) -> float:
         """Request ``i``'s whole search."""
         if self.latency == "trace":
             return self._total_s[i]
-        return float(self.stage_s[i] * self.stages_per_request[i])
+        return self._stage_s[i] * self._n_stages[i]
 
     def n_stages(self, i: int) -> int:
-        return int(self.stages_per_request[i])
+        return self._n_stages[i]
 
     def stage_list(self, i: int, stage: int) -> list[int] | None:
         """Top-k after ``stage`` (1-based) of request ``i``; None when not known."""
         final = self._final_of(i)
-        n = self.stages_per_request[i]
+        n = self._n_stages[i]
         if stage >= n:
             if self.source == "synthetic":
                 self._wrong.pop(i, None)
@@ -137,7 +143,7 @@ class StagedSearch:
             if stage == n - 1:
                 del self._open_lists[i]
             return list(lists[stage - 1][: len(final)])
-        if stage >= self._first_final[i]:
+        if stage >= self._first_final_l[i]:
             self._wrong.pop(i, None)
             return final
         if not final:

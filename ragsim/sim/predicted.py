@@ -72,9 +72,7 @@ class PredictedIterations:
         profile = self.profile
         grid = profile.decode
         counted = grid.extrapolated_queries
-        durations = [decode_step_s(profile, batch_size,
-                                   (context_sum_tokens + batch_size * i) / batch_size)
-                     for i in range(steps)]
+        durations = grid.at_steps(batch_size, context_sum_tokens, steps)
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted

@@ -6,7 +6,7 @@ from __future__ import annotations
 from heapq import heappush
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, URGENT
 
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
@@ -24,13 +24,13 @@ class ExactClock(simpy.Environment):
     shortcut would not give stepping's run exactly. This schedules the event at ``t`` as SimPy
     schedules a timeout (the same queue entry, with ``t`` in place of ``now + delay``)."""
 
-    def timeout_at(self, t: float) -> simpy.Event:
+    def timeout_at(self, t: float, urgent: bool = False) -> simpy.Event:
         if t < self._now:
             raise ValueError(f"timeout_at({t}) is before now ({self._now})")
         event = simpy.Event(self)
         event._ok = True
         event._value = None
-        heappush(self._queue, (t, NORMAL, next(self._eid), event))
+        heappush(self._queue, (t, URGENT if urgent else NORMAL, next(self._eid), event))
         return event
 
 

@@ -73,6 +73,7 @@ class Trace:
     document_text: pa.Array | None = None
     info: dict = field(default_factory=dict)
     _doc_tokens_flat: np.ndarray | None = field(default=None, repr=False)
+    _tokens_by_id: dict | None = field(default=None, repr=False)
 
     @property
     def n_requests(self) -> int:
@@ -96,6 +97,15 @@ class Trace:
     def tokens_of(self, doc_ids) -> np.ndarray:
         """Token counts of ``doc_ids`` (ids or an array of ids, each in the documents table)."""
         return self.document_tokens[np.searchsorted(self.document_ids, doc_ids)]
+
+    @property
+    def tokens_by_id(self) -> dict[int, int]:
+        """Token count of every document, by id, as a Python dict: for drivers that look up
+        one short list at a time (a numpy search per list costs microseconds), built once."""
+        if self._tokens_by_id is None:
+            self._tokens_by_id = dict(zip(self.document_ids.tolist(),
+                                          self.document_tokens.tolist(), strict=True))
+        return self._tokens_by_id
 
     def docs_of(self, i: int) -> np.ndarray:
         return self.doc_ids[self.doc_offsets[i]: self.doc_offsets[i + 1]]
