@@ -33,7 +33,11 @@ def list_changed(previous: Sequence[int] | None, current: Sequence[int]) -> bool
     """Whether a stage's list differs from the one before (the first list always does): a
     stage whose list did not change leads to no decision, so a driver that knows the lists in
     advance need not stop at it."""
-    return previous is None or list(previous) != list(current)
+    if previous is None:
+        return True
+    if type(previous) is list and type(current) is list:  # (the drivers' lists: no copies)
+        return previous != current
+    return list(previous) != list(current)
 
 
 def on_intermediate_stage(previous: Sequence[int] | None, current: Sequence[int],

@@ -312,12 +312,12 @@ class Pipeline(EngineHooks):
         end of its last stage: each end summed from now stage by stage, as stepping would."""
         t = self.env.now
         duration_s = self.search.stage_duration_s
+        list_changed = speculation.list_changed
         changes = []
         current = None
-        for stage in range(1, stages):
+        for stage, found in enumerate(self.search.stage_lists(i), 1):
             t += duration_s(i, stage)
-            found = self._stage_list(i, stage)
-            if found is not None and speculation.list_changed(current, found):
+            if found is not None and list_changed(current, found):
                 changes.append((found, t))
                 current = found
         return changes, t + duration_s(i, stages)

@@ -66,12 +66,12 @@ class StagedSearch:
         if source == "trace" and trace.stages is None:
             raise ConfigError("the trace has no 'stages' column", field="stage_source")
         self.source = source
+        self._open: dict[int, list] = {}  # requests searched stage by stage now -> their lists
         self.search_s = search_s
         self._final_of = final_of  # request index -> its final top-k (a list)
         n = trace.n_requests
         if source == "trace":
             self._trace_stages = trace.stages
-            self._open_lists: dict[int, list] = {}  # requests searching now -> their stages
             lengths = pc.fill_null(pc.list_value_length(trace.stages), 0).to_numpy()
             self.stages_per_request = np.maximum(lengths.astype(np.int64), 1)
         else:
@@ -85,7 +85,6 @@ class StagedSearch:
             self._seed = seed
             self._keeps_d1_p = keeps_d1_p
             self._other_found_p = other_found_p
-            self._wrong: dict[int, list] = {}  # requests searching now -> their wrong list
         self.stage_s = search_s / self.stages_per_request
         # the per-request lookups of a run, as Python lists (indexing numpy per stage cost more
         # than the rest of a stage's bookkeeping)
@@ -127,31 +126,35 @@ class StagedSearch:
         return self._n_stages[i]
 
     def stage_list(self, i: int, stage: int) -> list[int] | None:
-        """Top-k after ``stage`` (1-based) of request ``i``; None when not known."""
-        final = self._final_of(i)
+        """Top-k after ``stage`` (1-based) of request ``i``; None when not known. (A driver
+        stepping through a search asks stage by stage: the lists are drawn at its first stage
+        and dropped at its last.)"""
         n = self._n_stages[i]
         if stage >= n:
-            if self.source == "synthetic":
-                self._wrong.pop(i, None)
-            return final
+            self._open.pop(i, None)
+            return self._final_of(i)
+        lists = self._open.get(i)
+        if lists is None:
+            lists = self._open[i] = self.stage_lists(i)
+        return lists[stage - 1]
+
+    def stage_lists(self, i: int) -> list[list[int] | None]:
+        """The top-k after each intermediate stage of request ``i``'s search (stages 1 to
+        ``n_stages(i) - 1``; the last stage's is the final list); None where not known."""
+        n = self._n_stages[i]
+        if n <= 1:
+            return []
         if self.source == "none":
-            return None
+            return [None] * (n - 1)
+        final = self._final_of(i)
         if self.source == "trace":
-            lists = self._open_lists.get(i)
-            if lists is None:  # converted once per request, dropped at its last stage
-                lists = self._open_lists[i] = self._trace_stages[i].as_py()
-            if stage == n - 1:
-                del self._open_lists[i]
-            return list(lists[stage - 1][: len(final)])
-        if stage >= self._first_final_l[i]:
-            self._wrong.pop(i, None)
-            return final
-        if not final:
-            return final
-        wrong = self._wrong.get(i)
-        if wrong is None:
-            wrong = self._wrong[i] = self._draw_wrong(i, final)
-        return list(wrong)
+            k = len(final)
+            return [list(found[:k]) for found in self._trace_stages[i].as_py()[:n - 1]]
+        first_final = min(self._first_final_l[i], n)
+        if first_final <= 1 or not final:
+            return [final] * (n - 1)
+        wrong = self._draw_wrong(i, final)
+        return [wrong] * (first_final - 1) + [final] * (n - first_final)
 
     def _draw_wrong(self, i: int, final: list) -> list:
         """Request ``i``'s wrong list (see the module's docstring), from its own seeded stream
