@@ -583,9 +583,10 @@ class SearchWorkers:
 
     SimPy's ``Resource`` models the same pool at the price of two events and four objects per
     search, even when a worker is free, as it nearly always is below saturation. Here a free
-    worker is taken at once, without an event, and only a request that finds every worker busy
-    waits (an event). A release with requests waiting hands the worker to the oldest one when
-    the release's own event is processed, as SimPy's release does."""
+    worker is taken at once, without an event; only a search that finds every worker busy, or
+    others waiting, waits (an event). Workers are handed to waiting searches exactly when
+    ``Resource`` hands them (tested against it): a request or a release's processing gives
+    a free worker to the oldest waiting search, one per occasion."""
 
     def __init__(self, env: simpy.Environment, capacity: int) -> None:
         self.env = env
@@ -599,18 +600,20 @@ class SearchWorkers:
             return None
         handed = self.env.event()
         self._waiting.append(handed)
+        self._hand_over()  # (a worker freed this instant may go to an older search)
         return handed
 
     def give_back(self) -> None:
-        if not self._waiting:
-            self.free += 1
-            return
-        release = self.env.event()
-        release.callbacks.append(self._hand_over)
-        release.succeed()
+        self.free += 1
+        if self._waiting:  # the release's own event hands the worker over, as SimPy's does
+            release = self.env.event()
+            release.callbacks.append(self._hand_over)
+            release.succeed()
 
-    def _hand_over(self, _release: simpy.Event) -> None:
-        self._waiting.popleft().succeed()
+    def _hand_over(self, _release: simpy.Event | None = None) -> None:
+        if self.free and self._waiting:
+            self.free -= 1
+            self._waiting.popleft().succeed()
 
 
 def trace_has_retrieval(trace: Trace) -> bool:
