@@ -393,12 +393,16 @@ def backend_terms(config: SimConfig, backend: str, *, device: str = "cpu",
     return config, changed
 
 
-def terms_note(changed: dict[str, tuple], backend: str) -> str:
-    """One line saying what ``backend_terms`` changed."""
-    return (f"--backend {backend}: both sides run as it does: "
+def terms_note(changed: dict[str, tuple], backend: str, *,
+               who: str = "both sides run as it does",
+               settable: str = "--scheduler or a --config file may set the scheduler, the file "
+                               "the block") -> str:
+    """One line saying what ``backend_terms`` changed: ``who`` runs on them (validate: both
+    sides; ``ragsim run``: the run) and ``settable`` says how to set them otherwise."""
+    return (f"--backend {backend}: {who}: "
             + ", ".join(f"{name} {_toml(was)} -> {_toml(now)}"
                         for name, (was, now) in changed.items())
-            + " (--scheduler or a --config file may set the scheduler, the file the block)")
+            + f" ({settable})")
 
 
 # --------------------------------------------------------------------------- the runs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import tomllib
 
 import numpy as np
 import pandas as pd
@@ -154,6 +155,11 @@ def test_cli_run_backend_vllm_writes_the_same_schema(tmp_path):
     assert summary["backend"] == "vllm" and summary["requests_completed"] == 6
     assert summary["vllm_engine"]["prefix_caching"] is True
     assert summary["vllm_engine"]["block_tokens"] == BLOCK
+    # what the run took from vLLM (the block was given; vllm-apc's preset shares batches)
+    assert summary["backend_terms"] == {"scheduler": "mixed"}
+    ran = tomllib.loads((out / "config.toml").read_text())["run"]
+    assert (ran["scheduler"], ran["prefix_block_tokens"], ran["speculate"]) == ("mixed", BLOCK,
+                                                                                 False)
     real = pd.read_parquet(out / "requests.parquet")
     simulated = [a for a in args if a not in ("--backend", "vllm")][:-2]
     sim = CliRunner().invoke(app, [*simulated, "--out", str(tmp_path / "sim")])
@@ -167,7 +173,8 @@ def test_the_block_vllm_cannot_page_is_refused_in_one_line():
     from ragsim.cli import app
 
     result = CliRunner().invoke(app, ["run", "--backend", "vllm", "--system", "vllm-apc",
-                                      "--requests", "2", "--profile", PROFILE])
+                                      "--block-tokens", "16", "--requests", "2", "--profile",
+                                      PROFILE])
     assert result.exit_code == 2, result.output
     assert "--block-tokens" in result.output and "32" in result.output
 

