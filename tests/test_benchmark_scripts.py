@@ -190,3 +190,21 @@ def test_policy_regimes_cells_are_what_ragsim_replay_gives():
         assert number(printed[r[8]]) == max(number(printed[p]) for p in POLICIES[1:]), r
         assert ratio_fits(r[9], printed["pgdsf"], printed[r[8]]), r
         assert ratio_fits(r[10], printed["pgdsf"], printed["lfu"]), r
+
+
+def test_sim_fingerprint_tells_equal_runs_from_changed_ones(tmp_path):
+    # two runs of the same code fingerprint the same; a changed column is named
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    run_script("sim_fingerprint.py", "write", str(first), "--requests", "20")
+    run_script("sim_fingerprint.py", "write", str(second), "--requests", "20")
+    assert run_script("sim_fingerprint.py", "compare", str(first), str(second)).endswith(
+        "0 of 51 configurations differ\n")
+    data = json.loads(second.read_text())
+    key = next(iter(data))
+    data[key]["hash"]["ttft_s"] = "changed"
+    second.write_text(json.dumps(data))
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "sim_fingerprint.py"), "compare",
+                             str(first), str(second)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "columns: ['ttft_s']" in result.stdout
+    assert result.stdout.endswith("1 of 51 configurations differ\n")
