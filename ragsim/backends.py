@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 BACKENDS = ("sim", "torch", "vllm")
 DEVICES_HELP = "cpu, cuda or cuda:N"
+# what a real backend on a CPU serves when no profile is given: the shipped profiles measured on
+# that engine's scaled-down model (a 7B model's weights do not fit a CPU run's memory or time)
+CPU_PROFILES = {"torch": "cpu-mistral-7b-l2-h256", "vllm": "cpu-vllm-mistral-7b-l2-h256"}
 
 Runner = Callable[["Trace", "SimConfig", "Profile", Callable | None], "RunResult"]
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ragsim.backends import CPU_PROFILES
 from ragsim.errors import ConfigError, RagsimInputError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ragsim.traces.schema import Trace
 
 BACKENDS = ("torch", "vllm", "sim")  # sim: the "real" side is a second simulation (tests)
-DEFAULT_TORCH_CPU_PROFILE = "cpu-mistral-7b-l2-h256"
+DEFAULT_TORCH_CPU_PROFILE = CPU_PROFILES["torch"]
 BASE_MODEL = "mistral-7b"  # the architecture the torch engine scales down (--layers/--hidden)
 TOST_MARGIN = 0.10
 TOST_ALPHA = 0.05

@@ -324,7 +324,7 @@ def run(
 ) -> None:
     """Simulate the RAG serving stack end to end (or serve it for real: --backend torch): TTFT,
     throughput and hit rates."""
-    from ragsim.backends import BACKENDS, runner
+    from ragsim.backends import BACKENDS, CPU_PROFILES, runner
     from ragsim.profiles.profile import load_profile
     from ragsim.serving.config import load_config_file
     from ragsim.traces import resolve_trace
@@ -375,6 +375,15 @@ def run(
 
         err.print(f"[dim]note:[/] {terms_note(terms, backend, **RUN_TERMS_NOTE)}",
                   highlight=False, soft_wrap=True)
+    if backend in CPU_PROFILES and device == "cpu" and profile is None \
+            and "profile" not in (base or {}):
+        # the default profile's 7B model cannot be served on a CPU: serve the shipped profile
+        # measured on this engine's scaled-down model, as validate does
+        config = config.replace(profile=CPU_PROFILES[backend])
+        if not json_output:
+            err.print(f"[dim]note:[/] --backend {backend} on a CPU: profile {config.profile} "
+                      "(its scaled-down model; --profile for another)", highlight=False,
+                      soft_wrap=True)
     costs = load_profile(config.profile)
     if config.answer_cache:  # a bad latency profile is refused before the run
         from ragsim.serving.answer_latency import load_answer_latency

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from ragsim.atomic import write_atomically, write_text_atomically
+from ragsim.backends import CPU_PROFILES
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
@@ -34,7 +35,7 @@ from ragsim.errors import RagsimInputError
 DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
 # configuration fields this command sets -> its options, so an error names what the user typed
 # the shipped profile of vLLM's CPU engine: what --backend vllm prices with on a CPU by default
-VLLM_CPU_PROFILE = "cpu-vllm-mistral-7b-l2-h256"
+VLLM_CPU_PROFILE = CPU_PROFILES["vllm"]
 _OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
                     "n_requests": "--requests", "seed": "--seed", "profile": "--profile",
                     "policy": "--policy", "gpu_kv_bytes": "--gpu-mem",
