@@ -16,9 +16,17 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
+from vllm_terms import (
+    EXPECTED,
+    MIXED,
+    PROFILE,
+    RAGCACHE_ON_CPU_VLLM,
+    config_file,
+    hit_tokens_by_request,
+    small_trace,
+)
 
 from ragsim.backends import runner
 from ragsim.cli import app
@@ -26,43 +34,16 @@ from ragsim.cli.run import RUN_TERMS_NOTE, resolved_config
 from ragsim.profiles.profile import load_profile
 from ragsim.realrun.vllm.harness import check_config, engine_settings
 from ragsim.serving.config import load_config_file
-from ragsim.traces.schema import Trace
 
-PROFILE = "cpu-vllm-mistral-7b-l2-h256"
-MIXED = {"scheduler": ("prefill-first", "mixed")}
-# field -> (the preset's value, the value vLLM runs with), by hand (module docstring)
-EXPECTED = {
-    ("ragcache", "cpu"): {"speculate": (True, False), "reorder": (True, False),
-                          "prefix_block_tokens": (1, 32), "batch_kv_sharing": (False, True),
-                          **MIXED},
-    ("ragcache", "cuda"): {"speculate": (True, False), "reorder": (True, False),
-                           "prefix_block_tokens": (1, 16), "batch_kv_sharing": (False, True),
-                           **MIXED},
-    ("vllm-apc", "cpu"): {"prefix_block_tokens": (16, 32), **MIXED},
-    ("vllm-apc", "cuda:1"): MIXED,  # its preset is vLLM's own on a GPU
-    ("vllm", "cpu"): MIXED,  # no prefix cache: no block to count, nothing to share
-}
+# --device cuda:N is a GPU too
+EXPECTED = {**EXPECTED, ("vllm-apc", "cuda:1"): MIXED}
 
 
-def _resolve(system: str, device: str = "cpu", config_file: Path | None = None, **flags):
+def _resolve(system: str, device: str = "cpu", given: Path | None = None, **flags):
     """The configuration ``ragsim run --backend vllm --system SYSTEM [flags]`` runs."""
-    base = load_config_file(config_file) if config_file is not None else None
+    base = load_config_file(given) if given is not None else None
     return resolved_config({"system": system, "trace": "mmlu", "n_requests": 10, **flags},
-                           base=base, config_file=config_file, backend="vllm", device=device)
-
-
-def _file(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "given.toml"
-    path.write_text(f'format = "ragsim.config"\nversion = 1\n[run]\n{body}\n')
-    return path
-
-
-def small_trace() -> Trace:
-    # request 0: docs 1 (100) + 2 (50), query 7; request 1: doc 1 again (a hit), query 20
-    return Trace(request_id=np.arange(2), arrival_s=np.zeros(2),
-                 query_tokens=np.array([7, 20]), output_tokens=np.array([3, 4]),
-                 doc_offsets=np.array([0, 2, 3]), doc_ids=np.array([1, 2, 1]),
-                 document_ids=np.array([1, 2]), document_tokens=np.array([100, 50]))
+                           base=base, config_file=given, backend="vllm", device=device)
 
 
 @pytest.mark.parametrize(("system", "device"), list(EXPECTED))
@@ -94,7 +75,8 @@ def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
                                prefix_block_tokens=32)
     assert set(changed) == {"batch_kv_sharing", "scheduler"}
     # a --config file counts as set: a block of 96 (3 x 32) stands
-    config, changed = _resolve("vllm-apc", config_file=_file(tmp_path, "prefix_block_tokens = 96"))
+    file = config_file(tmp_path, "prefix_block_tokens = 96")
+    config, changed = _resolve("vllm-apc", given=file)
     assert config.prefix_block_tokens == 96 and changed == MIXED
 
 
@@ -118,7 +100,7 @@ def test_an_option_vllm_cannot_run_is_refused_in_one_line(tmp_path, system, args
 
 
 def test_a_config_file_field_vllm_cannot_run_is_named_with_the_file(tmp_path):
-    file = _file(tmp_path, "speculate = true")
+    file = config_file(tmp_path, "speculate = true")
     result = CliRunner().invoke(app, ["run", "--backend", "vllm", "--config", str(file),
                                       "--requests", "2"], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
@@ -150,14 +132,9 @@ def test_the_recorded_configuration_is_what_ran(tmp_path):
     config = config.replace(profile=PROFILE)
     result = runner("sim")(small_trace(), config, load_profile(PROFILE), None)
     ran = tomllib.loads(result.config.to_toml())["run"]
-    by_hand = {"speculate": False, "reorder": False, "prefix_block_tokens": 32,
-               "batch_kv_sharing": True, "scheduler": "mixed"}
+    by_hand = RAGCACHE_ON_CPU_VLLM
     assert {name: ran[name] for name in by_hand} == by_hand
     assert {name: result.summary["config"][name] for name in by_hand} == by_hand
     # request 1 reads document 1 (100 tokens) after request 0 cached it: 96 tokens in whole
     # blocks of 32, not 100
-    records = result.columns
-    hit = dict(zip(records["request_id"].tolist(),
-                   (records["hit_tokens_gpu"] + records["hit_tokens_host"]).tolist(),
-                   strict=True))
-    assert hit[1] == 96
+    assert hit_tokens_by_request(result.columns)[1] == 96

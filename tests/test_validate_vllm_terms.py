@@ -16,48 +16,26 @@ from __future__ import annotations
 
 import json
 import tomllib
-from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
+from vllm_terms import (
+    EXPECTED,
+    MIXED,
+    PROFILE,
+    RAGCACHE_ON_CPU_VLLM,
+    config_file,
+    hit_tokens_by_request,
+    small_trace,
+)
 
 from ragsim.cli import app
 from ragsim.cli.validate import _config, _write_pair
 from ragsim.profiles.profile import load_profile
 from ragsim.realrun.vllm.harness import check_config, engine_settings
-from ragsim.traces.schema import Trace
 
-PROFILE = "cpu-vllm-mistral-7b-l2-h256"
 COMMON = dict(trace="mmlu", rate=None, requests=10, seed=0, policy=None, gpu_mem=None,
               host_mem=None)
-MIXED = {"scheduler": ("prefill-first", "mixed")}
-# field -> (the preset's value, the value vLLM runs with), by hand (module docstring)
-EXPECTED = {
-    ("ragcache", "cpu"): {"speculate": (True, False), "reorder": (True, False),
-                          "prefix_block_tokens": (1, 32), "batch_kv_sharing": (False, True),
-                          **MIXED},
-    ("ragcache", "cuda"): {"speculate": (True, False), "reorder": (True, False),
-                           "prefix_block_tokens": (1, 16), "batch_kv_sharing": (False, True),
-                           **MIXED},
-    ("vllm-apc", "cpu"): {"prefix_block_tokens": (16, 32), **MIXED},
-    ("vllm-apc", "cuda"): MIXED,  # its preset is vLLM's own on a GPU
-    ("vllm", "cpu"): MIXED,  # no prefix cache: no block to count, nothing to share
-}
-
-
-def _file(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "given.toml"
-    path.write_text(f'format = "ragsim.config"\nversion = 1\n[run]\n{body}\n')
-    return path
-
-
-def small_trace() -> Trace:
-    # request 0: docs 1 (100) + 2 (50), query 7; request 1: doc 1 again (a hit), query 20
-    return Trace(request_id=np.arange(2), arrival_s=np.zeros(2),
-                 query_tokens=np.array([7, 20]), output_tokens=np.array([3, 4]),
-                 doc_offsets=np.array([0, 2, 3]), doc_ids=np.array([1, 2, 1]),
-                 document_ids=np.array([1, 2]), document_tokens=np.array([100, 50]))
 
 
 @pytest.mark.parametrize(("system", "device"), list(EXPECTED))
@@ -83,16 +61,16 @@ def test_other_backends_run_the_configuration_as_given():
 
 
 def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
-    file = _file(tmp_path, 'prefix_block_tokens = 64\nscheduler = "prefill-first"')
+    file = config_file(tmp_path, 'prefix_block_tokens = 64\nscheduler = "prefill-first"')
     config, changed = _config(file, system="ragcache", **COMMON, backend="vllm")
     assert (config.prefix_block_tokens, config.scheduler) == (64, "prefill-first")
     assert set(changed) == {"speculate", "reorder", "batch_kv_sharing"}
     # a value equal to vLLM's is no change and no refusal
-    same = _file(tmp_path, "speculate = false\nbatch_kv_sharing = true")
+    same = config_file(tmp_path, "speculate = false\nbatch_kv_sharing = true")
     assert set(_config(same, system="ragcache", **COMMON, backend="vllm")[1]) == {
         "reorder", "prefix_block_tokens", "scheduler"}
     # without a prefix cache there is no batch sharing to refuse
-    off = _file(tmp_path, "batch_kv_sharing = false")
+    off = config_file(tmp_path, "batch_kv_sharing = false")
     assert not _config(off, system="vllm", **COMMON, backend="vllm")[0].batch_kv_sharing
 
 
@@ -107,7 +85,7 @@ def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
 ])
 def test_a_setting_vllm_cannot_run_is_one_line_naming_the_file_and_field(
         tmp_path, system, body, field):
-    file = _file(tmp_path, body)
+    file = config_file(tmp_path, body)
     result = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--system", system,
                                       "--config", str(file), "--out", str(tmp_path / "out")],
                                 env={"COLUMNS": "200"})
@@ -118,7 +96,7 @@ def test_a_setting_vllm_cannot_run_is_one_line_naming_the_file_and_field(
 
 
 def test_a_gpu_pages_blocks_of_16(tmp_path):
-    file = _file(tmp_path, "prefix_block_tokens = 16")
+    file = config_file(tmp_path, "prefix_block_tokens = 16")
     config, changed = _config(file, system="vllm-apc", **COMMON, backend="vllm",
                               device="cuda")
     assert config.prefix_block_tokens == 16 and changed == MIXED
@@ -146,16 +124,11 @@ def test_the_result_records_the_settings_both_sides_ran(tmp_path):
     real, sim = v.run_pair(small_trace(), config, load_profile(PROFILE), backend="sim")
     report = v.compare(real, sim, backend="sim", terms=changed)
     _write_pair(tmp_path, real, sim, report, "sim")
-    by_hand = {"speculate": False, "reorder": False, "prefix_block_tokens": 32,
-               "batch_kv_sharing": True, "scheduler": "mixed"}
+    by_hand = RAGCACHE_ON_CPU_VLLM
     written = json.loads((tmp_path / "validation.json").read_text())
     assert written["backend_terms"] == by_hand
     ran = tomllib.loads((tmp_path / "config.toml").read_text())["run"]
     assert {name: ran[name] for name in by_hand} == by_hand
     # request 1 reads document 1 (100 tokens) after request 0 cached it: 96 tokens in
     # whole blocks of 32 (the block counts), not 100
-    records = sim.columns
-    hit = dict(zip(records["request_id"].tolist(),
-                   (records["hit_tokens_gpu"] + records["hit_tokens_host"]).tolist(),
-                   strict=True))
-    assert hit[1] == 96
+    assert hit_tokens_by_request(sim.columns)[1] == 96
