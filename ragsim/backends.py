@@ -36,21 +36,22 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
         from ragsim.sim.simulator import run_simulation
 
         return run_simulation
+    if backend not in ("torch", "vllm"):
+        raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
+                               field="--backend")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise RagsimInputError(f"must be {DEVICES_HELP}, got {device!r}", field="--device")
     if backend == "vllm":
-        from ragsim.realrun.vllm import require_engine
+        from ragsim.realrun.vllm import require_device, require_engine
 
         require_engine("--backend vllm")
+        require_device(device)
         from ragsim.realrun.vllm.harness import run_vllm
 
         def served(trace, config, profile, progress=None):
             return run_vllm(trace, config, profile, seed=config.seed, progress=progress)
 
         return served
-    if backend != "torch":
-        raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
-                               field="--backend")
-    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
-        raise RagsimInputError(f"must be {DEVICES_HELP}, got {device!r}", field="--device")
     from ragsim.realrun.harness import run_real
 
     def real(trace, config, profile, progress=None):

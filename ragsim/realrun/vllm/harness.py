@@ -334,7 +334,9 @@ class VllmRun(Pipeline):
         import vllm
 
         elapsed = result.summary["elapsed_s"]
-        fields = {"backend": "vllm", "device": "cpu", "model": self.profile.model.name,
+        from ragsim.realrun.vllm import platform_device
+
+        fields = {"backend": "vllm", "device": platform_device(), "model": self.profile.model.name,
                   "vllm_version": vllm.__version__, "vllm_engine": self.settings.as_dict(),
                   "engine_steps": self.steps, "engine_step_s": self.step_s,
                   "iterations_prefill": 0, "iterations_decode": 0,
