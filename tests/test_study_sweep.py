@@ -125,14 +125,16 @@ def test_ray_and_local_processes_give_the_same_table(tmp_path):
 
 
 def six_point_sweep(tmp_path, out) -> list[str]:
-    """The command of a sweep of 6 points of 1,500 requests (2 policies x 3 seeds) on 2
-    workers: long enough to be stopped mid-way."""
+    """The command of a sweep of 6 points of 6,000 requests (2 policies x 3 seeds) on 2
+    workers: long enough to be stopped mid-way (each point ~1 s; at 1,500 requests the
+    simulator, once faster, sometimes ended all six before a loaded machine delivered the
+    signal)."""
     spec = tmp_path / "s.toml"
     spec.write_text("""
 seeds = [0, 1, 2]
 [base]
 trace = "mmlu"
-n_requests = 1500
+n_requests = 6000
 rate_rps = 2.0
 [axes]
 policy = ["pgdsf", "lru"]
