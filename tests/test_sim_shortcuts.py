@@ -42,6 +42,7 @@ def stepping_through_everything():
 def run_counting_events(trace, config):
     sim = Simulation(trace, config, PROFILE)
     env = sim.env
+    env.run_until_processed = None  # the run steps through env.step, counted here
     step = env.step
     count = [0]
 
@@ -106,3 +107,27 @@ def test_steps_priced_ahead_but_never_run_are_not_counted_as_extrapolations():
                                "fail_gpu_at_s": failures, "gpu_recovery_s": 1.0})
         assert_same_run(trace, config)
         assert run_counting_events(trace, config)[0].summary["cost_extrapolations"] > 0
+
+
+def test_the_clocks_own_loop_steps_as_simpy_steps():
+    """``ExactClock.run_until_processed`` (one loop, no method call per event) against SimPy's
+    ``Environment.step`` called until the run's end: the same records and counters, on
+    configurations that reach its every path (failures thrown into the engine, sequential
+    arrivals, the mixed scheduler; a trace with queries for the answer cache)."""
+    trace = resolve_trace("mmlu", n_requests=300)
+    for knobs_ in ({"system": "ragcache", "rate_rps": 2.0, "gpu_failure_rate_per_h": 100.0},
+                   {"system": "ragcache", "arrival": "sequential"},
+                   {"system": "vllm", "rate_rps": 3.0, "scheduler": "mixed"}):
+        config = build_config({**knobs_, "seed": 3})
+        own = Simulation(trace, config, PROFILE).run()
+        stepped, _ = run_counting_events(trace, config)
+        assert _modelled(own.records).equals(_modelled(stepped.records)), knobs_
+        assert _comparable(own.summary) == _comparable(stepped.summary), knobs_
+    trace = resolve_trace("wiki-trivia", n_requests=300)
+    config = build_config({"system": "ragcache", "trace": "wiki-trivia", "rate_rps": 1.0,
+                           "answer_cache": True, "seed": 3})
+    own = Simulation(trace, config, PROFILE).run()
+    stepped, _ = run_counting_events(trace, config)
+    assert _modelled(own.records).equals(_modelled(stepped.records))
+    assert own.summary["answer_cache_hits"]["l2"] > 0 and _comparable(own.summary) == _comparable(
+        stepped.summary)

@@ -4,22 +4,30 @@ When a driver prices several steps at once (decode runs, search stages that chan
 it sums their durations as SimPy would have, one addition per step, and then waits once. A
 SimPy timeout lands at ``now + delay``, and no delay may land exactly on a precomputed time
 (with round-half-even some sums are unreachable from ``now``), so the simulator's clock offers
-``timeout_at`` (``ragsim.sim.simulator.ExactClock``); another clock (a real run's) gets the
-nearest timeout, where a last-bit difference is far below its own jitter.
+``timeout_at`` (``ragsim.sim.simulator.ExactClock``), which ``exact_timeouts`` hands the
+drivers; another clock (a real run's) gets the nearest timeout, where a last-bit difference is
+far below its own jitter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import simpy
 
 
-def timeout_at(env: simpy.Environment, t: float, urgent: bool = False) -> simpy.Event:
-    """An event that fires at time ``t`` (exactly, on a clock that offers ``timeout_at``);
-    ``urgent``: before the other events of that instant, as an interrupt would be."""
+def exact_timeouts(env: simpy.Environment) -> Callable[..., simpy.Event]:
+    """``timeout_at`` bound to ``env`` once, ``(t, urgent=False) -> event``: the drivers wait
+    this way several times per request, and the lookup of the clock's own method is then paid
+    once per run."""
     at = getattr(env, "timeout_at", None)
     if at is not None:
-        return at(t, urgent)
-    return env.timeout(max(t - env.now, 0.0))
+        return at
+
+    def nearest(t: float, urgent: bool = False) -> simpy.Event:
+        return env.timeout(max(t - env.now, 0.0))
+
+    return nearest
 
 
 def redirect_wait(process: simpy.Process, event: simpy.Event) -> None:

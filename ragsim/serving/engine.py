@@ -49,7 +49,7 @@ import simpy
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
-from ragsim.serving.clock import redirect_wait, timeout_at
+from ragsim.serving.clock import exact_timeouts, redirect_wait
 
 
 class Job:
@@ -180,6 +180,7 @@ class Engine:
                  prefix_block_tokens: int, gpu_recovery_s: float,
                  batch_kv_sharing: bool = False, scheduler: str = "prefill-first") -> None:
         self.env = env
+        self._timeout_at = exact_timeouts(env)
         self.tree = tree
         self.pool = pool
         self.hooks = hooks
@@ -248,8 +249,8 @@ class Engine:
         ends = self._run_ends
         done = bisect_left(ends, env.now)  # steps over; the next ends at ends[done]
         self._run_cut_steps = done + 1
-        wake = timeout_at(env, ends[done]) if ends[done] > env.now else timeout_at(
-            env, env.now, urgent=True)
+        wake = self._timeout_at(ends[done]) if ends[done] > env.now else self._timeout_at(
+            env.now, urgent=True)
         redirect_wait(self.process, wake)
 
     @property
@@ -594,7 +595,7 @@ class Engine:
         self._run_ends = ends
         self._run_cut_steps = 0
         try:
-            yield timeout_at(env, ends[-1])
+            yield self._timeout_at(ends[-1])
             done = self._run_cut_steps or steps
         except simpy.Interrupt:  # a GPU failure: the steps that ended before it count
             done = bisect_left(ends, env.now)

@@ -33,7 +33,7 @@ from ragsim.cache.reorder import RequestPool
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.serving.answer_stage import AnswerStage
-from ragsim.serving.clock import timeout_at
+from ragsim.serving.clock import exact_timeouts
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine import Engine, EngineHooks, Iterations, Job
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -90,6 +90,7 @@ class Pipeline(EngineHooks):
         self.extrapolated_before = profile.extrapolated_queries
         self.progress = progress
         self.env = env
+        self._timeout_at = exact_timeouts(env)
         n = self.n = trace.n_requests
         kv = profile.model.kv_bytes_per_token
         self.kv = kv
@@ -213,23 +214,42 @@ class Pipeline(EngineHooks):
             self._previous_ended.succeed()
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self):
+    def _sequential_arrivals(self):
+        """Closed loop: each request arrives when the one before it has ended."""
         env = self.env
-        sequential = self.config.arrival == "sequential"
-        for i, t in enumerate(self.arrival_s.tolist()):
-            if sequential:
-                if self._previous_ended is not None:
-                    yield self._previous_ended
-                self.arrival_s[i] = env.now
-                self._previous_ended = env.event()
-            elif t > env.now:
-                yield env.timeout(t - env.now)
-            self.arrived += 1
-            env.process(self._request(i))
-            wakeup = self._arrival_wakeup
-            if wakeup is not None:
-                self._arrival_wakeup = None
-                wakeup.succeed()
+        for i in range(self.n):
+            if self._previous_ended is not None:
+                yield self._previous_ended
+            self.arrival_s[i] = env.now
+            self._previous_ended = env.event()
+            self._arrive()
+
+    def _open_arrivals(self, _event: simpy.Event | None = None) -> None:
+        """Open loop: the requests arrive at their planned times. A chain of timeouts whose
+        callbacks start the requests, rather than a process resumed at every arrival: the
+        same events in the same order (each timeout made when the previous arrival is handled,
+        with SimPy's ``now + (t - now)``), without a generator resumed per request."""
+        if _event is not None:  # a planned arrival's time has come
+            self._arrive()
+        env = self.env
+        times = self._arrival_list
+        while self.arrived < self.n:
+            t = times[self.arrived]
+            if t > env.now:
+                env.timeout(t - env.now).callbacks.append(self._open_arrivals)
+                return
+            self._arrive()  # due now (arrivals at one instant)
+
+    def _arrive(self) -> None:
+        """The next request enters the system: its process starts (at once, before the other
+        events of this instant), and a background process sleeping until an arrival wakes."""
+        i = self.arrived
+        self.arrived += 1
+        self.env.process(self._request(i))
+        wakeup = self._arrival_wakeup
+        if wakeup is not None:
+            self._arrival_wakeup = None
+            wakeup.succeed()
 
     # the search's stages: modelled here; a real run's driver runs them on real workers
     def _whole_search(self, i: int) -> simpy.Event:
@@ -274,9 +294,9 @@ class Pipeline(EngineHooks):
                 changes, end_s = self._changing_stages(i, stages)
                 current: list | None = None
                 for found, at_s in changes:
-                    yield timeout_at(env, at_s)
+                    yield self._timeout_at(at_s)
                     current = self._on_stage_list(i, current, found)
-                yield timeout_at(env, end_s)
+                yield self._timeout_at(end_s)
             else:
                 current = None
                 for stage in range(1, stages):
@@ -503,16 +523,25 @@ class Pipeline(EngineHooks):
         started = time.perf_counter()
         interrupted = stalled = False
         if self.n:
-            self.env.process(self._arrivals())
-            self.env.process(self._background())
+            env = self.env
+            if self.config.arrival == "sequential":
+                env.process(self._sequential_arrivals())
+            else:  # starts as a process would: urgently, now (the same place in the queue)
+                self._arrival_list = self.arrival_s.tolist()
+                self._timeout_at(env.now, urgent=True).callbacks.append(self._open_arrivals)
+            env.process(self._background())
             with cyclic_gc_paused():
                 try:
                     # stepped here rather than env.run(until=...), which turns SimPy's
                     # documented EmptySchedule into a bare RuntimeError
-                    step = self.env.step
-                    ended = self.all_ended
-                    while not ended.processed:
-                        step()
+                    run_until = getattr(env, "run_until_processed", None)
+                    if run_until is not None:
+                        run_until(self.all_ended)
+                    else:
+                        step = env.step
+                        ended = self.all_ended
+                        while not ended.processed:
+                            step()
                 except KeyboardInterrupt:
                     # Ctrl-C keeps what finished: every request that ended has its final
                     # record; the rest stay "pending" and the summary says it was cut short

@@ -3,7 +3,7 @@ profile predicts (``ragsim.serving`` holds the pipeline; ``predicted.py`` the co
 
 from __future__ import annotations
 
-from heapq import heappush
+from heapq import heappop, heappush
 
 import simpy
 from simpy.events import NORMAL, URGENT
@@ -32,6 +32,27 @@ class ExactClock(simpy.Environment):
         event._value = None
         heappush(self._queue, (t, URGENT if urgent else NORMAL, next(self._eid), event))
         return event
+
+    def run_until_processed(self, until: simpy.Event) -> None:
+        """Step until ``until`` has been processed: ``while not until.processed: step()``,
+        each step as ``Environment.step`` takes it (the earliest event, its callbacks in order,
+        a failed event that nobody defused raised), in one loop without a method call and a
+        property per event; nothing here uses ``StopSimulation``. ``EmptySchedule`` as
+        ``step`` raises it."""
+        queue = self._queue
+        while until.callbacks is not None:
+            try:
+                self._now, _, _, event = heappop(queue)
+            except IndexError:
+                raise simpy.core.EmptySchedule from None
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                # as SimPy crashes the run: a copy of the failure, caused by it
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
 
 
 class Simulation(Pipeline):
