@@ -18,6 +18,11 @@ COMPILED = [
     "ragsim/cache/policies/fifo.py",
     "ragsim/cache/policies/belady.py",
     "ragsim/profiles/grid.py",
+    # the simulator's per-request decisions: plain Python, compiled as they are
+    "ragsim/cache/reorder.py",
+    "ragsim/cache/speculation.py",
+    "ragsim/cache/reuse.py",
+    "ragsim/serving/retrieval.py",
 ]
 
 setup(
