@@ -125,14 +125,16 @@ def test_ray_and_local_processes_give_the_same_table(tmp_path):
 
 
 def six_point_sweep(tmp_path, out) -> list[str]:
-    """The command of a sweep of 6 points of 1,500 requests (2 policies x 3 seeds) on 2
-    workers: long enough to be stopped mid-way."""
+    """The command of a sweep of 6 points of 10,000 requests (2 policies x 3 seeds) on 2
+    workers: long enough to be stopped mid-way (~0.5 s a point at ~20,000 simulated requests
+    per second; at 1,500 a worker could finish its three points within the second the
+    killed-worker test waits before it kills one)."""
     spec = tmp_path / "s.toml"
     spec.write_text("""
 seeds = [0, 1, 2]
 [base]
 trace = "mmlu"
-n_requests = 1500
+n_requests = 10000
 rate_rps = 2.0
 [axes]
 policy = ["pgdsf", "lru"]
