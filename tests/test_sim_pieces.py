@@ -9,17 +9,14 @@ stage, and a decode run's cut (the wait moved, not interrupted) against stepping
 
 from __future__ import annotations
 
-import dataclasses
-
-import pyarrow as pa
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_stage_model import trace_of
 
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.serving.pipeline import SearchWorkers
 from ragsim.serving.retrieval import StagedSearch
-from ragsim.traces.io import TraceBuilder
 
 # (arrival gap, search duration) per request; small integers so that releases and arrivals
 # fall on the same instants often (the order SimPy gives same-instant events matters there)
@@ -127,16 +124,7 @@ def test_priced_decode_run_equals_each_step_priced(batch, context_sum, steps):
 
 
 def trace_with(finals: list[list[int]], stages=None):
-    b = TraceBuilder("pieces")
-    for i, docs in enumerate(finals):
-        b.add(i, float(i), 10, 1, docs, [100] * len(docs))
-    for d in range(200):
-        b.doc_tokens.setdefault(d, 100)
-    trace = b.build({"name": "pieces"})
-    if stages is not None:
-        trace = dataclasses.replace(
-            trace, stages=pa.array(stages, pa.list_(pa.list_(pa.int64()))))
-    return trace
+    return trace_of(finals, stages, corpus=200)
 
 
 def both_ways(trace, finals, source: str, stages: int = 4, seed: int = 0):
