@@ -168,6 +168,32 @@ def test_cli_run_backend_vllm_writes_the_same_schema(tmp_path):
     assert list(real.columns) == list(pd.read_parquet(tmp_path / "sim" / "requests.parquet"))
 
 
+def test_validate_at_several_loads_runs_every_load_on_vllms_terms(tmp_path):
+    """``validate --backend vllm --loads``: each load's two runs go as vLLM runs (the settings
+    worked out by hand in tests/vllm_terms.py), recorded once for the comparison and in every
+    load's configuration; the overload point runs first (its capacity sets the others)."""
+    from typer.testing import CliRunner
+    from vllm_terms import EXPECTED
+
+    from ragsim.cli import app
+
+    out = tmp_path / "loads"
+    result = CliRunner().invoke(app, ["validate", "--backend", "vllm", "--system", "vllm-apc",
+                                      "--requests", "6", "--loads", "idle,over", "--json",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    combined = json.loads(result.stdout)
+    by_hand = {name: now for name, (_, now) in EXPECTED["vllm-apc", "cpu"].items()}
+    assert combined["backend_terms"] == by_hand
+    assert json.loads((out / "loads.json").read_text())["backend_terms"] == by_hand
+    assert [row["load"] for row in combined["loads"]] == ["over", "idle"]
+    assert all(row["requests"] == 6 for row in combined["loads"])
+    assert combined["capacity_rps"] > 0
+    for load in ("over", "idle"):
+        ran = tomllib.loads((out / f"load-{load}" / "config.toml").read_text())["run"]
+        assert {name: ran[name] for name in by_hand} == by_hand
+
+
 def test_the_block_vllm_cannot_page_is_refused_in_one_line():
     from typer.testing import CliRunner
 
