@@ -19,7 +19,9 @@ import simpy
 def exact_timeouts(env: simpy.Environment) -> Callable[..., simpy.Event]:
     """``timeout_at`` bound to ``env`` once, ``(t, urgent=False) -> event``: the drivers wait
     this way several times per request, and the lookup of the clock's own method is then paid
-    once per run."""
+    once per run. On a clock without it (a real run's wall clock) the nearest timeout, at
+    normal priority: ``urgent`` orders events of one simulated instant, which a wall clock
+    does not have."""
     at = getattr(env, "timeout_at", None)
     if at is not None:
         return at

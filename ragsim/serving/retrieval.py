@@ -149,7 +149,7 @@ class StagedSearch:
         final = self._final_of(i)
         if self.source == "trace":
             k = len(final)
-            return [list(found[:k]) for found in self._trace_stages[i].as_py()[:n - 1]]
+            return [found[:k] for found in self._trace_stages[i].as_py()[:n - 1]]
         first_final = min(self._first_final_l[i], n)
         if first_final <= 1 or not final:
             return [final] * (n - 1)

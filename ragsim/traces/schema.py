@@ -73,7 +73,9 @@ class Trace:
     document_text: pa.Array | None = None
     info: dict = field(default_factory=dict)
     _doc_tokens_flat: np.ndarray | None = field(default=None, repr=False)
-    _tokens_by_id: dict | None = field(default=None, repr=False)
+    # derived from the documents table when first asked for; not an argument, so that a
+    # dataclasses.replace of the table cannot carry a stale copy
+    _tokens_by_id: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_requests(self) -> int:

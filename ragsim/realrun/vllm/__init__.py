@@ -68,9 +68,9 @@ def platform_device() -> str:
     return str(current_platform.device_type)
 
 
-def require_device(device: str) -> str:
+def require_device(device: str) -> None:
     """Refuse a ``--device`` the installed vLLM does not serve on, in one line naming the one it
-    does; return that device type. A CPU build of vLLM given ``--device cuda`` (or a CUDA build
+    does. A CPU build of vLLM given ``--device cuda`` (or a CUDA build
     given the default ``cpu``) would otherwise serve on its own platform while the run recorded
     and priced the device asked for (the CPU profile is chosen for ``--device cpu``)."""
     served = platform_device()
@@ -83,4 +83,3 @@ def require_device(device: str) -> str:
         raise RagsimInputError(f"vLLM places its engine itself: give --device cuda and choose "
                                f"the GPU with CUDA_VISIBLE_DEVICES={device.split(':', 1)[1]}",
                                field="--device")
-    return served
