@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ragsim.errors import ProfileError, RagsimInputError
@@ -290,9 +290,22 @@ requests = st.lists(st.tuples(st.integers(0, 30_000), st.integers(1, 2_000)), mi
                     max_size=8)
 
 
+# A batch priced as one equivalent request (tokens, pairs) is monotone in its members only up
+# to the grid's local slopes: a request of a few uncached tokens adds tokens faster than pairs,
+# so the equivalent request has fewer cached tokens, and where the grid rises faster per cached
+# token than per new token (the memory-bound floor of small prefills) the batch's price drops a
+# little. Over 20,000 random batches per shipped GPU profile the largest drop was 1.8e-4 of the
+# price (18 us, l4 profiles), against a held-out error of several percent; a drop of a thousandth
+# would be a defect in the model, not a rounding of it.
+MONOTONE_WITHIN = 1e-3
+
+
 @settings(max_examples=300, deadline=None)
 @given(requests, st.tuples(st.integers(0, 30_000), st.integers(1, 2_000)),
        st.sampled_from(["a10g-mistral-7b", "h100-mixtral-8x7b-tp2", "l4-llama3-8b"]))
+@example(batch=[(0, 1), (0, 96)], more=(0, 1), name="a10g-mistral-7b")  # 1.7e-8 lower
+@example(batch=[(26499, 85), (18740, 49), (4211, 57), (0, 88), (2934, 60), (0, 25)],
+         more=(0, 19), name="l4-llama3-8b")  # 1.1e-4 lower
 def test_batches_cost_at_least_their_members_and_more_with_more_requests(batch, more, name):
     model = load_profile(name).batched_prefill
     cached, new = [a for a, _ in batch], [b for _, b in batch]
@@ -300,7 +313,7 @@ def test_batches_cost_at_least_their_members_and_more_with_more_requests(batch, 
     assert t >= max(model.grid.at(a, b) for a, b in batch)
     if len(batch) == 1:
         assert t == model.grid.at(cached[0], new[0])  # a batch of one is the grid, exactly
-    assert model.iteration_s([*cached, more[0]], [*new, more[1]]) >= t * (1 - 1e-9)
+    assert model.iteration_s([*cached, more[0]], [*new, more[1]]) >= t * (1 - MONOTONE_WITHIN)
 
 
 def test_fit_recovers_a_planted_per_request_cost_and_judges_on_held_out_batches():
