@@ -149,3 +149,49 @@ def test_pure_python_simulation_is_the_compiled_simulation(tmp_path):
     differ = {case: [c for c in pure[case] if pure[case][c] != compiled[case].get(c)]
               for case in pure if pure[case] != compiled.get(case)}
     assert not differ, differ
+
+
+def _assigned_fields(source: Path, class_name: str) -> set[str]:
+    tree = ast.parse(source.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            fields = set()
+            for n in ast.walk(node):
+                targets = (n.targets if isinstance(n, ast.Assign)
+                           else [n.target] if isinstance(n, ast.AnnAssign | ast.AugAssign)
+                           else [])
+                for target in targets:
+                    for e in ast.walk(target):
+                        if (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name)
+                                and e.value.id == "self"):
+                            fields.add(e.attr)
+            return fields
+    raise AssertionError(f"{source} has no class {class_name}")
+
+
+def _declared_fields(pxd: Path) -> dict[str, set[str]]:
+    classes: dict[str, set[str]] = {}
+    current = None
+    for line in pxd.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("cdef class "):
+            current = stripped[len("cdef class "):].split("(")[0].rstrip(":")
+            classes[current] = set()
+        elif current and stripped.startswith("cdef public object "):
+            classes[current].add(stripped.split()[-1])
+    return classes
+
+
+@pytest.mark.parametrize("pxd", sorted(str(p.relative_to(ROOT)) for p in
+                                       (ROOT / "ragsim" / "serving").glob("*.pxd")))
+def test_extension_types_declare_every_field_their_source_sets(pxd):
+    """A ``.pxd`` beside a plain-Python module makes its classes extension types when compiled,
+    whose fields exist only if declared: a field the source sets and the ``.pxd`` lacks would
+    work uncompiled and raise AttributeError compiled, mid-run."""
+    declared = _declared_fields(ROOT / pxd)
+    assert declared
+    source = ROOT / pxd.replace(".pxd", ".py")
+    for class_name, fields in declared.items():
+        missing = _assigned_fields(source, class_name) - fields
+        assert not missing, (f"{pxd}: class {class_name} sets {sorted(missing)}; declare each "
+                             "as `cdef public object NAME`")

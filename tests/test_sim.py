@@ -11,11 +11,13 @@ from helpers import lose_the_end_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ragsim.serving.pipeline as pipeline_module
 from ragsim.cache.reorder import RequestPool, order_priority
 from ragsim.cache.speculation import on_final_result, on_intermediate_stage
 from ragsim.errors import ConfigError
 from ragsim.profiles.profile import load_profile
 from ragsim.serving.config import build_config
+from ragsim.serving.engine import Engine
 from ragsim.serving.summary import WALL_CLOCK_COLUMNS, WALL_CLOCK_FIELDS
 from ragsim.sim.replay import ReplayConfig, run_replay
 from ragsim.sim.simulator import Simulation, run_simulation
@@ -351,6 +353,17 @@ knobs = st.fixed_dictionaries({
 })
 
 
+class CapacityWatchedEngine(Engine):
+    """The engine, checking the tree's capacities whenever a request takes memory."""
+
+    def _start(self, job):
+        super()._start(job)
+        tree = self.tree
+        assert tree.gpu_used_bytes <= tree.gpu_capacity_bytes
+        assert tree.host_used_bytes <= tree.host_capacity_bytes
+        assert tree.pinned_gpu_bytes + tree.reserved_gpu_bytes <= tree.gpu_capacity_bytes
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows, knobs)
 def test_every_arrival_ends_exactly_once_capacity_holds_and_it_is_deterministic(rows, knobs):
@@ -359,17 +372,10 @@ def test_every_arrival_ends_exactly_once_capacity_holds_and_it_is_deterministic(
     config = build_config({**knobs, "stage_source": "synthetic",
                            "retry_timeout_s": 0.2, "gpu_recovery_s": 0.5,
                            "replicate_every_s": 0.5})
-    sim = Simulation(trace, config, PROFILE)
-    tree = sim.tree
-    start = sim.engine._start
-
-    def watched(job):  # capacity is checked whenever a request takes memory
-        start(job)
-        assert tree.gpu_used_bytes <= tree.gpu_capacity_bytes
-        assert tree.host_used_bytes <= tree.host_capacity_bytes
-        assert tree.pinned_gpu_bytes + tree.reserved_gpu_bytes <= tree.gpu_capacity_bytes
-
-    sim.engine._start = watched
+    with pytest.MonkeyPatch.context() as patch:  # the pipeline builds a watched engine
+        patch.setattr(pipeline_module, "Engine", CapacityWatchedEngine)
+        sim = Simulation(trace, config, PROFILE)
+    assert type(sim.engine) is CapacityWatchedEngine
     result = sim.run()
     status = result.columns["status"]
     assert set(status) <= {"completed", "failed"}

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from test_sim import KV, PROFILE, _comparable, _modelled, knobs, make_trace, rows
 
 from ragsim.serving.config import build_config
-from ragsim.serving.pipeline import Pipeline
 from ragsim.sim.predicted import PredictedIterations
 from ragsim.sim.simulator import Simulation
 from ragsim.traces import resolve_trace
@@ -28,15 +27,15 @@ SQRT_5 = math.sqrt(5)
 
 @contextlib.contextmanager
 def stepping_through_everything():
+    # on the simulation's own classes (the compiled pipeline's class cannot be patched)
     durations = PredictedIterations.decode_durations
-    known_ahead = Pipeline._stages_known_ahead
     del PredictedIterations.decode_durations
-    Pipeline._stages_known_ahead = lambda self: False
+    Simulation._stages_known_ahead = lambda self: False
     try:
         yield
     finally:
         PredictedIterations.decode_durations = durations
-        Pipeline._stages_known_ahead = known_ahead
+        del Simulation._stages_known_ahead
 
 
 def run_counting_events(trace, config):
