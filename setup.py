@@ -7,8 +7,8 @@ pipeline, SimPy processes included, and their per-request decisions) are compile
 with Python's indexing rules kept: ``xs[-1]`` on a list must stay the last item. Where such a
 module has a ``.pxd`` beside it (the engine, the pipeline), its classes compile to extension
 types whose fields are struct members (each a Python object, public): the source stays plain
-Python. Compiled, a run is faster; the behaviour is the same source either way (tests check that the compiled modules
-are the ones in use, and ``benchmarks/sim_fingerprint.py`` that a run is bit for bit the same).
+Python. Compiled, a run is faster; the behaviour is the same source either way (tests check
+that the compiled modules are the ones in use, and that a run is bit for bit the same).
 """
 
 from Cython.Build import cythonize
