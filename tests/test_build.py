@@ -47,8 +47,11 @@ def test_compiled_module_is_in_use_and_fresh(source):
         "core is compiled (or set RAGSIM_ALLOW_PURE_PYTHON=1 to test the pure-Python path)")
     src = ROOT / source
     if src.exists() and built.parent == src.parent:
-        assert built.stat().st_mtime >= src.stat().st_mtime, (
-            f"{built.name} is older than {source}: rebuild with `pip install -e .`")
+        for origin in (src, src.with_suffix(".pxd")):  # the declarations compile in too
+            if origin.exists():
+                assert built.stat().st_mtime >= origin.stat().st_mtime, (
+                    f"{built.name} is older than {origin.relative_to(ROOT)}: rebuild with "
+                    "`pip install -e .`")
 
 
 PURE_SCRIPT = r"""
