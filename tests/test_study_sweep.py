@@ -125,16 +125,17 @@ def test_ray_and_local_processes_give_the_same_table(tmp_path):
 
 
 def six_point_sweep(tmp_path, out) -> list[str]:
-    """The command of a sweep of 6 points of 10,000 requests (2 policies x 3 seeds) on 2
-    workers: long enough to be stopped mid-way (~0.5 s a point at ~20,000 simulated requests
-    per second; at 1,500 a worker could finish its three points within the second the
-    killed-worker test waits before it kills one)."""
+    """The command of a sweep of 6 points of 20,000 requests (2 policies x 3 seeds) on 2
+    workers: long enough to be stopped mid-way. A point of 10,000 took ~0.65 s on 2 December
+    (0.33 s its trace, 0.32 s the simulation at ~30,000 requests/s), close to the second the
+    killed-worker test waits before it kills one; each speed-up of the simulator had shortened
+    that margin (at 1,500 requests a worker once finished its three points in time)."""
     spec = tmp_path / "s.toml"
     spec.write_text("""
 seeds = [0, 1, 2]
 [base]
 trace = "mmlu"
-n_requests = 10000
+n_requests = 20000
 rate_rps = 2.0
 [axes]
 policy = ["pgdsf", "lru"]
