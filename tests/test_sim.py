@@ -70,6 +70,20 @@ def test_one_request_alone_ttft_is_search_plus_prefill():
     assert summary["token_hit_rate"] == 0.0
 
 
+@pytest.mark.parametrize("start_s", [100.0, 1.7e9])
+def test_a_trace_whose_clock_starts_late_waits_for_its_first_arrival(start_s):
+    """Logged traffic keeps its wall-clock timestamps: the first request arrives at ``start_s``,
+    not at t = 0, so each TTFT is search + prefill as when alone, never negative."""
+    trace = make_trace([(start_s, [1, 3], 50, 1), (start_s + 100.0, [2], 10, 1)])
+    records, summary = simulate(trace, quiet())
+    assert records.ttft_s[0] == pytest.approx(SEARCH_S + PROFILE.prefill_s(0, 1000 + 600 + 50),
+                                              rel=1e-6)
+    assert records.ttft_s[1] == pytest.approx(SEARCH_S + PROFILE.prefill_s(0, 1000 + 10),
+                                              rel=1e-6)
+    assert records.first_token_s[0] >= start_s
+    assert summary["ttft_mean_s"] > 0
+
+
 def test_decode_adds_iterations_from_the_decode_grid():
     trace = make_trace([(0.0, [1], 10, 4)])
     records, _ = simulate(trace, quiet())

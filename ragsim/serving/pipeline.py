@@ -240,6 +240,12 @@ class Pipeline(EngineHooks):
                 return
             self._arrive()  # due now (arrivals at one instant)
 
+    def _first_arrivals(self, _event: simpy.Event) -> None:
+        """The open loop's start: nothing has arrived yet, so the first request waits for its
+        own planned time like every other (a trace whose clock starts late, at an epoch
+        timestamp say, must not have its first request served at t = 0)."""
+        self._open_arrivals(None)
+
     def _arrive(self) -> None:
         """The next request enters the system: its process starts (at once, before the other
         events of this instant), and a background process sleeping until an arrival wakes."""
@@ -528,7 +534,7 @@ class Pipeline(EngineHooks):
                 env.process(self._sequential_arrivals())
             else:  # starts as a process would: urgently, now (the same place in the queue)
                 self._arrival_list = self.arrival_s.tolist()
-                self._timeout_at(env.now, urgent=True).callbacks.append(self._open_arrivals)
+                self._timeout_at(env.now, urgent=True).callbacks.append(self._first_arrivals)
             env.process(self._background())
             with cyclic_gc_paused():
                 try:
