@@ -75,7 +75,7 @@ def test_every_run_setting_shows_a_default():
     options = re.findall(r"│ (--[a-z0-9-]+)", result.stdout)
     assert len(options) > 35, result.stdout
     without = [o for o in options if "[default:" not in help_line(["run"], o)]
-    assert sorted(without) == ["--config", "--help", "--json", "--out"]
+    assert sorted(without) == ["--config", "--force", "--help", "--json", "--out"]
 
 
 def test_replay_help_shows_its_own_memory_defaults():

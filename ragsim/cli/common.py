@@ -10,7 +10,6 @@ import importlib.util
 import json
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -23,8 +22,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
-from ragsim.atomic import write_atomically, write_text_atomically
 from ragsim.errors import MissingExtraError, RagsimInputError
+from ragsim.outputs import (  # noqa: F401 (re-exported: the commands import them from here)
+    check_out_dir,
+    check_out_file,
+    claim_output_dir,
+)
 
 out = Console()
 err = Console(stderr=True)
@@ -45,12 +48,34 @@ def _quiet_flags(params) -> list:
     return params
 
 
+def _no_empty_paths(params) -> list:
+    """A path given as ``""`` is refused: Python reads it as ``.``, so ``--out ""`` would write
+    into the current folder, and ``--config ""`` would read a folder."""
+
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        if getattr(descriptor, "annotation", None) is not Path \
+                or getattr(param, "_empty_refused", False):
+            continue
+        process = param.process_value
+
+        def refusing(ctx, value, process=process, param=param):
+            if isinstance(value, str) and value.strip() == "":
+                raise typer.BadParameter("an empty path names no file or folder", ctx=ctx,
+                                         param=param)
+            return process(ctx, value)
+
+        param.process_value = refusing
+        param._empty_refused = True
+    return params
+
+
 class Command(TyperCommand):
     """Every ragsim command: flags without a type label in help, and defaults shown for options
     whose parameter default is None (see :meth:`help_defaults`)."""
 
     def get_params(self, ctx):
-        return _quiet_flags(super().get_params(ctx))
+        return _no_empty_paths(_quiet_flags(super().get_params(ctx)))
 
     def help_defaults(self) -> dict[str, str]:
         """Option name -> the default help shows for it. Options default to None where a value
@@ -153,13 +178,18 @@ def print_warnings(summary: dict) -> None:
         err.print(f"[yellow]warning:[/] {line}", highlight=False)
 
 
-def write_results(out_dir: Path, records, summary: dict) -> None:
-    """Per-request records (Parquet) and the summary (JSON) of a run or replay."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(out_dir / "requests.parquet",
-                     lambda tmp: records.to_parquet(tmp, index=False))
-    write_text_atomically(out_dir / "summary.json",
-                          json.dumps(summary, indent=2, default=str) + "\n")
+def write_results(out_dir: Path, records, summary: dict, config_toml: str | None = None) -> None:
+    """Per-request records (Parquet), the summary (JSON) and the configuration (TOML) of a run
+    or replay, as one set (:func:`ragsim.outputs.write_run_result`); a full disk ends in one
+    line that says the results were not kept."""
+    from ragsim.outputs import write_run_result
+
+    try:
+        write_run_result(out_dir, records, summary, config_toml)
+    except OSError as exc:
+        raise RagsimInputError(f"the results could not be written ({exc.strerror or exc}); "
+                               "nothing of this run was kept there", file=str(out_dir),
+                               field="--out") from None
 
 
 def exit_interrupted(what_ended: str, out_dir: Path | None,
@@ -198,37 +228,6 @@ def cosine_distance(similarity: float | None, distance: float | None, *, similar
 def ms(value: float | None) -> str:
     """Seconds shown as milliseconds; ``-`` when there is no value (nothing completed)."""
     return "-" if value is None else f"{value * 1e3:,.1f} ms"
-
-
-# --------------------------------------------------------------------------- results never lost
-def check_out_dir(path: Path, flag: str = "--out") -> None:
-    """Make sure results can be written to the folder ``path`` *before* a long job starts (an
-    unusable --out found after an hour's simulation costs the hour): it is a folder or can be
-    made one, and a file can be written there (one is, and removed, in ``path`` or in the
-    nearest folder above it that exists). Nothing is left behind: a job refused for another
-    reason must not leave an empty folder."""
-    if path.exists() and not path.is_dir():
-        raise RagsimInputError("is a file; give a folder (it is created if missing)",
-                               file=str(path), field=flag)
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RagsimInputError(f"cannot create the folder: {existing} is a file",
-                               file=str(path), field=flag)
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise RagsimInputError(f"cannot write results here: {exc.strerror or exc}",
-                               file=str(path), field=flag) from None
-
-
-def check_out_file(path: Path, flag: str = "--out") -> None:
-    """``check_out_dir`` for a single output file: its folder is usable and it is no folder."""
-    if path.is_dir():
-        raise RagsimInputError("is a folder; give a file name", file=str(path), field=flag)
-    check_out_dir(path.parent if str(path.parent) else Path("."), flag)
 
 
 class Terminated(KeyboardInterrupt):

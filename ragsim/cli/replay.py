@@ -12,7 +12,7 @@ from rich.table import Table
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
-    check_out_dir,
+    claim_output_dir,
     counting_progress,
     err,
     exit_interrupted,
@@ -83,10 +83,14 @@ def replay(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
                                                  "summary.json here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier result in --out.")
+                     ] = False,
 ) -> None:
     """Feed a trace, in order, through the cache policy core (no timing model)."""
-    if out_dir is not None:
-        check_out_dir(out_dir)  # before the replay: a typo must not cost the work
+    if out_dir is not None:  # before the replay: a typo, an input or an earlier result
+        from ragsim.outputs import RUN_FILES
+
+        claim_output_dir(out_dir, writes=RUN_FILES, inputs=(trace, profile, model), force=force)
     from ragsim.profiles.models import resolve_model
     from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig, run_replay

@@ -9,11 +9,11 @@ import typer
 from rich.progress import TextColumn
 from rich.table import Table
 
-from ragsim.atomic import write_text_atomically
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
     check_out_dir,
+    claim_output_dir,
     cosine_distance,
     err,
     exit_interrupted,
@@ -30,6 +30,7 @@ from ragsim.cli.common import (
     write_results,
 )
 from ragsim.errors import RagsimInputError
+from ragsim.outputs import RUN_FILES
 from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
@@ -321,6 +322,8 @@ def run(
     json_output: Annotated[bool, _opt(OUTPUT, "Print one JSON object.", "--json")] = False,
     out_dir: Annotated[Path | None, _opt(
         OUTPUT, "Write requests.parquet, summary.json and config.toml here.", "--out")] = None,
+    force: Annotated[bool, _opt(OUTPUT, "Replace an earlier result in --out.", "--force")
+                     ] = False,
 ) -> None:
     """Simulate the RAG serving stack end to end (or serve it for real: --backend torch): TTFT,
     throughput and hit rates."""
@@ -370,6 +373,9 @@ def run(
     }
     config, terms = resolved_config(flags, base=base, config_file=config_file, backend=backend,
                                     device=device)
+    if out_dir is not None:  # before the run: an earlier result or an input must not be lost
+        claim_output_dir(out_dir, writes=RUN_FILES, force=force,
+                         inputs=(config_file, config.trace, config.profile, config.answer_profile))
     if terms and not json_output:
         from ragsim.validate import terms_note
 
@@ -418,9 +424,8 @@ def run(
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
         if out_dir is not None:
-            write_results(out_dir, result.records, summary)
             # what ran: the run decides what the config left to the trace (retrieval)
-            write_text_atomically(out_dir / "config.toml", result.config.to_toml())
+            write_results(out_dir, result.records, summary, result.config.to_toml())
     if json_output:
         print_json(summary)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,8 @@ from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
     Group,
-    check_out_dir,
+    check_out_file,
+    claim_output_dir,
     err,
     friendly_errors,
     out,
@@ -29,14 +31,41 @@ app = typer.Typer(cls=Group, no_args_is_help=True,
                   help="Create, convert and inspect traces.")
 
 
+FORCE = typer.Option("--force", help="Replace an earlier trace or result in the folder.")
+BUILD_FILES = ("requests.parquet", "documents.parquet", "build_report.json", "passages.parquet")
+
+
+def _claim(destination: Path, inputs=(), force: bool = False, *, flag: str = "DESTINATION",
+           writes=None) -> None:
+    """A trace's folder: never one of its own inputs, never an earlier trace or a run's results
+    without --force (a trace's requests.parquet and a run's share the name)."""
+    from ragsim.outputs import RUN_FILES, TRACE_FILES
+
+    claim_output_dir(destination, writes=writes or (*TRACE_FILES, *RUN_FILES[1:]),
+                     inputs=inputs, force=force, flag=flag)
+
+
+def _write(trace, destination: Path) -> None:
+    """``write_trace``, a full disk said in one line."""
+    from ragsim.traces import write_trace
+
+    try:
+        write_trace(trace, destination)
+    except OSError as exc:
+        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc})",
+                               file=str(destination)) from None
+
+
 @app.command("import-jsonl", cls=Command)
 @friendly_errors
-def trace_import_jsonl(source: Path, destination: Path) -> None:
+def trace_import_jsonl(source: Path, destination: Path,
+                       force: Annotated[bool, FORCE] = False) -> None:
     """Convert the JSONL interchange format into a trace directory."""
-    from ragsim.traces import read_jsonl, write_trace
+    from ragsim.traces import read_jsonl
 
+    _claim(destination, (source,), force)
     trace = read_jsonl(source)
-    write_trace(trace, destination)
+    _write(trace, destination)
     _report_written(trace, destination)
 
 
@@ -44,23 +73,38 @@ def trace_import_jsonl(source: Path, destination: Path) -> None:
 @friendly_errors
 def trace_export_jsonl(trace: str, destination: Path,
                        seed: Annotated[int, typer.Option()] = 0,
-                       requests: Annotated[int | None, typer.Option()] = None) -> None:
+                       requests: Annotated[int | None, typer.Option()] = None,
+                       force: Annotated[bool, typer.Option(
+                           "--force", help="Replace an existing file.")] = False) -> None:
     """Write a trace (a path or a built-in name) in the JSONL interchange format."""
     from ragsim.traces import resolve_trace, write_jsonl
 
+    check_out_file(destination, "DESTINATION")
+    if os.path.realpath(destination) in {os.path.realpath(p) for p in _files_of_trace(trace)}:
+        raise RagsimInputError("is the trace being exported; give another file",
+                               file=str(destination), field="DESTINATION")
+    if destination.exists() and not force:
+        raise RagsimInputError("exists; give another file, or --force to replace it",
+                               file=str(destination), field="DESTINATION")
     data = resolve_trace(trace, seed=seed, n_requests=requests)
-    write_jsonl(data, destination)
+    try:
+        write_jsonl(data, destination)
+    except OSError as exc:
+        raise RagsimInputError(f"could not be written ({exc.strerror or exc}); the file was "
+                               "left as it was", file=str(destination)) from None
     err.print(f"wrote {data.n_requests:,} requests to {destination}")
 
 
 @app.command("import-mooncake", cls=Command)
 @friendly_errors
-def trace_import_mooncake(source: Path, destination: Path) -> None:
+def trace_import_mooncake(source: Path, destination: Path,
+                          force: Annotated[bool, FORCE] = False) -> None:
     """Convert a Mooncake trace (512-token hash blocks) into a trace directory."""
-    from ragsim.traces import read_mooncake, write_trace
+    from ragsim.traces import read_mooncake
 
+    _claim(destination, (source,), force)
     trace = read_mooncake(source)
-    write_trace(trace, destination)
+    _write(trace, destination)
     _report_written(trace, destination)
 
 
@@ -92,10 +136,11 @@ def trace_generate(name: str, destination: Path,
                             "1,000 requests (0: stationary).")] = None,
                    co_retrieval: Annotated[float | None, typer.Option(
                        help="Chance that a list's next document is a neighbour of the previous "
-                            "one (fitted on real retrieval; 0: independent draws).")] = None
+                            "one (fitted on real retrieval; 0: independent draws).")] = None,
+                   force: Annotated[bool, FORCE] = False,
                    ) -> None:
     """Write a built-in synthetic trace (mmlu, nq) to a directory."""
-    from ragsim.traces import BUILTIN_SPECS, builtin_trace, write_trace
+    from ragsim.traces import BUILTIN_SPECS, builtin_trace
 
     if name not in BUILTIN_SPECS:
         raise RagsimInputError(f"unknown built-in trace {name!r}; known: "
@@ -109,8 +154,11 @@ def trace_generate(name: str, destination: Path,
         if not 0.0 <= co_retrieval <= 1.0:
             raise RagsimInputError("must lie in [0, 1]", field="--co-retrieval")
         overrides["co_retrieval_p"] = co_retrieval
+    if requests is not None and requests <= 0:
+        raise RagsimInputError(f"must be > 0, got {requests}", field="--requests")
+    _claim(destination, (), force)
     trace = builtin_trace(name, seed=seed, n_requests=requests, **overrides)
-    write_trace(trace, destination)
+    _write(trace, destination)
     _report_written(trace, destination)
 
 
@@ -122,14 +170,16 @@ def trace_retime(trace: str, destination: Path,
                  cv: Annotated[float, typer.Option(help="Coefficient of variation of the "
                                                         "gaps (gamma).")] = 1.0,
                  seed: Annotated[int, typer.Option()] = 0,
-                 requests: Annotated[int | None, typer.Option()] = None) -> None:
+                 requests: Annotated[int | None, typer.Option()] = None,
+                 force: Annotated[bool, FORCE] = False) -> None:
     """The same requests arriving at a new rate (Poisson or gamma gaps), written to a folder."""
-    from ragsim.traces import resolve_trace, write_trace
+    from ragsim.traces import resolve_trace
     from ragsim.traces.retime import retime
 
+    _claim(destination, _files_of_trace(trace), force)
     data = retime(resolve_trace(trace, seed=seed, n_requests=requests), rate, process=arrival,
                   cv=cv, seed=seed)
-    write_trace(data, destination)
+    _write(data, destination)
     _report_written(data, destination)
 
 
@@ -190,6 +240,7 @@ def trace_build(
     seed: Annotated[int, typer.Option()] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")
                            ] = False,
+    force: Annotated[bool, FORCE] = False,
 ) -> None:
     """Build a trace from a corpus and questions: real tokenizer, embedder and staged faiss search.
 
@@ -198,7 +249,9 @@ def trace_build(
     with other index or arrival options does not embed again.
     """
     require_extra("corpus", "ragsim trace build")
-    check_out_dir(out_dir)  # before the embedding and indexing: a typo must not cost them
+    # before the embedding and indexing: a typo, an input or an earlier result
+    _claim(out_dir, (corpus, questions), force, flag="--out",
+           writes=(*BUILD_FILES, "summary.json", "config.toml"))
     from ragsim.traces.corpus import (
         BuildOptions,
         Chunking,
@@ -224,7 +277,11 @@ def trace_build(
 
     with progress:
         result = build_trace(options, progress=report)
-    write_build(result, out_dir)
+    try:
+        write_build(result, out_dir)
+    except OSError as exc:
+        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc})",
+                               file=str(out_dir), field="--out") from None
     _report_written(result.trace, out_dir)
     if json_output:
         print_json(result.report)
@@ -342,3 +399,11 @@ def trace_stats_command(
             label = "how it was made" if len(stats) == 1 else f"how {name} was made"
             out.print(f"[bold]{label}:[/]", json.dumps(s["info"], indent=1, default=str),
                       highlight=False)
+
+
+def _files_of_trace(trace: str) -> tuple[str, ...]:
+    """The files a trace argument reads (none for a built-in name)."""
+    path = Path(trace)
+    if not path.exists():
+        return ()
+    return (str(path.parent),) if path.is_file() and path.suffix != ".jsonl" else (trace,)

@@ -56,8 +56,12 @@ TTFT_COMPONENTS = ("search_wait", "search", "queue", "swap_in", "prefill")
 # What a run measures of the process that ran it (wall time, this CPU), not of the modelled
 # system: every other column and field is the same for the same seed, these never are.
 WALL_CLOCK_COLUMNS = ("decision_s",)
+# summary fields that describe the machine or the writing, not what was simulated (a rerun with
+# the same seed differs in these only): wall-clock measures, and the id that marks one written
+# result's files as a set (ragsim.outputs)
 WALL_CLOCK_FIELDS = ("elapsed_s", "sim_requests_per_wall_s", "sim_s_per_wall_s",
-                     "scheduler_overhead_ms_per_decision", "decision_p50_ms", "decision_p99_ms")
+                     "scheduler_overhead_ms_per_decision", "decision_p50_ms", "decision_p99_ms",
+                     "set_id")
 
 
 def ttft_components(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

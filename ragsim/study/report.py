@@ -172,7 +172,10 @@ def run_report(out_dir: Path) -> str:
     """The page of one ``ragsim run --out`` (or replay) folder."""
     import pandas as pd
 
+    from ragsim.outputs import check_result_set
+
     summary = json.loads((out_dir / "summary.json").read_text())
+    check_result_set(out_dir, summary)  # never a page of new records beside an old summary
     config = summary.get("config", {})
     metrics = {k: v for k, v in summary.items()
                if not isinstance(v, dict | list) and k != "config"}
@@ -199,8 +202,11 @@ def run_report(out_dir: Path) -> str:
 
 def build_report(out_dir: Path) -> str:
     """The HTML of a sweep folder (results.parquet) or a run folder (summary.json)."""
+    from ragsim.outputs import check_result_set
+
     if (out_dir / RESULTS_FILE).exists():
         return sweep_report(out_dir)
+    check_result_set(out_dir)  # records left without their summary by a cut write say so
     if (out_dir / "summary.json").exists():
         return run_report(out_dir)
     raise RagsimInputError(f"neither a sweep folder ({RESULTS_FILE}) nor a run folder "

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from ragsim.atomic import write_atomically
 from ragsim.errors import TraceError
+from ragsim.outputs import SET_ID_KEY, new_set_id
 from ragsim.traces.schema import Trace
 from ragsim.traces.validate import (
     MAX_ID,
@@ -34,8 +35,10 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
     """Write ``requests.parquet`` and ``documents.parquet`` atomically into ``directory``."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    set_id = new_set_id().encode()  # the two files are one trace: a cut write is told apart
     for name, table in ((REQUESTS_FILE, trace.requests_table()),
                         (DOCUMENTS_FILE, trace.documents_table())):
+        table = table.replace_schema_metadata({**table.schema.metadata, SET_ID_KEY: set_id})
         write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
     return out
 
@@ -62,6 +65,11 @@ def read_trace(path: str | os.PathLike) -> Trace:
         except (pa.ArrowInvalid, OSError) as exc:
             raise TraceError(f"not a readable Parquet file: {exc}", file=str(f)) from exc
         check_version(tables[name].schema, str(f))
+    ids = {name: (tables[name].schema.metadata or {}).get(SET_ID_KEY) for name in tables}
+    if None not in ids.values() and len(set(ids.values())) > 1:
+        raise TraceError(f"{REQUESTS_FILE} and {DOCUMENTS_FILE} come from two different writes "
+                         "(one was cut short, or a file was copied in): write the trace again",
+                         file=str(p))
     return trace_from_tables(tables[REQUESTS_FILE], tables[DOCUMENTS_FILE],
                              requests_source=str(p / REQUESTS_FILE),
                              documents_source=str(p / DOCUMENTS_FILE))
