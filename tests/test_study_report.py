@@ -109,13 +109,25 @@ def test_report_renders_in_a_real_browser(sweep_dir, tmp_path):
     assert pixels_of(shot, BLUE) > 300 and pixels_of(shot, ORANGE) > 300
 
 
-def test_report_of_one_run(tmp_path):
+def one_run_page(tmp_path) -> Path:
     run_dir = tmp_path / "run"
     result = runner.invoke(app, ["run", "--requests", "100", "--json", "--out", str(run_dir)])
     assert result.exit_code == 0, result.output
     page = tmp_path / "run.html"
     assert runner.invoke(app, ["report", str(run_dir), "--out", str(page)]).exit_code == 0
-    dom, shot = browse(page, tmp_path)
+    return page
+
+
+def test_report_of_one_run(tmp_path):
+    dom = _Dom()
+    dom.feed(one_run_page(tmp_path).read_text())
+    assert len(dom.images) == 1 and dom.images[0].startswith("data:image/png;base64,")
+    assert "ttft_p90_s" in dom.cells
+
+
+@pytest.mark.browser  # Debian's chromium: CI installs it (pytest -m "slow or browser")
+def test_report_of_one_run_renders_in_a_real_browser(tmp_path):
+    dom, shot = browse(one_run_page(tmp_path), tmp_path)
     assert len(dom.images) == 1 and "ttft_p90_s" in dom.cells
     assert pixels_of(shot, BLUE) > 100
 
