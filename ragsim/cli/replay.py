@@ -26,6 +26,7 @@ from ragsim.cli.common import (
     write_results,
 )
 from ragsim.errors import RagsimInputError
+from ragsim.limits import REPLAY_BYTES_PER_REQUEST, memory_problem
 from ragsim.units import describe_bytes, format_bytes, parse_bytes
 
 # Replay's memory defaults differ from run's on purpose: run models the paper's A10G server (192
@@ -105,6 +106,9 @@ def replay(
         raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
     if requests is not None and requests <= 0:
         raise RagsimInputError("must be > 0", field="--requests")
+    problem = memory_problem(requests, REPLAY_BYTES_PER_REQUEST)
+    if problem:  # before minutes of generating or replaying end in a MemoryError
+        raise RagsimInputError(f"cannot be replayed here: {problem}", field="--requests")
     _check_frequency_scope(frequency_scope, frequency_window)
     config = ReplayConfig(
         trace=trace,

@@ -435,6 +435,11 @@ def run(
     if summary["interrupted"]:
         exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
                          f"{summary['requests']:,} requests ended", out_dir, signals)
+    if summary.get("no_progress"):  # the watchdog: the run's own settings, not a bug
+        kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
+        err.print(f"[red]error:[/] stopped, no progress: {summary['no_progress']}{kept}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     if summary["stalled"]:
         kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
         err.print(f"[red]error:[/] the simulation stalled at {summary['stalled_at_s']:,.1f} "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import tomli_w
 
+from ragsim import limits
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
@@ -323,7 +324,24 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "a re-timed arrival process needs a positive rate", source)
     _check(c.rate_rps is None or c.rate_rps > 0, "rate_rps", "must be > 0", source)
     _check(c.cv > 0, "cv", "must be > 0", source)
-    _check(c.replicate_every_s > 0, "replicate_every_s", "must be > 0", source)
+    _check(c.replicate_every_s >= limits.MIN_REPLICATE_EVERY_S, "replicate_every_s",
+           f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
+    for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
+                 "replicate_every_s"):
+        _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
+               f"must be <= {limits.MAX_DURATION_S:,.0f} s (30 days), got "
+               f"{getattr(c, name):.4g}: are the units seconds?", source)
+    _check(not c.search_s * c.search_time_scale > limits.MAX_DURATION_S, "search_time_scale",
+           f"makes a search of {c.search_s * c.search_time_scale:.4g} s, more than 30 days",
+           source)
+    _check(c.gpu_failure_rate_per_h <= limits.MAX_GPU_FAILURE_RATE_PER_H,
+           "gpu_failure_rate_per_h",
+           f"must be <= {limits.MAX_GPU_FAILURE_RATE_PER_H:g} (once a second), got "
+           f"{c.gpu_failure_rate_per_h:g}", source)
+    _check(c.max_retries <= limits.MAX_RETRIES, "max_retries",
+           f"must be <= {limits.MAX_RETRIES}", source)
+    _check(c.instances <= limits.MAX_INSTANCES, "instances",
+           f"must be <= {limits.MAX_INSTANCES}", source)
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     for name in ("stage_keeps_d1_p", "stage_other_found_p"):
         _check(0 <= getattr(c, name) <= 1, name, "must be in [0, 1]", source)
@@ -350,6 +368,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
                  "host_replicas"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)
     _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
+    problem = limits.memory_problem(c.n_requests, limits.RUN_BYTES_PER_REQUEST)
+    _check(problem is None, "n_requests", f"cannot be simulated here: {problem}", source)
     _check(c.trace_drift_per_1k_requests is None or 0 <= c.trace_drift_per_1k_requests <= 1,
            "trace_drift_per_1k_requests", "must lie in [0, 1]", source)
     _check(c.top_k is None or c.top_k >= 1, "top_k", "must be >= 1", source)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from ragsim import limits
 from ragsim.cache import speculation
 from ragsim.cache.policies import make_policy
 from ragsim.cache.reorder import RequestPool
@@ -46,6 +47,12 @@ Progress = Callable[[int, float], None]  # (requests ended, simulated seconds)
 
 PENDING, COMPLETED, FAILED = 0, 1, 2
 FAIL_REASONS = ("", "gpu-failure-retries-exhausted", "exceeds-kv-capacity")
+
+
+class NoProgress(Exception):
+    """Raised by the background process when, for a long stretch of wall time, it alone woke
+    and no request arrived or ended (a GPU that fails faster than it can serve, replica ticks
+    through an endless search): the run stops and says why instead of ticking for hours."""
 
 
 @dataclass
@@ -403,6 +410,9 @@ class Pipeline(EngineHooks):
             else math.inf
         next_replica = env.now + every_s if replicas else math.inf
         settled = False  # the last replica tick found an empty system and changed nothing
+        # the watchdog: wake-ups in a row with no request arriving or ending, and when (wall
+        # clock, simulated) that stretch began; checked every 10,000 wake-ups (one clock read)
+        progress_mark, idle_wakeups, idle_wall_s, idle_since_s = -1, 0, 0.0, 0.0
         failed_empty_at = -1  # arrivals so far when an empty system last failed (this stretch)
         recovery_s = 0.0  # how long that failure kept the GPU down
         while True:
@@ -433,6 +443,15 @@ class Pipeline(EngineHooks):
                 # check after it would never see the queue empty, and a stall would get a
                 # failure, or a replica, that did not happen
                 return
+            if self.arrived + self.ended != progress_mark:
+                progress_mark, idle_wakeups = self.arrived + self.ended, 0
+            else:
+                idle_wakeups += 1
+                if idle_wakeups % 10_000 == 0:
+                    if idle_wakeups == 10_000:
+                        idle_wall_s, idle_since_s = time.perf_counter(), env.now
+                    elif time.perf_counter() - idle_wall_s > limits.NO_PROGRESS_WALL_S:
+                        raise NoProgress(self._no_progress(idle_wakeups, idle_since_s))
             failed = False
             if env.now >= next_given:
                 given_failures_s.pop(0)
@@ -461,6 +480,23 @@ class Pipeline(EngineHooks):
                 # cache, so a tick that changed nothing will change nothing until then
                 settled = (not copied and before == (tree.evictions_host, tree.host_used_bytes)
                            and self.ended == self.arrived and self.engine.waiting_for_work)
+
+    def _no_progress(self, wakeups: int, since_s: float) -> str:
+        """Why the watchdog stopped the run, in the flags' terms."""
+        config = self.config
+        what = (f"no request arrived or ended from {since_s:,.6g} to {self.env.now:,.6g} "
+                f"simulated s ({wakeups:,} GPU failures and host-replica ticks, over "
+                f"{limits.NO_PROGRESS_WALL_S:g} s of wall time)")
+        if config.gpu_failure_rate_per_h > 0:
+            gap_s = 3600.0 / config.gpu_failure_rate_per_h
+            why = (f"the GPU fails every ~{gap_s:.3g} s (--gpu-failure-rate) and is down "
+                   f"{config.gpu_recovery_s:g} s each time (--gpu-recovery): too little time "
+                   "to serve anything")
+        else:
+            why = (f"a request waits longer than the run can tick through every "
+                   f"{config.replicate_every_s:g} s (replicate_every_s): look at --search-s, "
+                   "--gpu-recovery, --retry-timeout and the trace's stage times")
+        return f"{what}: {why}"
 
     def _retry(self, i: int):
         yield self.env.timeout(self.config.retry_timeout_s)
@@ -528,6 +564,7 @@ class Pipeline(EngineHooks):
     def run(self) -> RunResult:
         started = time.perf_counter()
         interrupted = stalled = False
+        no_progress = None
         if self.n:
             env = self.env
             if self.config.arrival == "sequential":
@@ -552,6 +589,8 @@ class Pipeline(EngineHooks):
                     # Ctrl-C keeps what finished: every request that ended has its final
                     # record; the rest stay "pending" and the summary says it was cut short
                     interrupted = True
+                except NoProgress as exc:  # the watchdog: what ended is kept, and why
+                    stalled, no_progress = True, str(exc)
                 except simpy.core.EmptySchedule:
                     # no event left before every request ended: a request is waiting on
                     # something that will never happen (a bug). Keep what ended and say so,
@@ -562,7 +601,7 @@ class Pipeline(EngineHooks):
         columns = self._columns()
         if self.answers is not None:
             self.answers.adjust(columns)
-        summary = summarize(self, columns, elapsed, interrupted, stalled)
+        summary = summarize(self, columns, elapsed, interrupted, stalled, no_progress)
         if self.answers is not None:
             summary.update(self.answers.summary(columns))
             self.answers.close()

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ragsim.errors import ConfigError
+from ragsim.limits import MAX_DURATION_S
 from ragsim.traces.schema import Trace
 
 
@@ -102,6 +103,13 @@ class StagedSearch:
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             flat = pc.list_flatten(times).to_numpy(zero_copy_only=False) * time_scale
+            too_long = np.flatnonzero(~(flat <= MAX_DURATION_S))
+            if len(too_long):  # a day-long stage is a unit mistake, and would tick for ever
+                row = int(np.searchsorted(offsets, too_long[0], side="right") - 1)
+                raise ConfigError(f"a measured search stage of {flat[too_long[0]]:.4g} s "
+                                  f"(x search_time_scale) is longer than {MAX_DURATION_S:,.0f} s "
+                                  "(30 days): are the times in seconds?", row=row,
+                                  field="stage_times_s")
             running = np.concatenate([[0.0], np.cumsum(flat)])
             self._time_offsets = offsets.tolist()
             self._times = flat.tolist()

@@ -79,7 +79,8 @@ def ttft_components(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
-              interrupted: bool = False, stalled: bool = False) -> dict:
+              interrupted: bool = False, stalled: bool = False,
+              no_progress: str | None = None) -> dict:
     """``interrupted``: cut short by Ctrl-C; ``stalled``: the simulation ran out of events with
     requests still pending (a bug: those requests could never end). Both keep what ended."""
     completed = cols["status"] == "completed"
@@ -117,6 +118,8 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         # the clock may have run on to a periodic tick that found nothing left: when a request
         # last moved is when the run stalled
         "stalled_at_s": simulated_s if stalled else None,
+        # set when the watchdog stopped a run that made no progress: why, in the flags' terms
+        "no_progress": no_progress,
         "failed_by_reason": dict(sorted(reasons.items())),
         **_stats(ttft, "ttft"),
         "tpot_mean_s": _mean(cols["tpot_s"]),

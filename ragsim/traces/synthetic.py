@@ -66,6 +66,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from ragsim.errors import TraceError
+from ragsim.limits import TRACE_BYTES_PER_REQUEST, memory_problem
 from ragsim.traces.schema import Trace
 from ragsim.traces.stats import retrieval_skew
 
@@ -282,6 +284,9 @@ def builtin_trace(name: str, *, seed: int = 0, n_requests: int | None = None,
     spec = BUILTIN_SPECS[name]
     changes = {"seed": seed, **overrides}
     if n_requests is not None:
+        problem = memory_problem(n_requests, TRACE_BYTES_PER_REQUEST)
+        if problem:  # before minutes of generating end in a MemoryError
+            raise TraceError(f"cannot be generated here: {problem}", field="--requests")
         changes["n_requests"] = n_requests
     generated = _generated(replace(spec, **changes))
     return replace(generated, info=copy.deepcopy(generated.info))  # its own info, shared arrays
