@@ -3,7 +3,7 @@
 The same trace and Poisson arrivals served by vLLM's engine three ways (``--backend vllm``):
 ``vllm`` (no prefix cache), ``vllm-apc`` (vLLM's prefix cache) and ``ragcache`` (vLLM's prefix
 cache as the fast tier, ragsim's knowledge tree with PGDSF as its host tier, a KV connector),
-each next to the simulator's prediction of the same run (``ragsim.validate.run_pair``: one
+each next to the simulator's prediction of the same run (``ragsim.validation.run_pair``: one
 trace, configuration and profile for both sides). vLLM's KV memory is kept small (16 MiB:
 8,192 tokens, a few prompts of the mmlu trace), so that its prefix cache evicts and a host tier
 has something to give back.
@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ragsim.serving.config import SCHEDULERS
-from ragsim.validate import VLLM_SCHEDULER
+from ragsim.validation import VLLM_SCHEDULER
 
 SYSTEMS = ("vllm", "vllm-apc", "ragcache")
 PROFILE = "cpu-vllm-mistral-7b-l2-h256"  # shipped (measured by `profile` below)
@@ -45,7 +45,7 @@ def config_of(system: str, rate_rps: float, requests: int, gpu_mib: int, host_mi
     the final document list only, its prefix cache sharing blocks within a batch), simulated
     with ``scheduler`` (None: validate's default for vLLM)."""
     from ragsim.serving.config import build_config
-    from ragsim.validate import backend_terms
+    from ragsim.validation import backend_terms
 
     flags = {"trace": "mmlu", "system": system, "n_requests": requests, "arrival": "poisson",
              "rate_rps": rate_rps, "gpu_kv_bytes": gpu_mib * MiB, "profile": profile,
@@ -63,7 +63,7 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
     from ragsim.realrun.vllm.profile import profile_vllm
     from ragsim.serving.pipeline import requests_to_run
     from ragsim.traces import resolve_trace
-    from ragsim.validate import CPU_PROFILE_MAX_BATCH, run_needs
+    from ragsim.validation import CPU_PROFILE_MAX_BATCH, run_needs
 
     spec = scaled_down(resolve_model("mistral-7b"), layers=2, hidden=256).with_dtype("fp32")
     # what the runs of 100 to `requests` requests ask for (the mmlu trace's sample, and so its
@@ -111,7 +111,7 @@ def table(rates: list[float], requests: int, gpu_mib: int, host_mib: int, profil
     from ragsim.profiles.profile import load_profile
     from ragsim.serving.pipeline import requests_to_run
     from ragsim.traces import resolve_trace
-    from ragsim.validate import run_pair
+    from ragsim.validation import run_pair
 
     scheduler = scheduler or VLLM_SCHEDULER
     profile = load_profile(profile_name)

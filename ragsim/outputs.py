@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from ragsim.api.options import label_on
 from ragsim.atomic import write_atomically, write_text_atomically
 from ragsim.errors import RagsimInputError
 
@@ -100,7 +101,20 @@ def claim_output_dir(path: Path, *, writes: Iterable[str], inputs: Iterable = ()
     earlier = sorted(p.name for p in targets if p.exists())
     if earlier and not force:
         raise RagsimInputError(f"holds an earlier result ({', '.join(earlier)}); give another "
-                               "folder, or --force to replace it", file=str(path), field=flag)
+                               f"folder, or {label_on('force')} to replace it", file=str(path),
+                               field=flag)
+
+
+def save_run_result(out_dir: Path, records, summary: dict, config_toml: str | None = None,
+                    *, flag: str = "--out") -> str:
+    """:func:`write_run_result`, with a full disk said in one line: nothing of the result was
+    kept there (the summary, which marks a set complete, is written last)."""
+    try:
+        return write_run_result(out_dir, records, summary, config_toml)
+    except OSError as exc:
+        raise RagsimInputError(f"the results could not be written ({exc.strerror or exc}); "
+                               "nothing of this run was kept there", file=str(out_dir),
+                               field=flag) from None
 
 
 def write_run_result(out_dir: Path, records, summary: dict, config_toml: str | None = None

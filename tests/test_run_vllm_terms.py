@@ -28,9 +28,9 @@ from vllm_terms import (
     small_trace,
 )
 
+from ragsim.api.run import RUN_TERMS_NOTE, resolved_config
 from ragsim.backends import runner
 from ragsim.cli import app
-from ragsim.cli.run import RUN_TERMS_NOTE, resolved_config
 from ragsim.profiles.profile import load_profile
 from ragsim.realrun.vllm.harness import check_config, engine_settings
 from ragsim.serving.config import load_config_file

@@ -111,3 +111,12 @@ def test_notebooks_are_stored_without_outputs(name):
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert all(not c.get("outputs") and c.get("execution_count") is None
                for c in notebook.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
+def test_a_notebook_calls_the_api_not_a_subprocess(name):
+    """Notebooks are where ragsim's users live: they call ``ragsim.sweep``/``ragsim.plan`` and
+    get DataFrames and dicts, not a command line's stdout to parse."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    code = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
+    assert "subprocess" not in code and "import ragsim" in code

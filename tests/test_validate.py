@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from ragsim import validate as v
+from ragsim import validation as v
 from ragsim.cli import app
 from ragsim.errors import RagsimInputError
 
@@ -382,7 +382,7 @@ def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_p
     """vLLM >= 0.4 forms every step from decodes and prompt chunks: validating against it
     simulates that by default; the torch engine runs prefill-first; an explicit choice (flag
     or config file) stands."""
-    from ragsim.cli.validate import _config
+    from ragsim.api.validation import _config
 
     common = dict(trace="mmlu", system="vllm", rate=None, requests=10, seed=0, policy=None,
                   gpu_mem=None, host_mem=None)

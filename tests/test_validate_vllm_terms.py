@@ -29,8 +29,8 @@ from vllm_terms import (
     small_trace,
 )
 
+from ragsim.api.validation import _config, _write_pair
 from ragsim.cli import app
-from ragsim.cli.validate import _config, _write_pair
 from ragsim.profiles.profile import load_profile
 from ragsim.realrun.vllm.harness import check_config, engine_settings
 
@@ -104,7 +104,7 @@ def test_a_gpu_pages_blocks_of_16(tmp_path):
 
 def test_the_output_says_so_in_one_line():
     """(The command prints it before the runs: tests/test_validate.py sees it there.)"""
-    from ragsim.validate import terms_note
+    from ragsim.validation import terms_note
 
     _, changed = _config(None, system="ragcache", **COMMON, backend="vllm")
     assert terms_note(changed, "vllm") == (
@@ -117,7 +117,7 @@ def test_the_output_says_so_in_one_line():
 def test_the_result_records_the_settings_both_sides_ran(tmp_path):
     """Both sides of a comparison on vLLM's terms (the 'real' one simulated here: no vLLM):
     validation.json lists the settings the backend set, config.toml holds them."""
-    from ragsim import validate as v
+    from ragsim import validation as v
 
     config, changed = _config(None, system="ragcache", **COMMON, backend="vllm")
     config = config.replace(profile=PROFILE)

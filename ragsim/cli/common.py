@@ -6,12 +6,10 @@ Kept free of heavy imports (no numpy, pandas, torch): ``ragsim --help`` imports 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 
@@ -22,11 +20,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
-from ragsim.errors import MissingExtraError, RagsimInputError
+from ragsim.api.options import (  # noqa: F401 (re-exported: the commands import them from here)
+    command_line_labels,
+    cosine_distance,
+    generator_settings,
+)
+from ragsim.errors import RagsimInputError
+from ragsim.extras import (  # noqa: F401 (re-exported: the commands import them from here)
+    EXTRA_MODULES,
+    missing_extra,
+    require_extra,
+)
 from ragsim.outputs import (  # noqa: F401 (re-exported: the commands import them from here)
     check_out_dir,
     check_out_file,
     claim_output_dir,
+)
+from ragsim.stopping import (  # noqa: F401 (re-exported: the commands import them from here)
+    StopSignals,
+    Terminated,
+    sigterm_like_ctrl_c,
 )
 
 out = Console()
@@ -100,6 +113,11 @@ class Group(TyperGroup):
     def get_params(self, ctx):
         return _quiet_flags(super().get_params(ctx))
 
+    def invoke(self, ctx):
+        # errors raised below (the API's checks included) name options as flags: --host-mem
+        with command_line_labels():
+            return super().invoke(ctx)
+
 
 def friendly_errors(fn: Callable) -> Callable:
     """Bad input ends with one clear line (file, row, field) and exit code 2, not a traceback.
@@ -163,11 +181,6 @@ def phased_progress():
     return progress, report
 
 
-def generator_settings(drift: float | None) -> dict:
-    """``resolve_trace``'s generator overrides for a ``--drift`` (none when not given)."""
-    return {} if drift is None else {"drift_per_1k_requests": drift}
-
-
 def print_json(data: dict) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -180,16 +193,10 @@ def print_warnings(summary: dict) -> None:
 
 def write_results(out_dir: Path, records, summary: dict, config_toml: str | None = None) -> None:
     """Per-request records (Parquet), the summary (JSON) and the configuration (TOML) of a run
-    or replay, as one set (:func:`ragsim.outputs.write_run_result`); a full disk ends in one
-    line that says the results were not kept."""
-    from ragsim.outputs import write_run_result
+    or replay, as one set (:func:`ragsim.outputs.save_run_result`)."""
+    from ragsim.outputs import save_run_result
 
-    try:
-        write_run_result(out_dir, records, summary, config_toml)
-    except OSError as exc:
-        raise RagsimInputError(f"the results could not be written ({exc.strerror or exc}); "
-                               "nothing of this run was kept there", file=str(out_dir),
-                               field="--out") from None
+    save_run_result(out_dir, records, summary, config_toml)
 
 
 def exit_interrupted(what_ended: str, out_dir: Path | None,
@@ -202,113 +209,8 @@ def exit_interrupted(what_ended: str, out_dir: Path | None,
     raise typer.Exit(signals.exit_code if signals is not None else 130)
 
 
-def cosine_distance(similarity: float | None, distance: float | None, *, similarity_flag: str,
-                    distance_flag: str, default_similarity: float | None = None
-                    ) -> float | None:
-    """One semantic threshold from either convention: the article's cosine similarity or
-    redisvl's cosine distance (1 - similarity); both given is an error naming the flags. None
-    when neither is given and there is no default (the configuration's own then holds)."""
-    if similarity is not None and distance is not None:
-        raise RagsimInputError(f"give {similarity_flag} (similarity) or {distance_flag} "
-                               "(distance), not both", field=similarity_flag)
-    if distance is not None:
-        if not 0.0 <= distance <= 2.0:
-            raise RagsimInputError(f"must be a cosine distance in [0, 2], got {distance}",
-                                   field=distance_flag)
-        return distance
-    similarity = default_similarity if similarity is None else similarity
-    if similarity is None:
-        return None
-    if not 0.0 <= similarity <= 1.0:
-        raise RagsimInputError(f"must be a cosine similarity in [0, 1], got {similarity}",
-                               field=similarity_flag)
-    return 1.0 - similarity
-
-
 def ms(value: float | None) -> str:
     """Seconds shown as milliseconds; ``-`` when there is no value (nothing completed)."""
     return "-" if value is None else f"{value * 1e3:,.1f} ms"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's or ``kill``'s stop), raised where Ctrl-C would be so that it takes
-    Ctrl-C's path: the simulation keeps what ended and says it was interrupted."""
-
-
-class StopSignals:
-    """What :func:`sigterm_like_ctrl_c` saw: whether SIGTERM came, and whether it still turns
-    into :class:`Terminated` (``armed``) or is only noted (while results are written)."""
-
-    def __init__(self) -> None:
-        self.terminated = False
-        self.armed = True
-
-    @property
-    def name(self) -> str:
-        """The signal that interrupted the job (Ctrl-C is SIGINT)."""
-        return "SIGTERM" if self.terminated else "SIGINT"
-
-    @property
-    def exit_code(self) -> int:
-        """The shell's code for it: 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
-        return 128 + int(signal.SIGTERM if self.terminated else signal.SIGINT)
-
-    def disarm(self) -> None:
-        """From now on a SIGTERM is noted, not raised: the results being written are kept."""
-        self.armed = False
-
-
-@contextmanager
-def sigterm_like_ctrl_c() -> Iterator[StopSignals]:
-    """Route SIGTERM into the Ctrl-C path for the duration; the previous handler comes back
-    afterwards. Only the first SIGTERM while armed raises; later ones are noted, so a second
-    ``kill`` cannot cut the writing of what the first one kept."""
-    seen = StopSignals()
-
-    def on_sigterm(signum, frame) -> None:
-        first = not seen.terminated
-        seen.terminated = True
-        if first and seen.armed:
-            raise Terminated
-
-    try:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread: signals cannot be handled here
-        yield seen
-        return
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-
-
-# --------------------------------------------------------------------------- optional extras
-# the modules each extra of pyproject.toml brings that commands import (data-only packages are
-# checked where they are read)
-EXTRA_MODULES = {
-    "profile": ("torch", "transformers"),
-    "corpus": ("torch", "faiss", "sentence_transformers", "sentencepiece", "tiktoken", "yaml"),
-}
-_TORCH_FIRST = ("install the CPU build of torch first (docs/install.md: the default build "
-                "brings gigabytes of CUDA libraries), then ")
-
-
-def missing_extra(extra: str, module: str, command: str) -> MissingExtraError:
-    """The one line that says what to install for ``command`` (``torch`` gets its own advice:
-    a plain install pulls the CUDA build, gigabytes a CPU machine does not use)."""
-    advice = ((_TORCH_FIRST if module == "torch" else "")
-              + f"ragsim's '{extra}' extra: pip install '.[{extra}]' in ragsim's checkout")
-    return MissingExtraError(f"`{command}` needs {module}, which is not installed; {advice}",
-                             module=module, extra=extra)
-
-
-def require_extra(extra: str, command: str) -> None:
-    """Check that what ``extra`` provides is installed before the command does any work, so a
-    missing package is one line naming the install, not a traceback minutes into the job. Only
-    looked up, not imported (sentence-transformers alone takes seconds to import, and bad input
-    is refused faster than that)."""
-    for module in EXTRA_MODULES[extra]:
-        if importlib.util.find_spec(module) is None:
-            raise missing_extra(extra, module, command)

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from ragsim.api.replays import REPLAY_GPU_MEM, REPLAY_HOST_MEM
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
     claim_output_dir,
-    counting_progress,
     err,
     exit_interrupted,
     friendly_errors,
-    generator_settings,
+    make_bar,
     name_table,
     out,
     print_json,
@@ -25,17 +24,7 @@ from ragsim.cli.common import (
     sigterm_like_ctrl_c,
     write_results,
 )
-from ragsim.errors import RagsimInputError
-from ragsim.limits import REPLAY_BYTES_PER_REQUEST, memory_problem
-from ragsim.units import describe_bytes, format_bytes, parse_bytes
-
-# Replay's memory defaults differ from run's on purpose: run models the paper's A10G server (192
-# GiB of host memory, the GPU's KV space from the profile); replay is for comparing policies,
-# and at 192 GiB the built-in traces nearly fit, so every policy scores alike (mmlu: PGDSF
-# 51.3%, LRU 50.0%; at 4 + 32 GiB: 40.8% and 35.4%). Both show their defaults in help and
-# echo the sizes they used in the summary.
-REPLAY_GPU_MEM = "4GiB"
-REPLAY_HOST_MEM = "32GiB"
+from ragsim.units import describe_bytes, format_bytes
 
 
 class ReplayCommand(Command):
@@ -92,87 +81,34 @@ def replay(
         from ragsim.outputs import RUN_FILES
 
         claim_output_dir(out_dir, writes=RUN_FILES, inputs=(trace, profile, model), force=force)
-    from ragsim.profiles.models import resolve_model
-    from ragsim.profiles.profile import load_profile
-    from ragsim.sim.replay import ReplayConfig, run_replay
-    from ragsim.traces import resolve_trace
+    from ragsim.api.replays import REPLAY_OPTIONS, setup_replay
 
-    spec = resolve_model(model)
-    if kv_bytes_per_token is not None and kv_bytes_per_token <= 0:
-        raise RagsimInputError("must be > 0", field="--kv-bytes-per-token")
-    if cache_depth is not None and cache_depth < 0:
-        raise RagsimInputError("must be >= 0", field="--cache-depth")
-    if system_prompt_tokens < 0:
-        raise RagsimInputError("must be >= 0", field="--system-prompt-tokens")
-    if requests is not None and requests <= 0:
-        raise RagsimInputError("must be > 0", field="--requests")
-    problem = memory_problem(requests, REPLAY_BYTES_PER_REQUEST)
-    if problem:  # before minutes of generating or replaying end in a MemoryError
-        raise RagsimInputError(f"cannot be replayed here: {problem}", field="--requests")
-    _check_frequency_scope(frequency_scope, frequency_window)
-    config = ReplayConfig(
-        trace=trace,
-        policy=policy.lower(),
-        model=spec.name,
-        kv_bytes_per_token=kv_bytes_per_token or spec.kv_bytes_per_token,
-        gpu_capacity_bytes=parse_bytes(gpu_mem, field="--gpu-mem"),
-        host_capacity_bytes=parse_bytes(host_mem, field="--host-mem"),
-        flat=flat,
-        profile=profile,
-        system_prompt_tokens=system_prompt_tokens,
-        max_cached_depth=cache_depth,
-        n_requests=requests,
-        seed=seed,
-        frequency_scope=frequency_scope,
-        frequency_window_s=frequency_window,
-    )
-    from ragsim.cache.policies import POLICY_NAMES
-
-    if config.policy not in POLICY_NAMES:
-        raise RagsimInputError(f"unknown policy {policy!r}; choose one of "
-                               f"{', '.join(POLICY_NAMES)}", field="--policy")
-    if flat and config.host_capacity_bytes:
-        config = replace(config, host_capacity_bytes=0)
-        if not json_output:
-            err.print("note: --flat uses one tier of --gpu-mem; host memory is ignored")
-    costs = load_profile(profile)
-    if drift is not None and not 0.0 <= drift <= 1.0:
-        raise RagsimInputError("must lie in [0, 1]", field="--drift")
-    data = resolve_trace(trace, seed=seed, n_requests=requests, **generator_settings(drift))
-    progress, callback = counting_progress(data.n_requests, "replay", not json_output)
+    options = {name: value for name, value in locals().items() if name in REPLAY_OPTIONS}
+    setup = setup_replay(**options)
+    if not json_output:
+        for note in setup.notes:
+            err.print(f"note: {note}")
+    progress = make_bar(enabled=not json_output)
+    tasks = []  # the bar's task, added once the trace (and so its length) is known
     with sigterm_like_ctrl_c() as signals:
         with progress:
-            result = run_replay(data, config, costs, callback)
+            result = setup.execute(
+                on_start=lambda total: tasks.append(progress.add_task("replay", total=total)),
+                on_progress=lambda done: progress.update(tasks[0], completed=done))
         signals.disarm()  # what was replayed is kept: a later SIGTERM cannot cut the writing
         summary = result.summary
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
         if out_dir is not None:
-            write_results(out_dir, result.records, summary)
+            write_results(out_dir, result.requests, summary)
     if json_output:
         print_json(summary)
     else:
         _print_replay_summary(summary)
     print_warnings(summary)
     if summary["interrupted"]:
-        exit_interrupted(f"after the first {summary['requests']:,} of {data.n_requests:,} "
+        exit_interrupted(f"after the first {summary['requests']:,} of {result.trace_requests:,} "
                          "requests", out_dir, signals)
-
-
-def _check_frequency_scope(scope: str, window_s: float | None) -> None:
-    from ragsim.cache.tree import FREQUENCY_SCOPES
-
-    if scope not in FREQUENCY_SCOPES:
-        raise RagsimInputError(f"unknown scope {scope!r}; choose one of "
-                               f"{', '.join(FREQUENCY_SCOPES)}", field="--frequency-scope")
-    if scope == "window" and window_s is None:
-        raise RagsimInputError("the window scope needs --frequency-window SECONDS",
-                               field="--frequency-scope")
-    if scope != "window" and window_s is not None:
-        raise RagsimInputError("applies only to --frequency-scope window",
-                               field="--frequency-window")
-    if window_s is not None and not window_s > 0:
-        raise RagsimInputError("must be > 0", field="--frequency-window")
 
 
 def _print_replay_summary(s: dict) -> None:

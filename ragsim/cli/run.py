@@ -9,46 +9,35 @@ import typer
 from rich.progress import TextColumn
 from rich.table import Table
 
+from ragsim.api.run import FIELD_OF_OPTION as RUN_FIELD_OF_OPTION
+from ragsim.api.run import RUN_OPTIONS, run_problem
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
     check_out_dir,
     claim_output_dir,
-    cosine_distance,
     err,
     exit_interrupted,
     friendly_errors,
-    generator_settings,
     make_bar,
     ms,
     name_table,
     out,
     print_json,
     print_warnings,
-    require_extra,
     sigterm_like_ctrl_c,
     write_results,
 )
-from ragsim.errors import RagsimInputError
 from ragsim.outputs import RUN_FILES
-from ragsim.units import describe_bytes, format_bytes, parse_bytes
+from ragsim.units import describe_bytes, format_bytes
 
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
     "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Backend", "Output")
 ANSWERS = "Answer cache"
 
 
-# run's options whose configuration field has another name (the others: the same name). Help
-# shows each field's default and errors name the option, both through this table.
-FIELD_OF_OPTION = {
-    "host_mem": "host_cache_bytes", "gpu_mem": "gpu_kv_bytes", "cache_depth": "max_cached_depth",
-    "block_tokens": "prefix_block_tokens", "reorder_window": "reorder_window_s",
-    "rate": "rate_rps", "fail_gpu_at": "fail_gpu_at_s",
-    "gpu_failure_rate": "gpu_failure_rate_per_h", "gpu_recovery": "gpu_recovery_s",
-    "retry_timeout": "retry_timeout_s", "requests": "n_requests",
-    "answer_ttl": "answer_ttl_s", "redis_url": "answer_redis_url",
-    "drift": "trace_drift_per_1k_requests", "frequency_window": "frequency_window_s",
-}
+# run's options -> configuration fields: the API's table (help shows each field's default)
+FIELD_OF_OPTION = RUN_FIELD_OF_OPTION
 # what an unset (None) field means, for help
 _UNSET_MEANS = {
     "n_requests": "the whole trace", "top_k": "the trace's lists",
@@ -106,64 +95,6 @@ class RunCommand(Command):
         defaults = effective_defaults()
         return {p.name: defaults[FIELD_OF_OPTION.get(p.name, p.name)] for p in self.params
                 if FIELD_OF_OPTION.get(p.name, p.name) in defaults}
-
-
-def _in_user_words(exc: RagsimInputError, by_flag: set[str], from_file: dict | None,
-                   config_file: Path | None) -> RagsimInputError:
-    """A configuration error about field ``x`` named as the user set it: ``run.x`` in the
-    --config file when the value came from there, else the option (``rate_rps`` -> ``--rate``)."""
-    field = exc.field
-    if field is None or field in ("format", "version", "run"):
-        return exc
-    if from_file is not None and field in from_file and field not in by_flag:
-        return type(exc)(exc.detail, file=str(config_file), row=exc.row, field=f"run.{field}")
-    flag = _option_of_field().get(field)
-    if flag is None:  # settable in a --config file only (reorder_scan, ...)
-        return exc
-    return type(exc)(exc.detail, row=exc.row, field=flag)
-
-
-def _option_of_field() -> dict[str, str]:
-    """Configuration field -> the option that sets it (``rate_rps`` -> ``--rate``), read from
-    ``run``'s parameters as typer reads them."""
-    from typer.utils import get_params_from_function
-
-    options = {}
-    for name, meta in get_params_from_function(run).items():
-        declared = getattr(meta.default, "param_decls", ())
-        flag = declared[0].split("/")[0] if declared else "--" + name.replace("_", "-")
-        options[FIELD_OF_OPTION.get(name, name)] = flag
-    return options
-
-
-# the one line ``run --backend vllm`` prints about the settings it took from vLLM
-# (``validate.terms_note``, whose words are validate's: both sides)
-RUN_TERMS_NOTE = {"who": "the run goes as vLLM runs",
-                  "settable": "--block-tokens, --scheduler or a --config file may set the block "
-                              "and the scheduler"}
-
-
-def resolved_config(flags: dict, *, base: dict | None, config_file: Path | None,
-                    backend: str = "sim", device: str = "cpu"):
-    """The configuration ``run`` runs (``flags`` over the --config file ``base``) and the
-    settings the backend changed (field -> (was, now)). With ``--backend vllm`` each setting
-    vLLM's engine fixes that neither set takes vLLM's value and one set to a value vLLM cannot
-    run is refused: ``validate.backend_terms``, the rule ``validate --backend vllm`` applies, so
-    the run's config.toml and summary hold what vLLM ran. Errors name the option or the file's
-    field as the user set it."""
-    from ragsim.serving.config import build_config
-
-    by_flag = {field for field, value in flags.items() if value is not None}
-    try:
-        config = build_config(flags, base=base,
-                              source=str(config_file) if config_file is not None else None)
-        if backend != "vllm":
-            return config, {}
-        from ragsim.validate import backend_terms
-
-        return backend_terms(config, backend, device=device, given={*(base or {}), *by_flag})
-    except RagsimInputError as exc:
-        raise _in_user_words(exc, by_flag, base, config_file) from None
 
 
 @friendly_errors
@@ -327,105 +258,35 @@ def run(
 ) -> None:
     """Simulate the RAG serving stack end to end (or serve it for real: --backend torch): TTFT,
     throughput and hit rates."""
-    from ragsim.backends import BACKENDS, CPU_PROFILES, runner
-    from ragsim.profiles.profile import load_profile
-    from ragsim.serving.config import load_config_file
-    from ragsim.traces import resolve_trace
+    from ragsim.api.run import setup_run
 
-    if backend not in BACKENDS:
-        raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
-                               field="--backend")
-    if threads < 0:
-        raise RagsimInputError(f"must be >= 0, got {threads}", field="--threads")
     if out_dir is not None:
         check_out_dir(out_dir)  # before the run: a typo must not cost the simulation
-    base = load_config_file(config_file) if config_file is not None else None
-    flags = {
-        "trace": trace, "system": system, "profile": profile,
-        "policy": policy.lower() if policy else None, "cache": cache,
-        "frequency_scope": frequency_scope, "frequency_window_s": frequency_window,
-        "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem else None,
-        "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
-        "max_cached_depth": cache_depth, "prefix_block_tokens": block_tokens,
-        "system_prompt_tokens": system_prompt_tokens, "top_k": top_k, "reorder": reorder,
-        "reorder_window_s": reorder_window, "reorder_window_start": reorder_window_start,
-        "speculate": speculate, "overlap_swap": overlap_swap,
-        "batch_kv_sharing": batch_kv_sharing,
-        "max_batch_size": max_batch_size, "max_prefill_bs": max_prefill_bs,
-        "max_batched_tokens": max_batched_tokens, "scheduler": scheduler,
-        "search_workers": search_workers,
-        "search_s": search_s, "search_stages": search_stages, "stage_source": stage_source,
-        "stage_converge_p": stage_converge_p, "stage_keeps_d1_p": stage_keeps_d1_p,
-        "stage_other_found_p": stage_other_found_p, "search_latency": search_latency,
-        "search_time_scale": search_time_scale, "retrieval": retrieval,
-        "rate_rps": rate, "arrival": arrival, "cv": cv,
-        "fail_gpu_at_s": list(fail_gpu_at) if fail_gpu_at else None,
-        "gpu_failure_rate_per_h": gpu_failure_rate, "gpu_recovery_s": gpu_recovery,
-        "host_replicas": host_replicas, "retry_timeout_s": retry_timeout,
-        "max_retries": max_retries,
-        "n_requests": requests, "seed": seed, "trace_drift_per_1k_requests": drift,
-        "answer_cache": answer_cache, "answer_distance": cosine_distance(
-            answer_threshold, answer_distance, similarity_flag="--answer-threshold",
-            distance_flag="--answer-distance"), "answer_l1_size": answer_l1_size,
-        "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
-        "answer_invalidate": answer_invalidate,
-        "answer_profile": answer_profile, "answer_redis_url": redis_url,
-    }
-    config, terms = resolved_config(flags, base=base, config_file=config_file, backend=backend,
-                                    device=device)
+    options = {name: value for name, value in locals().items()
+               if name in RUN_OPTIONS and value is not None}
+    setup = setup_run(config_file, backend=backend, device=device, threads=threads, **options)
     if out_dir is not None:  # before the run: an earlier result or an input must not be lost
-        claim_output_dir(out_dir, writes=RUN_FILES, force=force,
-                         inputs=(config_file, config.trace, config.profile, config.answer_profile))
-    if terms and not json_output:
-        from ragsim.validate import terms_note
-
-        err.print(f"[dim]note:[/] {terms_note(terms, backend, **RUN_TERMS_NOTE)}",
-                  highlight=False, soft_wrap=True)
-    if backend in CPU_PROFILES and device == "cpu" and profile is None \
-            and "profile" not in (base or {}):
-        # the default profile's 7B model cannot be served on a CPU: serve the shipped profile
-        # measured on this engine's scaled-down model, as validate does
-        config = config.replace(profile=CPU_PROFILES[backend])
-        if not json_output:
-            err.print(f"[dim]note:[/] --backend {backend} on a CPU: profile {config.profile} "
-                      "(its scaled-down model; --profile for another)", highlight=False,
-                      soft_wrap=True)
-    costs = load_profile(config.profile)
-    if config.answer_cache:  # a bad latency profile is refused before the run
-        from ragsim.serving.answer_latency import load_answer_latency
-
-        load_answer_latency(config.answer_profile)
-    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests,
-                         **generator_settings(config.trace_drift_per_1k_requests))
-    used_drift = data.info.get("parameters", {}).get("drift_per_1k_requests")
-    if used_drift is not None:  # recorded, so config.toml reruns this traffic if defaults move
-        config = config.replace(trace_drift_per_1k_requests=used_drift)
-    if backend == "torch":
-        require_extra("profile", "run --backend torch")
-        if config.answer_cache:  # the real stores (and the embedder for the semantic tier)
-            from ragsim.cli.answers import require_answers
-
-            require_answers("run --backend torch --answer-cache",
-                            embedder=config.answer_semantic)
-    execute = runner(backend, device=device, threads=threads or None)
+        claim_output_dir(out_dir, writes=RUN_FILES, force=force, inputs=setup.inputs)
+    if not json_output:
+        for note in setup.notes:
+            err.print(f"[dim]note:[/] {note}", highlight=False, soft_wrap=True)
     progress = make_bar(TextColumn("{task.fields[simulated]}"), enabled=not json_output)
-    task = progress.add_task("run", total=data.n_requests, simulated="")
+    tasks = []  # the bar's task, added once the trace (and so its length) is known
     clock = "simulated s" if backend == "sim" else "s"
     with sigterm_like_ctrl_c() as signals:
         with progress:
-            result = execute(
-                data, config, costs,
-                lambda done, now: progress.update(task, completed=done,
-                                                  simulated=f"{now:,.0f} {clock}"))
+            result = setup.execute(
+                on_start=lambda total: tasks.append(progress.add_task("run", total=total,
+                                                                      simulated="")),
+                on_progress=lambda done, now: progress.update(
+                    tasks[0], completed=done, simulated=f"{now:,.0f} {clock}"))
         signals.disarm()  # what ended is kept: a later SIGTERM cannot cut the writing
         summary = result.summary
-        if backend == "vllm":  # the settings taken from vLLM (validate records them so too)
-            summary["backend_terms"] = {name: getattr(result.config, name) for name in terms}
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
         if out_dir is not None:
             # what ran: the run decides what the config left to the trace (retrieval)
-            write_results(out_dir, result.records, summary, result.config.to_toml())
+            write_results(out_dir, result.requests, summary, result.config.to_toml())
     if json_output:
         print_json(summary)
     else:
@@ -435,19 +296,11 @@ def run(
     if summary["interrupted"]:
         exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "
                          f"{summary['requests']:,} requests ended", out_dir, signals)
-    if summary.get("no_progress"):  # the watchdog: the run's own settings, not a bug
-        kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
-        err.print(f"[red]error:[/] stopped, no progress: {summary['no_progress']}{kept}",
-                  highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
-    if summary["stalled"]:
-        kept = f"; the records of those that ended are in {out_dir}" if out_dir is not None else ""
-        err.print(f"[red]error:[/] the simulation stalled at {summary['stalled_at_s']:,.1f} "
-                  f"simulated s with {summary['requests_pending']:,} of {summary['requests']:,} "
-                  f"requests never ended (first ids: {summary['pending_request_ids'][:5]}): "
-                  "nothing left could end them. This is a bug in ragsim; please report it with "
-                  f"the run's config.toml{kept}", highlight=False)
-        raise typer.Exit(1)
+    problem = run_problem(summary, out_dir)
+    if problem is not None:  # the watchdog (2: the run's own settings) or a stall (1: a bug)
+        code, message = problem
+        err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code)
 
 
 def _print_run_summary(s: dict) -> None:

@@ -50,18 +50,13 @@ def sweep(
     """Run many configurations (a grid of run or replay options over seeds) into one table."""
     from rich.progress import TimeRemainingColumn
 
-    from ragsim.study.executors import EXECUTORS, default_jobs
+    from ragsim.api.study import check_sweep_options
+    from ragsim.study.executors import default_jobs
     from ragsim.study.results import RESULTS_FILE
     from ragsim.study.spec import load_sweep
     from ragsim.study.sweep import run_sweep
 
-    if executor not in EXECUTORS:
-        raise RagsimInputError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}",
-                               field="--executor")
-    if jobs is not None and jobs < 1:
-        raise RagsimInputError(f"must be >= 1, got {jobs}", field="--jobs")
-    if address is not None and executor != "ray":
-        raise RagsimInputError("applies only to --executor ray", field="--address")
+    check_sweep_options(executor, jobs, address)
     check_out_dir(out_dir)
     spec = load_sweep(sweep_file, settings=set_ or [], axes=axis or [], seeds=seeds)
     jobs = jobs or default_jobs()
@@ -210,85 +205,18 @@ def plan(
     """Find the cheapest GPU type, GPU count and host memory that meet a TTFT SLO at a rate.
 
     Searched with the simulator over the model's shipped profiles; see docs/studies.md."""
-    import json
-    import tempfile
-
+    from ragsim.api.study import plan as find_plan
     from ragsim.cli.common import print_json
-    from ragsim.figures import check_plot_path
-    from ragsim.study import plan as planning
-    from ragsim.study.executors import default_jobs
-    from ragsim.units import parse_bytes
+    from ragsim.study.plan import parse_slo
 
-    goal = planning.parse_slo(slo)
-    if not rate > 0:
-        raise RagsimInputError("must be > 0", field="--rate")
-    for name, value in (("--requests", requests), ("--seeds", seeds), ("--jobs", jobs or 1)):
-        if value < 1:
-            raise RagsimInputError("must be >= 1", field=name)
-    if any(n < 1 for n in replicas or ()):
-        raise RagsimInputError("must be >= 1", field="--replicas")
-    if plot_file is not None:
-        check_plot_path(plot_file)
-    if out_dir is not None:
-        check_out_dir(out_dir)
-    price_table = planning.load_prices(prices)
-    options = planning.gpu_options(model, price_table)
-    host_gib = ([parse_bytes(h, field="--host-mem") / planning.GiB for h in host_mem]
-                if host_mem else list(planning.DEFAULT_HOST_MEM_GIB))
-    counts = sorted(set(replicas or planning.DEFAULT_REPLICAS))
-    base = {"system": system, "n_requests": requests}
-    spec = planning.plan_sweep(trace=trace, rate_rps=rate, options=options, host_gib=host_gib,
-                               replicas=counts, base=base, seeds=list(range(seeds)))
-    folder = out_dir or Path(tempfile.mkdtemp(prefix="ragsim-plan-"))
-    table = _run_quietly(spec, folder, jobs or default_jobs(), json_output, "plan")
-    candidates = planning.choose(table, goal, options, rate, price_table)
-    met = [c for c in candidates if c["meets_slo"]]
-    best = met[0] if met else None
-    curve = []
-    if best is not None:
-        per_replica = best["rate_rps_per_replica"]
-        points = [{"profile": best["profile"], "system": system, "n_requests": requests,
-                   "trace": trace, "host_cache_bytes": best["host_cache_bytes_per_replica"],
-                   "rate_rps": per_replica * f} for f in planning.MARGIN_FACTORS]
-        from ragsim.study.spec import parse_sweep
-
-        margin_spec = parse_sweep({"seeds": list(range(seeds)), "points": points}, "<plan>")
-        margin = _run_quietly(margin_spec, folder / "margin", jobs or default_jobs(),
-                              json_output, "margin")
-        for f in planning.MARGIN_FACTORS:
-            rows = margin[abs(margin["rate_rps"] - per_replica * f) < 1e-12]
-            value = float(rows[goal.metric].mean())
-            curve.append({"rate_rps": rate * f, "rate_factor": f, goal.metric: value,
-                          "meets_slo": goal.met(value)})
-    result = {"trace": trace, "rate_rps": rate, "slo": str(goal), "model": model,
-              "system": system, "requests": requests, "seeds": seeds,
-              "prices": price_table, "best": best, "margin_curve": curve,
-              "candidates": candidates, "results_dir": str(folder)}
-    if out_dir is not None:
-        (out_dir / "plan.json").write_text(json.dumps(result, indent=2) + "\n")
-    if plot_file is not None and curve:
-        from ragsim.figures import save_figure
-
-        save_figure(planning.margin_figure(curve, goal, best), plot_file)
+    result = find_plan(trace=trace, rate=rate, slo=slo, model=model, system=system,
+                       host_mem=host_mem, replicas=replicas, requests=requests, seeds=seeds,
+                       prices=prices, jobs=jobs, out_dir=out_dir, plot=plot_file,
+                       progress=not json_output)
     if json_output:
         print_json(result)
         return
-    _print_plan(result, goal)
-
-
-def _run_quietly(spec, folder: Path, jobs: int, quiet: bool, what: str):
-    from ragsim.study.results import read_results
-    from ragsim.study.sweep import run_sweep
-
-    progress = make_bar(enabled=not quiet)
-    task = progress.add_task(what, total=len(spec.points))
-    with progress:
-        outcome = run_sweep(spec, folder, jobs=jobs, keep_requests=False,
-                            on_progress=_advance(progress, task))
-    if outcome.failed:
-        raise RagsimInputError(f"{len(outcome.failed)} candidate run(s) failed: "
-                               f"{outcome.failed[0][1]}")
-    return read_results(folder)
+    _print_plan(result, parse_slo(slo))
 
 
 def _print_plan(result: dict, goal) -> None:

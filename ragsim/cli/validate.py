@@ -4,7 +4,6 @@ writes and prints)."""
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -12,12 +11,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ragsim.atomic import write_atomically, write_text_atomically
-from ragsim.backends import CPU_PROFILES
+from ragsim.api.validation import DEFAULT_REQUESTS
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
-    check_out_dir,
     counting_progress,
     err,
     exit_interrupted,
@@ -26,27 +23,15 @@ from ragsim.cli.common import (
     out,
     phased_progress,
     print_json,
-    require_extra,
     sigterm_like_ctrl_c,
-    write_results,
 )
-from ragsim.errors import RagsimInputError
-
-DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
-# configuration fields this command sets -> its options, so an error names what the user typed
-# the shipped profile of vLLM's CPU engine: what --backend vllm prices with on a CPU by default
-VLLM_CPU_PROFILE = CPU_PROFILES["vllm"]
-_OPTION_OF_FIELD = {"trace": "--trace", "system": "--system", "rate_rps": "--rate",
-                    "n_requests": "--requests", "seed": "--seed", "profile": "--profile",
-                    "policy": "--policy", "gpu_kv_bytes": "--gpu-mem",
-                    "host_cache_bytes": "--host-mem", "scheduler": "--scheduler"}
 
 
 class ValidateCommand(Command):
     """What this command's unset options become, for help."""
 
     def help_defaults(self) -> dict[str, str]:
-        from ragsim.validate import DEFAULT_TORCH_CPU_PROFILE
+        from ragsim.validation import DEFAULT_TORCH_CPU_PROFILE
 
         return {"rate": "the trace's arrival times", "layers": "the profile's model",
                 "hidden": "the profile's model", "threads": "the engine's",
@@ -107,103 +92,52 @@ def validate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure how far the simulation is from a real engine on the same trace and settings."""
-    from ragsim import validate as v
+    from ragsim.api.validation import setup_validation
 
-    check_out_dir(out_dir)  # before the runs: a typo must not cost them
-    if backend not in v.BACKENDS:
-        raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
-                               field="--backend")
-    if profile is not None and profile_now:
-        raise RagsimInputError("give --profile or --profile-now, not both", field="--profile")
-    if backend == "vllm" and profile is None and device == "cpu" and not profile_now:
-        profile = VLLM_CPU_PROFILE  # measured on vLLM's CPU engine (docs/vllm.md)
-    if backend == "vllm" and profile is None:
-        raise RagsimInputError("--backend vllm needs a profile of vLLM itself: measure one with "
-                               "ragsim profile --engine vllm and give it as --profile",
-                               field="--profile")
-    if sequential and loads is not None:
-        raise RagsimInputError("--loads has its own sequential point (idle)",
-                               field="--sequential")
-    points = v.parse_loads(loads) if loads is not None else None
-    if backend == "torch" or profile_now:
-        require_extra("profile", "ragsim validate")
-    config, terms = _config(config_file, trace=trace, system=system, rate=rate,
-                            requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
-                            host_mem=host_mem, scheduler=scheduler, backend=backend,
-                            device=device)
-    if terms and not json_output:
-        err.print(f"[dim]note:[/] {v.terms_note(terms, backend)}", highlight=False,
-                  soft_wrap=True)
-    from ragsim.traces import resolve_trace
+    def on_note(text: str, warning: bool) -> None:
+        if warning:
+            err.print(f"[yellow]note:[/] {text}", highlight=False)
+        elif not json_output:
+            err.print(f"[dim]note:[/] {text}", highlight=False, soft_wrap=True)
 
-    data = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
-    costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
-                          device=device, threads=threads, seed=seed,
-                          needs=lambda kv_bytes: v.run_needs(data, config, kv_bytes))
-    v.engine_scale(costs, layers, hidden)
-    config = config.replace(profile=str(out_dir / "profile.json") if profile_now
-                            else profile or costs.name)
-    if sequential:
-        config, changed = v.sequential_config(config)
-        if changed and not json_output:
-            err.print("[dim]note:[/] sequential: "
-                      + ", ".join(f"{k} {was} -> {now}" for k, (was, now) in changed.items())
-                      + " (decisions that race with time; the open-loop runs keep them)",
-                      highlight=False)
-    reference = None
-    if reference_profile is not None:
-        from ragsim.profiles.profile import load_profile
+    phases, report_phase = phased_progress()  # shown once --profile-now measures
 
-        reference = load_profile(reference_profile)
-    if backend == "sim":
-        err.print("[yellow]note:[/] --backend sim: the 'real' side is a second simulation"
-                  + (f" (profile {reference.name})" if reference else "")
-                  + ", not a real run", highlight=False)
+    def on_phase(*progress) -> None:
+        if not phases.live.is_started:
+            phases.start()
+        report_phase(*progress)
 
-    def one(cfg, load: str | None, folder: Path) -> dict:
-        progress, done = counting_progress(data.n_requests, f"{backend} run", not json_output)
-        with progress:
-            real, sim = v.run_pair(data, cfg, costs, backend=backend, device=device,
-                                   threads=threads,
-                                   reference_profile=reference,
-                                   progress=lambda ended, _now: done(ended))
-        adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
-        report = v.compare(real, sim, backend=backend, load=load, sim_speed_adjusted=adjusted,
-                           terms=terms)
-        # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
-        report["interrupted"] = bool(real.summary.get("interrupted"))
-        _write_pair(folder, real, sim, report, backend)
-        return report
+    try:
+        setup = setup_validation(
+            out_dir, backend=backend, trace=trace, system=system, rate=rate, requests=requests,
+            layers=layers, hidden=hidden, threads=threads, device=device, config=config_file,
+            policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
+            profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
+            scheduler=scheduler, reference_profile=reference_profile, on_note=on_note,
+            on_profile_phase=on_phase)
+    finally:
+        if phases.live.is_started:
+            phases.stop()
+
+    def on_run(label: str, total: int):
+        progress, done = counting_progress(total, label, not json_output)
+        return progress, done
 
     with sigterm_like_ctrl_c() as signals, _kept_on_interrupt(out_dir, signals):
-        if points is None:
-            report = one(config, None, out_dir)
-            signals.disarm()
-            print_json(report) if json_output else _print_report(report)
-            if report["interrupted"]:
-                exit_interrupted(f"after {report['requests']:,} requests ended in both runs "
-                                 "(compared)", out_dir, signals)
-            return
-        rows, capacity_rps = [], None
-        combined = {"backend": backend, "real_is_simulated": backend == "sim",
-                    "system": config.system, "trace": config.trace,
-                    "profile": config.profile,
-                    "backend_terms": {name: getattr(config, name) for name in terms},
-                    "capacity_rps": None, "loads": rows}
-        for load in points:
-            report = one(v.config_at_load(config, load, capacity_rps), load,
-                         out_dir / f"load-{load}")
-            if load == v.LOAD_OVER:
-                capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
-            rows.append(v.load_row(report))
-            _write_loads(out_dir, combined)  # after every load: an interruption keeps them
-            if report["interrupted"]:
-                break
+        found = setup.execute(on_run)
         signals.disarm()
+    if found.loads is None:
+        report = found.report
+        print_json(report) if json_output else _print_report(report)
+        if report["interrupted"]:
+            exit_interrupted(f"after {report['requests']:,} requests ended in both runs "
+                             "(compared)", out_dir, signals)
+        return
+    combined, rows = found.loads, found.loads["loads"]
     print_json(combined) if json_output else _print_loads(combined)
     if rows and rows[-1].get("interrupted"):
-        exit_interrupted(f"at load {rows[-1]['load']} ({len(rows)} of {len(points)} loads, the "
-                         "last cut short)", out_dir, signals)
+        exit_interrupted(f"at load {rows[-1]['load']} ({len(rows)} of {len(found.points)} "
+                         "loads, the last cut short)", out_dir, signals)
 
 
 @contextmanager
@@ -215,92 +149,6 @@ def _kept_on_interrupt(out_dir: Path, signals):
         yield
     except KeyboardInterrupt:
         exit_interrupted("before this comparison ended; what finished", out_dir, signals)
-
-
-def _config(config_file: Path | None, *, trace: str, system: str, rate: float | None,
-            requests: int, seed: int, policy: str | None, gpu_mem: str | None,
-            host_mem: str | None, scheduler: str | None = None, backend: str = "torch",
-            device: str = "cpu"):
-    """The run's configuration (a --config file under this command's options) on the terms
-    the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
-    its engine's settings and the mixed scheduler), and what those terms changed (field ->
-    (was, now)); an error naming this command's option or the file's field."""
-    from ragsim import validate as v
-    from ragsim.serving.config import build_config, load_config_file
-    from ragsim.units import parse_bytes
-
-    base = load_config_file(config_file) if config_file is not None else None
-    flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
-             "seed": seed, "policy": policy.lower() if policy else None,
-             "scheduler": scheduler,
-             "gpu_kv_bytes": parse_bytes(gpu_mem, field="--gpu-mem") if gpu_mem else None,
-             "host_cache_bytes": parse_bytes(host_mem, field="--host-mem") if host_mem
-             else None}
-    source = str(config_file) if config_file is not None else None
-    given = {*(base or {}), *(name for name, value in flags.items() if value is not None)}
-    try:
-        config = build_config(flags, base=base, source=source)
-    except RagsimInputError as exc:
-        flag = _OPTION_OF_FIELD.get(exc.field or "")
-        raise (type(exc)(exc.detail, field=flag) if flag else exc) from None
-    return v.backend_terms(config, backend, device=device, given=given, source=source)
-
-
-def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
-                  layers: int | None, hidden: int | None, device: str, threads: int | None,
-                  seed: int, needs=None):
-    """--profile as ``run --profile`` resolves it, a profile measured now (--profile-now, at
-    the default profile's scale unless --layers/--hidden say otherwise; its plan reaches what
-    the runs will ask, ``needs(kv_bytes_per_token)``), or the default."""
-    from ragsim import validate as v
-    from ragsim.profiles.profile import load_profile
-
-    if name is not None:
-        return load_profile(name)
-    if backend == "torch" and not profile_now and device != "cpu":
-        raise RagsimInputError("no shipped profile for the scaled-down engine on a GPU; "
-                               "give --profile or --profile-now", field="--profile")
-    default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
-    if not profile_now:
-        return default
-    out_dir.mkdir(parents=True, exist_ok=True)
-    progress, report = phased_progress()
-    with progress:
-        # on a CPU the default profile's scale; on a GPU the full model unless told otherwise
-        on_cpu = device == "cpu"
-        return v.profile_here(
-            out_dir / "profile.json",
-            layers=layers or (default.model.num_layers if on_cpu else None),
-            hidden=hidden or (default.model.hidden_size if on_cpu else None),
-            device=device, threads=threads, seed=seed, progress=report,
-            needs=None if needs is None else needs(default.model.kv_bytes_per_token))
-
-
-def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
-    """Both runs' records and summaries, the joined per-request comparison, the plots, the
-    configuration and ``validation.json``."""
-    import pandas as pd
-
-    from ragsim import validate as v
-
-    write_results(folder / "real", pd.DataFrame(real.columns), real.summary)
-    write_results(folder / "sim", pd.DataFrame(sim.columns), sim.summary)
-    joined, _ = v.join_runs(real.columns, sim.columns)
-    table = v.per_request(joined)
-    write_atomically(folder / "requests.parquet", lambda tmp: table.to_parquet(tmp, index=False))
-    v.plot_ttft(joined, folder, "real" if backend != "sim" else "reference (simulated)")
-    write_text_atomically(folder / "config.toml", sim.config.to_toml())
-    write_text_atomically(folder / "validation.json",
-                          json.dumps(report, indent=2, default=str) + "\n")
-
-
-def _write_loads(out_dir: Path, combined: dict) -> None:
-    import pandas as pd
-
-    rows = pd.DataFrame(combined["loads"])
-    write_atomically(out_dir / "loads.parquet", lambda tmp: rows.to_parquet(tmp, index=False))
-    write_text_atomically(out_dir / "loads.json",
-                          json.dumps(combined, indent=2, default=str) + "\n")
 
 
 def _mark(passed: bool | None, short: bool = False) -> str:
@@ -371,7 +219,7 @@ def _print_report(r: dict) -> None:
 
 
 def _speed(row: dict) -> str:
-    from ragsim.validate import STEADY_SPEED_CHANGE
+    from ragsim.validation import STEADY_SPEED_CHANGE
 
     if row["machine_speed_factor"] is None:
         return "-"
@@ -380,7 +228,7 @@ def _speed(row: dict) -> str:
 
 
 def _print_loads(combined: dict) -> None:
-    from ragsim.validate import BURST_RATE_RPS
+    from ragsim.validation import BURST_RATE_RPS
 
     real = "simulated reference" if combined["real_is_simulated"] else "real"
     table = Table(title=f"sim vs {real} at several loads · {combined['trace']} · "

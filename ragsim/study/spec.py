@@ -21,7 +21,6 @@ before anything runs: a bad value is one line naming the sweep file and the key 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import itertools
 import json
 import tomllib
@@ -98,15 +97,14 @@ def _option_names(mode: str) -> tuple[set[str], dict[str, str]]:
     if mode == "run":
         import dataclasses
 
-        from ragsim.cli.run import FIELD_OF_OPTION
+        from ragsim.api.run import FIELD_OF_OPTION
         from ragsim.serving.config import SimConfig
 
         names = {f.name for f in dataclasses.fields(SimConfig)} | set(RUN_ONLY)
         return names, dict(FIELD_OF_OPTION)
-    from ragsim.cli.replay import replay
+    from ragsim.api.replays import REPLAY_OPTIONS
 
-    names = set(inspect.signature(replay).parameters) - {"json_output", "out_dir"}
-    return names, dict(REPLAY_ALIASES)
+    return set(REPLAY_OPTIONS), dict(REPLAY_ALIASES)
 
 
 def _normalise(table: dict, where: str, mode: str, source: str) -> dict:

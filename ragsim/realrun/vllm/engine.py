@@ -35,7 +35,7 @@ BLOCK_MULTIPLE_TOKENS = 16
 def smallest_block_tokens(on_cpu: bool) -> int:
     """The smallest block vLLM can page KV in, on a CPU or on a GPU: every block it takes is
     a multiple of it. What the simulation of a vLLM run counts hits in unless told otherwise
-    (``ragsim.validate.backend_terms``), so that both sides count the same blocks."""
+    (``ragsim.validation.backend_terms``), so that both sides count the same blocks."""
     return CPU_KERNEL_BLOCK_TOKENS if on_cpu else BLOCK_MULTIPLE_TOKENS
 
 

@@ -1,0 +1,325 @@
+"""``ragsim.validate``: the real engine and the simulator on one trace, configuration and
+profile, and how far apart they are (``ragsim.validation`` computes the comparison; this module
+sets the pair up, runs it and writes what it found).
+
+Set up in two steps, as a run is: :func:`setup_validation` checks the options, resolves the
+configuration on the backend's terms and loads (or measures) the costs;
+:meth:`ValidationSetup.execute` runs the pair once, or at each load, writing as it goes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragsim.api.options import as_bytes, label
+from ragsim.errors import RagsimInputError
+
+DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
+# configuration fields this command sets -> its options, so an error names what the user typed
+_OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
+                    "n_requests": "requests", "seed": "seed", "profile": "profile",
+                    "policy": "policy", "gpu_kv_bytes": "gpu_mem",
+                    "host_cache_bytes": "host_mem", "scheduler": "scheduler"}
+
+# on_run(label, total) -> (a context the run goes in, done(ended) -> None): a progress display
+RunProgress = Callable[[str, int], tuple]
+# on_note(text, warning): what a caller may print as the setup goes (warning: always shown)
+Note = Callable[[str, bool], None]
+
+
+def _no_progress(label_: str, total: int) -> tuple:
+    return nullcontext(), (lambda ended: None)
+
+
+def _config(config_file: str | Path | None, *, trace: str, system: str, rate: float | None,
+            requests: int, seed: int, policy: str | None, gpu_mem, host_mem,
+            scheduler: str | None = None, backend: str = "torch", device: str = "cpu"):
+    """The run's configuration (a config file under this command's options) on the terms
+    the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
+    its engine's settings and the mixed scheduler), and what those terms changed (field ->
+    (was, now)); an error naming this command's option or the file's field."""
+    from ragsim import validation as v
+    from ragsim.serving.config import build_config, load_config_file
+
+    base = load_config_file(config_file) if config_file is not None else None
+    flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
+             "seed": seed, "policy": policy.lower() if policy else None,
+             "scheduler": scheduler,
+             "gpu_kv_bytes": as_bytes(gpu_mem, "gpu_mem") if gpu_mem else None,
+             "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None}
+    source = str(config_file) if config_file is not None else None
+    given = {*(base or {}), *(name for name, value in flags.items() if value is not None)}
+    try:
+        config = build_config(flags, base=base, source=source)
+    except RagsimInputError as exc:
+        option = _OPTION_OF_FIELD.get(exc.field or "")
+        raise (type(exc)(exc.detail, field=label(option)) if option else exc) from None
+    return v.backend_terms(config, backend, device=device, given=given, source=source)
+
+
+def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
+                  layers: int | None, hidden: int | None, device: str, threads: int | None,
+                  seed: int, needs=None, on_phase=None):
+    """The profile as ``run`` resolves it, one measured now (``profile_now``, at the default
+    profile's scale unless ``layers``/``hidden`` say otherwise; its plan reaches what the runs
+    will ask, ``needs(kv_bytes_per_token)``), or the default."""
+    from ragsim import validation as v
+    from ragsim.profiles.profile import load_profile
+
+    if name is not None:
+        return load_profile(name)
+    if backend == "torch" and not profile_now and device != "cpu":
+        raise RagsimInputError(f"no shipped profile for the scaled-down engine on a GPU; "
+                               f"give {label('profile')} or {label('profile_now')}",
+                               field=label("profile"))
+    default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
+    if not profile_now:
+        return default
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # on a CPU the default profile's scale; on a GPU the full model unless told otherwise
+    on_cpu = device == "cpu"
+    return v.profile_here(
+        out_dir / "profile.json",
+        layers=layers or (default.model.num_layers if on_cpu else None),
+        hidden=hidden or (default.model.hidden_size if on_cpu else None),
+        device=device, threads=threads, seed=seed, progress=on_phase,
+        needs=None if needs is None else needs(default.model.kv_bytes_per_token))
+
+
+def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
+    """Both runs' records and summaries, the joined per-request comparison, the plots, the
+    configuration and ``validation.json``."""
+    import pandas as pd
+
+    from ragsim import validation as v
+    from ragsim.atomic import write_atomically, write_text_atomically
+    from ragsim.outputs import save_run_result
+
+    save_run_result(folder / "real", pd.DataFrame(real.columns), real.summary,
+                    flag=label("out_dir"))
+    save_run_result(folder / "sim", pd.DataFrame(sim.columns), sim.summary,
+                    flag=label("out_dir"))
+    joined, _ = v.join_runs(real.columns, sim.columns)
+    table = v.per_request(joined)
+    write_atomically(folder / "requests.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    v.plot_ttft(joined, folder, "real" if backend != "sim" else "reference (simulated)")
+    write_text_atomically(folder / "config.toml", sim.config.to_toml())
+    write_text_atomically(folder / "validation.json",
+                          json.dumps(report, indent=2, default=str) + "\n")
+
+
+def _write_loads(out_dir: Path, combined: dict) -> None:
+    import pandas as pd
+
+    from ragsim.atomic import write_atomically, write_text_atomically
+
+    rows = pd.DataFrame(combined["loads"])
+    write_atomically(out_dir / "loads.parquet", lambda tmp: rows.to_parquet(tmp, index=False))
+    write_text_atomically(out_dir / "loads.json",
+                          json.dumps(combined, indent=2, default=str) + "\n")
+
+
+@dataclass
+class Validation:
+    """What a validation found: ``report`` (one comparison, ``validation.json``) or, with
+    loads, ``loads`` (``loads.json``: one row per load); ``summary`` is whichever ``--json``
+    prints. The raw errors are the verdict; speed probes sit beside them."""
+
+    out_dir: Path
+    report: dict | None = None
+    loads: dict | None = None
+    points: list[str] | None = None  # the loads asked for (some may not have run)
+
+    @property
+    def summary(self) -> dict:
+        return self.report if self.loads is None else self.loads
+
+    @property
+    def interrupted(self) -> bool:
+        if self.loads is None:
+            return bool(self.report and self.report.get("interrupted"))
+        rows = self.loads["loads"]
+        return bool(rows and rows[-1].get("interrupted"))
+
+
+@dataclass
+class ValidationSetup:
+    """A checked validation that has not run: the trace, the configuration on the backend's
+    terms, the costs the simulator prices with and what the real side needs."""
+
+    out_dir: Path
+    backend: str
+    device: str
+    threads: int | None
+    data: object
+    config: object
+    terms: dict
+    costs: object
+    reference: object = None
+    points: list[str] | None = None
+    notes: list[tuple[str, bool]] = field(default_factory=list)
+
+    def execute(self, on_run: RunProgress | None = None) -> Validation:
+        """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
+        what finished. ``on_run(label, total)`` gives each real run's progress display."""
+        from ragsim import validation as v
+
+        on_run = on_run or _no_progress
+        backend, data, costs, terms = self.backend, self.data, self.costs, self.terms
+
+        def one(cfg, load: str | None, folder: Path) -> dict:
+            context, done = on_run(f"{backend} run", data.n_requests)
+            with context:
+                real, sim = v.run_pair(data, cfg, costs, backend=backend, device=self.device,
+                                       threads=self.threads, reference_profile=self.reference,
+                                       progress=lambda ended, _now: done(ended))
+            adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
+            report = v.compare(real, sim, backend=backend, load=load,
+                               sim_speed_adjusted=adjusted, terms=terms)
+            # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
+            report["interrupted"] = bool(real.summary.get("interrupted"))
+            _write_pair(folder, real, sim, report, backend)
+            return report
+
+        config = self.config
+        if self.points is None:
+            return Validation(self.out_dir, report=one(config, None, self.out_dir))
+        rows, capacity_rps = [], None
+        combined = {"backend": backend, "real_is_simulated": backend == "sim",
+                    "system": config.system, "trace": config.trace,
+                    "profile": config.profile,
+                    "backend_terms": {name: getattr(config, name) for name in terms},
+                    "capacity_rps": None, "loads": rows}
+        for load in self.points:
+            report = one(v.config_at_load(config, load, capacity_rps), load,
+                         self.out_dir / f"load-{load}")
+            if load == v.LOAD_OVER:
+                capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
+            rows.append(v.load_row(report))
+            _write_loads(self.out_dir, combined)  # after every load: an interruption keeps them
+            if report["interrupted"]:
+                break
+        return Validation(self.out_dir, loads=combined, points=list(self.points))
+
+
+def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str = "mmlu",
+                     system: str = "ragcache", rate: float | None = None,
+                     requests: int = DEFAULT_REQUESTS, layers: int | None = None,
+                     hidden: int | None = None, threads: int | None = None,
+                     device: str = "cpu", config: str | Path | None = None,
+                     policy: str | None = None, gpu_mem=None, host_mem=None,
+                     profile: str | None = None, profile_now: bool = False,
+                     sequential: bool = False, loads: str | None = None, seed: int = 0,
+                     scheduler: str | None = None, reference_profile: str | None = None,
+                     on_note: Note | None = None, on_profile_phase=None) -> ValidationSetup:
+    """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
+    measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
+    chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress."""
+    from ragsim import validation as v
+    from ragsim.backends import CPU_PROFILES
+    from ragsim.extras import require_extra
+    from ragsim.outputs import check_out_dir
+
+    notes: list[tuple[str, bool]] = []
+
+    def note(text: str, warning: bool = False) -> None:
+        notes.append((text, warning))
+        if on_note is not None:
+            on_note(text, warning)
+
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, label("out_dir"))  # before the runs: a typo must not cost them
+    if backend not in v.BACKENDS:
+        raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
+                               field=label("backend"))
+    if profile is not None and profile_now:
+        raise RagsimInputError(f"give {label('profile')} or {label('profile_now')}, not both",
+                               field=label("profile"))
+    if backend == "vllm" and profile is None and device == "cpu" and not profile_now:
+        profile = CPU_PROFILES["vllm"]  # measured on vLLM's CPU engine (docs/vllm.md)
+    if backend == "vllm" and profile is None:
+        raise RagsimInputError(f"{label('backend')} vllm needs a profile of vLLM itself: "
+                               "measure one with ragsim profile --engine vllm and give it as "
+                               f"{label('profile')}", field=label("profile"))
+    if sequential and loads is not None:
+        raise RagsimInputError(f"{label('loads')} has its own sequential point (idle)",
+                               field=label("sequential"))
+    points = v.parse_loads(loads) if loads is not None else None
+    if backend == "torch" or profile_now:
+        require_extra("profile", "ragsim validate")
+    resolved, terms = _config(config, trace=trace, system=system, rate=rate,
+                              requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
+                              host_mem=host_mem, scheduler=scheduler, backend=backend,
+                              device=device)
+    if terms:
+        note(v.terms_note(terms, backend))
+    from ragsim.traces import resolve_trace
+
+    data = resolve_trace(resolved.trace, seed=resolved.seed, n_requests=resolved.n_requests)
+    costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
+                          device=device, threads=threads, seed=seed,
+                          needs=lambda kv_bytes: v.run_needs(data, resolved, kv_bytes),
+                          on_phase=on_profile_phase)
+    v.engine_scale(costs, layers, hidden)
+    resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
+                                else profile or costs.name)
+    if sequential:
+        resolved, changed = v.sequential_config(resolved)
+        if changed:
+            note("sequential: " + ", ".join(f"{k} {was} -> {now}"
+                                            for k, (was, now) in changed.items())
+                 + " (decisions that race with time; the open-loop runs keep them)")
+    reference = None
+    if reference_profile is not None:
+        from ragsim.profiles.profile import load_profile
+
+        reference = load_profile(reference_profile)
+    if backend == "sim":
+        note(f"{label('backend')} sim: the 'real' side is a second simulation"
+             + (f" (profile {reference.name})" if reference else "") + ", not a real run",
+             warning=True)
+    return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
+                           reference, points, notes)
+
+
+def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:
+    """Measure how far the simulation is from a real engine on the same trace and settings,
+    as ``ragsim validate`` does (``options``: its options in snake case; ``config`` a TOML
+    path). Writes what ``--out`` holds into ``out_dir``."""
+    import inspect
+
+    from ragsim.api.options import unknown_option
+
+    known = set(inspect.signature(setup_validation).parameters) - {
+        "out_dir", "on_note", "on_profile_phase"}
+    for name in options:
+        if name not in known:
+            raise unknown_option(name, known, "ragsim.validate")
+    setup = setup_validation(out_dir, **options)
+    if not progress:
+        return setup.execute()
+    from ragsim.progress import progress_bar
+
+    def on_run(label_: str, total: int):
+        bar = progress_bar(label_)
+        handles = []
+
+        class _Context:
+            def __enter__(self):
+                start, advance = bar.__enter__()
+                start(total)
+                handles.append(advance)
+
+            def __exit__(self, *exc):
+                return bar.__exit__(*exc)
+
+        return _Context(), (lambda ended: handles[0](ended) if handles else None)
+
+    return setup.execute(on_run)
+
+
+__all__ = ["DEFAULT_REQUESTS", "Validation", "ValidationSetup", "setup_validation", "validate"]
