@@ -429,3 +429,39 @@ def test_broken_ragpulse_lines_fail_cleanly(rows):
         shutil.copy(SAMPLE / name[0], folder / name[0])
     (folder / TRACE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert_clean(lambda: read_ragpulse(folder), folder)
+
+
+def test_trace_stats_prints_the_measurements_worked_out_from_the_raw_lines():
+    result = runner.invoke(app, ["trace", "stats", "ragpulse", "--json"])
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)
+    rows = raw_requests(packaged_trace_dir("ragpulse"))
+    # skew over the passages: each one's references, most referenced first; the top x% is the
+    # ceil(x * n) most referenced of the n passages referenced at least once
+    refs = {}
+    for r in rows:
+        for kind, segment in r.path:
+            if kind == "passage":
+                refs[segment] = refs.get(segment, 0) + 1
+    counts = sorted(refs.values(), reverse=True)
+    for pct in (1, 3, 10):
+        top = -(-len(counts) * pct // 100)
+        assert s[f"top_{pct}pct_share"] == pytest.approx(sum(counts[:top]) / sum(counts))
+    assert s["unique_documents_retrieved"] == len(counts)
+    # reuse: the path's prefix at unlimited memory, and every segment listed before anywhere
+    path_tokens = sum(sum(r.path_tokens) for r in rows)
+    assert s["prefix_reuse_share"] == pytest.approx(sum(hits_by_prefix_set(rows)) / path_tokens)
+    seen, free, free_passage, passage_tokens = set(), 0, 0, 0
+    for r in rows:
+        for key, tokens in zip(r.path, r.path_tokens, strict=True):
+            passage_tokens += tokens if key[0] == "passage" else 0
+            if key in seen:
+                free += tokens
+                free_passage += tokens if key[0] == "passage" else 0
+        seen.update(r.path)
+    assert s["order_free_reuse_share"] == pytest.approx(free / path_tokens)
+    assert s["order_free_reuse_passage_share"] == pytest.approx(free_passage / passage_tokens)
+    assert s["sessions"] == 3990 and s["requests"] == 7106
+    assert s["system_prompt_distinct_by_position"] == [3, 1415, 5480]
+    assert sum(s["requests_by_day"]) == 7106 and len(s["requests_by_day"]) == 15
+    assert s["top10_turnover_corrected"] is not None

@@ -353,9 +353,10 @@ def trace_stats_command(
         table.columns[0].style = "bold"
         for column in table.columns[1:]:
             column.justify = "right"
-    for key in stats[traces[0]]:
+    keys = list(dict.fromkeys(key for s in stats.values() for key in s))  # rows some lack
+    for key in keys:
         if key != "info":
-            table.add_row(key, *[cell(s[key]) for s in stats.values()])
+            table.add_row(key, *[cell(s[key]) if key in s else "-" for s in stats.values()])
     out.print(table)
     for name, s in stats.items():
         if s["info"]:

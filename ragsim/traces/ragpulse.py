@@ -60,6 +60,7 @@ import pyarrow as pa
 from ragsim.errors import TraceError
 from ragsim.traces.io import _COMPRESSED_OPENERS, _short, iter_json_objects
 from ragsim.traces.schema import Trace
+from ragsim.traces.traffic import SYSTEM_PROMPT_BASE_KEY
 from ragsim.traces.validate import MAX_TOKENS, trace_from_tables
 
 TRACE_FILE = "0_trace.jsonl"
@@ -274,7 +275,7 @@ def read_ragpulse(directory: str | os.PathLike, *, clock: str = "weeks") -> Trac
         "clock": clock,
         "clock_blocks": blocks,
         "clock_origin_hour": CLOCK_ORIGIN_HOUR,
-        "system_prompt_doc_id_base": SYSTEM_PROMPT_DOC_ID_BASE,
+        SYSTEM_PROMPT_BASE_KEY: SYSTEM_PROMPT_DOC_ID_BASE,
         "path": "system-prompt segments, then passages, in the order listed",
         "query_tokens_parts": {**parts, "template": int(template.sum())},
         "template_tokens_min": int(template.min()),
@@ -307,11 +308,3 @@ def _arrivals(stamps: np.ndarray, lines: list[int], clock: str, src: str
         blocks.append({"first_line": lines[lo], "requests": hi - lo, "shift_s": b * WEEK_S})
     return arrival, blocks
 
-
-def system_prompt_mask(trace: Trace) -> np.ndarray | None:
-    """Which entries of ``trace.doc_ids`` are system-prompt segments (bool, same layout), or
-    None for a trace that has none (any trace not imported from RAGPulse)."""
-    base = (trace.info or {}).get("system_prompt_doc_id_base")
-    if base is None:
-        return None
-    return trace.doc_ids >= int(base)

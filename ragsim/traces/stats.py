@@ -7,6 +7,13 @@ import numpy as np
 from ragsim.traces.schema import Trace
 from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
 from ragsim.traces.stage_stats import stage_convergence, stage_shapes
+from ragsim.traces.traffic import (
+    diurnal_stats,
+    retrieved_only,
+    reuse_stats,
+    session_stats,
+    system_prompt_mask,
+)
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -184,10 +191,22 @@ def popularity_drift(trace: Trace, window: int = DRIFT_WINDOW_REQUESTS,
 
 
 def trace_stats(trace: Trace) -> dict:
+    """Every statistic ``trace stats`` prints. For a trace whose paths begin with system-prompt
+    segments (RAGPulse), the retrieval rows (documents, top-k, skew, co-retrieval, drift)
+    describe the passages alone, and rows for the whole path and the system prompt follow."""
+    system_prompt = system_prompt_mask(trace)
+    path = trace
+    if system_prompt is not None:
+        trace = retrieved_only(path, system_prompt)
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
     doc_tokens_flat = trace.doc_tokens_flat
     duration = float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n_requests else 0.0
+    prompt_rows = {} if system_prompt is None else {
+        "path_tokens_total": int(path.doc_tokens_flat.sum()),
+        "system_prompt_tokens_total": int(path.doc_tokens_flat[system_prompt].sum()),
+        "system_prompt_distinct_by_position": _distinct_by_position(path, system_prompt),
+    }
     return {
         "requests": int(trace.n_requests),
         "documents_in_table": int(trace.n_documents),
@@ -213,8 +232,20 @@ def trace_stats(trace: Trace) -> dict:
         **co_retrieval(trace),
         **size_popularity(trace),
         **popularity_drift(trace),
-        "info": trace.info,
+        **prompt_rows,
+        **reuse_stats(path, system_prompt),
+        **session_stats(path, system_prompt),
+        **diurnal_stats(path),
+        "info": path.info,
     }
+
+
+def _distinct_by_position(trace: Trace, system_prompt: np.ndarray) -> list[int]:
+    """Distinct system-prompt segment ids at each position of the prompt (first, second,
+    ...): a position with many is a part of the prompt that varies between requests."""
+    position = np.arange(len(trace.doc_ids)) - np.repeat(trace.doc_offsets[:-1], trace.top_k)
+    ids, at = trace.doc_ids[system_prompt], position[system_prompt]
+    return [len(np.unique(ids[at == p])) for p in range(int(at.max()) + 1 if len(at) else 0)]
 
 
 def _stage_shape_fit(trace: Trace) -> dict:
