@@ -465,3 +465,18 @@ def test_trace_stats_prints_the_measurements_worked_out_from_the_raw_lines():
     assert s["system_prompt_distinct_by_position"] == [3, 1415, 5480]
     assert sum(s["requests_by_day"]) == 7106 and len(s["requests_by_day"]) == 15
     assert s["top10_turnover_corrected"] is not None
+
+
+@pytest.mark.parametrize("command", ["replay", "run"])
+def test_a_second_system_prompt_is_counted_and_said_so(command):
+    """RAGPulse's paths carry their own prompt; --system-prompt-tokens adds a shared root on
+    top (counted: it is what the flag says), and the summary warns of it."""
+    def warnings(*extra):
+        result = runner.invoke(app, [command, "--trace", "ragpulse", "--requests", "30",
+                                     "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["warnings"]
+
+    assert not any("system-prompt" in w for w in warnings())
+    assert any("system-prompt segments" in w and "100 tokens" in w
+               for w in warnings("--system-prompt-tokens", "100"))
