@@ -106,15 +106,34 @@ DRIFT_TOP_N = 10
 DRIFT_SHUFFLES = 20
 
 
+def shared_prefix_depth(trace: Trace) -> int:
+    """How many leading documents every request with documents has in common (0 for most
+    traces): a prefix all requests send, such as a chat service's system-prompt block that
+    begins every Mooncake conversation request, says nothing about what is popular."""
+    has_docs = trace.top_k > 0
+    starts, lengths = trace.doc_offsets[:-1][has_docs], trace.top_k[has_docs]
+    depth = 0
+    while len(starts) and (lengths > depth).all():
+        column = trace.doc_ids[starts + depth]
+        if (column != column[0]).any():
+            break
+        depth += 1
+    return depth
+
+
 def leading_documents(trace: Trace) -> np.ndarray:
-    """Each request's first document, for the requests that retrieved any.
+    """Each request's first document past the prefix every request shares, for the requests
+    that have one.
 
     The unit popularity drift is measured on, the same for every kind of trace: a RAG request's
     top-ranked passage (what the question is about), a Mooncake request's first block (its
     prefix: blocks are chained, so the first one names the shared context). Counting every
-    document instead would let one long Mooncake prefix fill a window's top with its blocks."""
-    has_docs = trace.top_k > 0
-    return trace.doc_ids[trace.doc_offsets[:-1][has_docs]]
+    document instead would let one long Mooncake prefix fill a window's top with its blocks.
+    A block that begins every request (Mooncake's conversation trace starts all 12,031 with
+    block 0, its system prompt) is skipped: the next one names the conversation."""
+    depth = shared_prefix_depth(trace)
+    has_docs = trace.top_k > depth
+    return trace.doc_ids[trace.doc_offsets[:-1][has_docs] + depth]
 
 
 def top_n_turnover(keys: np.ndarray, window: int = DRIFT_WINDOW_REQUESTS,
@@ -182,7 +201,7 @@ def popularity_drift(trace: Trace, window: int = DRIFT_WINDOW_REQUESTS,
         return out
     corrected = (observed - noise) / (1.0 - noise)
     out[f"{tag}_corrected"] = corrected
-    arrivals = trace.arrival_s[trace.top_k > 0]
+    arrivals = trace.arrival_s[trace.top_k > shared_prefix_depth(trace)]
     n_windows = len(keys) // window
     span_s = float(arrivals[n_windows * window - 1] - arrivals[0])
     if span_s > 0:
