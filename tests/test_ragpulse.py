@@ -248,6 +248,24 @@ def test_builtin_is_the_published_trace_and_replays_to_the_independent_count():
     assert trace.info["builtin"] == "ragpulse" and trace.info["clock"] == "weeks"
 
 
+def test_the_published_trace_on_one_clock_replays_to_the_independent_count(tmp_path):
+    """The same check for the issue's literal reading: every timestamp on one clock, sorted
+    stably (``--clock sorted``), imported by the CLI from the shipped published files."""
+    folder = packaged_trace_dir("ragpulse")
+    out = tmp_path / "sorted"
+    result = runner.invoke(app, ["trace", "import-ragpulse", str(folder), str(out),
+                                 "--clock", "sorted"])
+    assert result.exit_code == 0, result.output
+    rows = raw_requests(folder, "sorted")
+    hits = hits_by_prefix_set(rows)
+    path_tokens = sum(sum(r.path_tokens) for r in rows)
+    s = replay_unlimited(str(out))
+    assert s["requests"] == 7106
+    assert s["doc_tokens"] == path_tokens == 18_636_552
+    assert s["recomputed_tokens"] == path_tokens - sum(hits)
+    assert read_trace(out).arrival_s.tolist() == [float(r.timestamp) for r in rows]
+
+
 def test_builtin_published_facts():
     """What the issue measured on the files, seen through the importer."""
     trace = resolve_trace("ragpulse")
