@@ -2,6 +2,7 @@
 
     python benchmarks/reorder_ablation.py            # 10,000 requests a run
     python benchmarks/reorder_ablation.py --quick    # 2,000 requests, fewer rates
+    python benchmarks/reorder_ablation.py --traces ragpulse   # real RAG traffic, whole
 
 1. The paper's setting: a saturated request queue, ``mmlu`` at 2.5 req/s and ``nq`` at 1.4 req/s,
    A10G + Mistral-7B, ``ragcache`` with and without ``--reorder`` (the paper: reordering cuts the
@@ -13,6 +14,10 @@
 
 Above saturation the queue grows for as long as requests keep arriving, so TTFTs there depend
 on the run's length (printed with every table). Deterministic for a seed.
+
+``ragpulse`` (real RAG traffic: 7,106 requests, whole unless ``--requests`` is smaller) is not in
+the paper; its "saturated queue" is 0.6 req/s, where ragcache serves ~0.6 req/s on this
+profile (``paper_comparison.py --trace ragpulse``), and its sweep spans 0.4-1.0 req/s.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ PROFILE = "a10g-mistral-7b"
 PAPER_RATES = {"mmlu": 2.5, "nq": 1.4}  # the paper's saturated queue (Figure 18)
 SWEEP_RATES = {"mmlu": (2.0, 2.5, 3.0, 3.5, 4.0, 5.0), "nq": (1.0, 1.4, 2.0, 2.5, 3.0, 4.0)}
 QUICK_RATES = {"mmlu": (2.5, 3.5, 5.0), "nq": (1.4, 2.5, 4.0)}
+# real traffic the paper did not measure: a queue near saturation, and a sweep across it
+QUEUE_RATES = {**PAPER_RATES, "ragpulse": 0.6}
+SWEEP_RATES["ragpulse"] = (0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+QUICK_RATES["ragpulse"] = (0.5, 0.6, 0.8)
 VARIANTS = {  # label -> settings
     "no reorder": {"reorder": False},
     "reorder (window from head)": {"reorder": True, "reorder_window_start": "head"},
@@ -61,19 +70,24 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=None,
                         help="reordering window, seconds (default: ragsim run's)")
     parser.add_argument("--quick", action="store_true", help="fewer requests and rates")
+    parser.add_argument("--traces", nargs="+", default=list(PAPER_RATES),
+                        choices=list(QUEUE_RATES), help="default: the paper's mmlu and nq")
     args = parser.parse_args()
     n = args.requests or (2_000 if args.quick else 10_000)
     profile = load_profile(PROFILE)
     window = {} if args.window is None else {"reorder_window_s": args.window}
     default_window = build_config({}).reorder_window_s
     print(f"reordering window: {args.window if args.window is not None else default_window} s;"
-          f" {n:,} requests a run; seed {args.seed}; {PROFILE}")
+          f" {n:,} requests a run (ragpulse: whole, or --requests); seed {args.seed}; {PROFILE}")
     print("gain: no-reorder TTFT / this TTFT; reorder: decisions that did not take the oldest"
           " request; forced: decisions the window forced")
-    traces = {name: resolve_trace(name, seed=args.seed, n_requests=n) for name in PAPER_RATES}
+    traces = {name: resolve_trace(name, seed=args.seed,
+                                  n_requests=n if name in PAPER_RATES or args.requests else None)
+              for name in args.traces}
     print("\n1. The paper's saturated queue (Figure 18: reordering 1.2-2.1x)")
-    for name, rate in PAPER_RATES.items():
-        print(f"{name} at {rate} req/s")
+    for name in args.traces:
+        rate = QUEUE_RATES[name]
+        print(f"{name} at {rate} req/s ({traces[name].n_requests:,} requests)")
         print(HEADER)
         base = None
         for label, settings in VARIANTS.items():
@@ -83,7 +97,8 @@ def main() -> None:
     print("\n2. Mean TTFT against the rate, with and without reordering (window from head and "
           "from arrival)")
     rates = QUICK_RATES if args.quick else SWEEP_RATES
-    for name, sweep in rates.items():
+    for name in args.traces:
+        sweep = rates[name]
         print(f"{name}")
         print(f"  {'req/s':>6} {'no reorder s':>13} {'head s':>7} {'gain':>6} {'forced':>7} "
               f"{'arrival s':>10} {'gain':>6} {'forced':>7}")

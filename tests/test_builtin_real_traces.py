@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from helpers import token_hit_rates
 
-from ragsim.traces import PACKAGED_TRACES, packaged_trace_dir, resolve_trace, trace_stats
+from ragsim.traces import RECORDED_TRACES, packaged_trace_dir, resolve_trace, trace_stats
 from ragsim.traces.schema import Trace
 from ragsim.traces.stats import co_retrieval, retrieval_skew, stage_convergence
 from ragsim.traces.synthetic import BUILTIN_SPECS, generate
@@ -19,7 +19,7 @@ from ragsim.traces.synthetic import BUILTIN_SPECS, generate
 GiB = 2**30
 
 
-@pytest.mark.parametrize("name", PACKAGED_TRACES)
+@pytest.mark.parametrize("name", RECORDED_TRACES)
 def test_packaged_trace_is_what_its_report_says(name):
     trace = resolve_trace(name)
     report = json.loads((packaged_trace_dir(name) / "build_report.json").read_text())

@@ -64,8 +64,25 @@ def test_leading_documents_and_the_rate_per_hour_on_a_hand_made_trace():
     assert d["top1_turnover_corrected_per_hour"] == pytest.approx(3600 * 3 / 24)
 
 
+def test_a_prefix_every_request_shares_is_skipped():
+    # every request begins with document 0 (a chat service's system prompt, as in Mooncake's
+    # conversation trace): the leading document is the one after it. [0] alone has nothing past
+    # the shared prefix and is skipped, as is the request without documents.
+    lists = [[0, 7, 50]] * 3 + [[0]] + [[]] + [[0, 8]] * 3 + [[0, 9, 51, 52]] * 3
+    trace = trace_of(lists, gap_s=2.0)
+    assert leading_documents(trace).tolist() == [7] * 3 + [8] * 3 + [9] * 3
+    d = popularity_drift(trace, window=3, top_n=1)
+    assert d["top1_turnover"] == 1.0
+    # 3 windows over the 9 requests with a leading document: arrivals 0-4 s, 10-14 s, 16-20 s
+    # (every gap 2 s, the two skipped requests at 6 and 8 s): 20 s from first to last
+    assert d["top1_turnover_corrected_per_hour"] == pytest.approx(3600 * 3 / 20)
+    # two shared documents are skipped as well; a trace without a shared prefix is unchanged
+    assert leading_documents(trace_of([[0, 1, 5], [0, 1, 6], [0, 1, 5, 2]])).tolist() == [5, 6, 5]
+    assert leading_documents(trace_of([[3, 1], [4, 1], [3]])).tolist() == [3, 4, 3]
+
+
 def test_trace_stats_reports_drift_and_none_below_two_windows():
-    short = trace_stats(trace_of([[1, 2]] * 1500))
+    short = trace_stats(trace_of([[i % 7, 2] for i in range(1500)]))
     assert short["top10_turnover"] is None and short["top10_turnover_corrected"] is None
     assert short["top10_turnover_window_requests"] == 1000
 
@@ -131,18 +148,32 @@ def test_the_fit_refuses_a_trace_shorter_than_two_windows():
 
 def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_row(
         tmp_path, mooncake_sample):
-    """benchmarks/measure_drift.py with its defaults (the Mooncake copy in tests/data), without
-    the fit: the shuffled real trace shows no drift, the topically ordered one a lot, and every
-    row is what ``ragsim trace stats`` says of the same trace (Mooncake's imported by the CLI)."""
+    """benchmarks/measure_drift.py with its defaults (RAGPulse, the Mooncake copies in
+    tests/data), without the fit: the shuffled real trace shows no drift, the topically ordered
+    one a lot, and every row is what ``ragsim trace stats`` says of the same trace (Mooncake's
+    imported by the CLI; RAGPulse's retrieval rows are its passages alone)."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "measure_drift.py"
     result = subprocess.run([sys.executable, str(script), "--no-fit"], capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
+    first_table = result.stdout.split("\n\n")[0]  # the sensitivity table follows
     rows = {line.split(" | ")[0].removeprefix("| "): line.strip("| ").split(" | ")
-            for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
-    assert set(rows) == {"trace", "wiki-trivia-topics", "wiki-trivia",
+            for line in first_table.splitlines() if line.startswith("| ") and "---" not in line}
+    conversation = "mooncake (mooncake_conversation_trace.jsonl.xz)"
+    assert set(rows) == {"trace", "ragpulse", "ragpulse, one clock", conversation,
+                         "wiki-trivia-topics", "wiki-trivia",
                          "mooncake (mooncake_synthetic_trace.jsonl.xz)"}
     corrected = {name: float(cells[5]) for name, cells in rows.items() if name != "trace"}
+    # each pair's observed turnover, averaged, is the observed column (one decimal each)
+    for name, cells in rows.items():
+        if name != "trace":
+            pairs = [float(v) for v in cells[8].split(", ")]
+            assert abs(sum(pairs) / len(pairs) - float(cells[3])) < 0.05 + 1e-9, name
+    assert len(rows["ragpulse"][8].split(", ")) == 4  # 5,641 requests with passages: 5 windows
+    # the sensitivity table's 1,000 / top 10 cell is the first table's corrected value
+    assert "| ragpulse | 1,000 | " in result.stdout
+    cell = result.stdout.split("| ragpulse | 1,000 | ")[1].split(" | ")[1]
+    assert cell == rows["ragpulse"][5]
     assert abs(corrected["wiki-trivia"]) < 0.15
     assert corrected["wiki-trivia-topics"] > 0.5
     assert rows["mooncake (mooncake_synthetic_trace.jsonl.xz)"][1] == "3,993"
@@ -154,8 +185,14 @@ def test_measure_drift_script_reads_the_shipped_mooncake_trace_and_prints_every_
     imported = runner.invoke(app, ["trace", "import-mooncake", str(mooncake_sample),
                                    str(tmp_path / "mc")])
     assert imported.exit_code == 0, imported.output
+    data = Path(__file__).resolve().parent / "data"
+    imported = runner.invoke(app, ["trace", "import-mooncake",
+                                   str(data / "mooncake_conversation_trace.jsonl.xz"),
+                                   str(tmp_path / "conv")])
+    assert imported.exit_code == 0, imported.output
     for name, trace in (("wiki-trivia-topics", "wiki-trivia-topics"),
-                        ("wiki-trivia", "wiki-trivia"),
+                        ("wiki-trivia", "wiki-trivia"), ("ragpulse", "ragpulse"),
+                        (conversation, str(tmp_path / "conv")),
                         ("mooncake (mooncake_synthetic_trace.jsonl.xz)", str(tmp_path / "mc"))):
         stats = runner.invoke(app, ["trace", "stats", trace, "--json"])
         assert stats.exit_code == 0, stats.output

@@ -48,7 +48,7 @@ def figure17_hit_rates(trace_name: str) -> dict[int, dict[str, float]]:
 @pytest.mark.parametrize("trace_name", ["mmlu", "nq"])
 def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lfu_across_host_sizes(trace_name):
     """Figure 17 on the built-in traces, the frequency and size half: PGDSF keeps at least as
-    much as GDSF and LFU at 8-128 GiB. The traces drift at the rate measured on real retrieval
+    much as GDSF and LFU at 8-128 GiB. The traces drift at the rate measured on real RAG traffic
     (docs/workloads.md); on stationary popularity LFU is the one that can pass PGDSF
     (tests/test_traces.py). Equal terms: every policy counts retrievals over the whole run
     (the default frequency scope); counting from admission the ordering is the same, while
@@ -59,13 +59,19 @@ def test_pgdsf_hits_at_least_as_often_as_gdsf_and_lfu_across_host_sizes(trace_na
 
 
 @pytest.mark.parametrize("trace_name", ["mmlu", "nq"])
-def test_at_the_measured_drift_lru_keeps_as_much_as_pgdsf_only_with_a_large_host(trace_name):
-    """Figure 17's recency half (PGDSF >= LRU at 8-128 GiB) does not hold at the measured
-    drift (0.78 of the ranks per 1,000 requests, docs/workloads.md), and this states what does:
-    with little host memory PGDSF's counts and sizes keep more than recency (8 GiB), with room
-    for most of the working set recency keeps at least as much (128 GiB: LRU 0.1-0.2 points
-    ahead, docs/findings.md). It held everywhere while the built-in drift was 0.1, a value
-    chosen because the paper's ordering holds there; a change that restores it fails here."""
+def test_at_the_measured_drift_lru_catches_pgdsf_only_on_mmlu_with_a_large_host(trace_name):
+    """Figure 17's recency half (PGDSF >= LRU at 8-128 GiB) at the drift measured on RAGPulse
+    (0.51 of the ranks per 1,000 requests, docs/workloads.md): with little host memory PGDSF's
+    counts and sizes keep more than recency (8 and 32 GiB, both traces); with room for most of
+    mmlu's working set recency keeps at least as much (128 GiB: LRU 0.1 points ahead,
+    docs/findings.md), while on nq, whose documents recur less, PGDSF stays ahead. At the
+    earlier 0.78 (a proxy's drift) LRU caught up at 32-128 GiB on mmlu and at 128 GiB on nq;
+    at 0.1 (a value chosen because the paper's ordering holds there) it never did. A change
+    that moves either way fails here."""
     hit = figure17_hit_rates(trace_name)
-    assert hit[8]["pgdsf"] > hit[8]["lru"], hit[8]
-    assert hit[128]["lru"] >= hit[128]["pgdsf"], hit[128]
+    for host_gib in (8, 32):
+        assert hit[host_gib]["pgdsf"] > hit[host_gib]["lru"], (host_gib, hit[host_gib])
+    if trace_name == "mmlu":
+        assert hit[128]["lru"] >= hit[128]["pgdsf"], hit[128]
+    else:
+        assert hit[128]["pgdsf"] > hit[128]["lru"], hit[128]

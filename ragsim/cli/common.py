@@ -47,7 +47,7 @@ err = Console(stderr=True)
 # built-in traces, corpora and question sets, for help texts (ragsim.traces.BUILTIN_TRACES and
 # ragsim.traces.corpus.sources' BUILTIN_CORPORA / BUILTIN_QUESTIONS; not imported here, to keep
 # start-up light: a test checks they agree)
-TRACE_NAMES = "mmlu, nq, wiki-trivia, wiki-trivia-topics"
+TRACE_NAMES = "mmlu, nq, wiki-trivia, wiki-trivia-topics, ragpulse"
 CORPUS_NAMES = "wiki-offline"
 QUESTION_NAMES = "trivia, gsm8k, gpqa"
 

@@ -108,6 +108,26 @@ def trace_import_mooncake(source: Path, destination: Path,
     _report_written(trace, destination)
 
 
+@app.command("import-ragpulse", cls=Command)
+@friendly_errors
+def trace_import_ragpulse(
+    source: Annotated[Path, typer.Argument(help="RAGPulse's data folder (0_trace.jsonl and "
+                                                "the five length files).")],
+    destination: Annotated[Path, typer.Argument(help="Folder for the trace.")],
+    clock: Annotated[str, typer.Option(
+        help="weeks: the file's blocks that restart at 0 are consecutive weeks (the published "
+             "file: two); sorted: one clock, requests sorted by timestamp.")] = "weeks",
+) -> None:
+    """Convert RAGPulse's published files into a trace: cached path = system-prompt segments
+    then passages as listed; query = history, web search, user input and template."""
+    from ragsim.traces import write_trace
+    from ragsim.traces.ragpulse import read_ragpulse
+
+    trace = read_ragpulse(source, clock=clock)
+    write_trace(trace, destination)
+    _report_written(trace, destination)
+
+
 class GenerateCommand(Command):
     """``trace generate``: the generator settings' defaults are the built-in specs' own."""
 
@@ -390,9 +410,10 @@ def trace_stats_command(
         table.columns[0].style = "bold"
         for column in table.columns[1:]:
             column.justify = "right"
-    for key in stats[traces[0]]:
+    keys = list(dict.fromkeys(key for s in stats.values() for key in s))  # rows some lack
+    for key in keys:
         if key != "info":
-            table.add_row(key, *[cell(s[key]) for s in stats.values()])
+            table.add_row(key, *[cell(s[key]) if key in s else "-" for s in stats.values()])
     out.print(table)
     for name, s in stats.items():
         if s["info"]:

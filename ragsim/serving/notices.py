@@ -91,21 +91,34 @@ def coarse_times(arrival_s: np.ndarray) -> str | None:
             "rounded away; shift the trace's times to start near 0")
 
 
+def second_system_prompt(trace_info: dict, system_prompt_tokens: int) -> str | None:
+    """A trace whose paths carry their own system prompt (RAGPulse's segments), run with a
+    configured one as well: both are counted, the configured one as a further shared root."""
+    if not system_prompt_tokens or "system_prompt_doc_id_base" not in trace_info:
+        return None
+    return (f"the trace's paths begin with their own system-prompt segments, and "
+            f"--system-prompt-tokens adds a shared prompt of {system_prompt_tokens:,} tokens "
+            "before them: both are counted (leave it at 0 to count the trace's prompt once)")
+
+
 def run_warnings(*, arrival_s: np.ndarray, finish_s: np.ndarray, completed: int,
                  simulated_s: float, extrapolations: int, profile: str,
-                 retrieval_turned_off: bool, trace_info: dict) -> list[str]:
+                 retrieval_turned_off: bool, trace_info: dict,
+                 system_prompt_tokens: int = 0) -> list[str]:
     found = [
         overload(arrival_s, finish_s, completed, simulated_s),
         extrapolated(extrapolations, profile),
         no_retrieval() if retrieval_turned_off else None,
         synthetic_length(trace_info),
         coarse_times(arrival_s),
+        second_system_prompt(trace_info, system_prompt_tokens),
     ]
     return [w for w in found if w is not None]
 
 
-def replay_warnings(*, extrapolations: int, profile: str | None, trace_info: dict
-                    ) -> list[str]:
+def replay_warnings(*, extrapolations: int, profile: str | None, trace_info: dict,
+                    system_prompt_tokens: int = 0) -> list[str]:
     """The checks that apply to a replay (no time, so no overload)."""
-    found = [extrapolated(extrapolations, profile or "?"), synthetic_length(trace_info)]
+    found = [extrapolated(extrapolations, profile or "?"), synthetic_length(trace_info),
+             second_system_prompt(trace_info, system_prompt_tokens)]
     return [w for w in found if w is not None]

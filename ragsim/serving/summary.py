@@ -180,5 +180,6 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         arrival_s=cols["arrival_s"], finish_s=cols["finish_s"], completed=n_done,
         simulated_s=simulated_s, extrapolations=summary["cost_extrapolations"],
         profile=sim.profile.name, retrieval_turned_off=sim.retrieval_turned_off,
-        trace_info=sim.trace.info or {})
+        trace_info=sim.trace.info or {},
+        system_prompt_tokens=sim.config.system_prompt_tokens)
     return summary

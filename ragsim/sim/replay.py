@@ -263,5 +263,6 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     }
     summary["warnings"] = replay_warnings(
         extrapolations=summary["cost_extrapolations"],
-        profile=profile.name if profile is not None else None, trace_info=trace.info or {})
+        profile=profile.name if profile is not None else None, trace_info=trace.info or {},
+        system_prompt_tokens=config.system_prompt_tokens)
     return ReplayResult(config=config, columns=records, summary=summary)

@@ -24,10 +24,16 @@ has_history       bool                    optional: multi-turn request (skips an
 query_embedding   list<float32>           optional: the query's embedding (finite, not all
                                           zero, one length for every row): the answer cache's
                                           semantic tier uses it instead of embedding the text
+session_id        string                  optional: the conversation the request belongs to
+                                          (no missing values; any text): recorded traces such
+                                          as RAGPulse keep it for session statistics
 ================  ======================  =====================================================
 
 Documents: ``doc_id`` (int64, unique), ``tokens`` (int64 > 0), optional ``text`` (string).
-Every id in ``doc_ids`` and ``stages`` must appear in the documents table.
+Every id in ``doc_ids`` and ``stages`` must appear in the documents table. An id may appear
+more than once in one request's ``doc_ids``: each occurrence is its own position in the cached
+path (a prefix tree holds ``[A, B, A]`` as three nodes), as a service that sends a passage twice
+makes its model read it twice.
 
 In memory the request table is columnar (numpy), with document lists in CSR form
 (``doc_offsets``, ``doc_ids``) so a million requests cost a few arrays, not a million objects.
@@ -47,7 +53,7 @@ INFO_KEY = b"ragsim.trace_info"
 
 REQUIRED_REQUEST_COLUMNS = ("request_id", "arrival_s", "query_tokens", "output_tokens", "doc_ids")
 OPTIONAL_REQUEST_COLUMNS = ("stages", "stage_times_s", "query_text", "answer_key",
-                            "has_history", "query_embedding")
+                            "has_history", "query_embedding", "session_id")
 REQUIRED_DOCUMENT_COLUMNS = ("doc_id", "tokens")
 OPTIONAL_DOCUMENT_COLUMNS = ("text",)
 
@@ -70,6 +76,7 @@ class Trace:
     answer_key: pa.Array | None = None
     has_history: np.ndarray | None = None
     query_embedding: np.ndarray | None = None  # float32, (n_requests, dimension)
+    session_id: pa.Array | None = None  # string per request
     document_text: pa.Array | None = None
     info: dict = field(default_factory=dict)
     _doc_tokens_flat: np.ndarray | None = field(default=None, repr=False)
@@ -132,6 +139,7 @@ class Trace:
             has_history=None if self.has_history is None else self.has_history[:n],
             query_embedding=(None if self.query_embedding is None
                              else self.query_embedding[:n]),
+            session_id=None if self.session_id is None else self.session_id[:n],
             document_text=self.document_text,
             info={**self.info, "head": n},
             # the sizes already looked up stay valid for the prefix (a replay cut short by
@@ -164,6 +172,8 @@ class Trace:
             columns["has_history"] = pa.array(self.has_history, pa.bool_())
         if self.query_embedding is not None:
             columns["query_embedding"] = embedding_column(self.query_embedding)
+        if self.session_id is not None:
+            columns["session_id"] = self.session_id
         table = pa.table(columns)
         return table.replace_schema_metadata({
             VERSION_KEY: str(TRACE_VERSION).encode(),

@@ -7,6 +7,13 @@ import numpy as np
 from ragsim.traces.schema import Trace
 from ragsim.traces.skew import cumulative_share_curve, retrieved_document_tokens, share_at
 from ragsim.traces.stage_stats import stage_convergence, stage_shapes
+from ragsim.traces.traffic import (
+    diurnal_stats,
+    retrieved_only,
+    reuse_stats,
+    session_stats,
+    system_prompt_mask,
+)
 
 SKEW_FRACTIONS = (0.01, 0.03, 0.10)
 
@@ -99,15 +106,34 @@ DRIFT_TOP_N = 10
 DRIFT_SHUFFLES = 20
 
 
+def shared_prefix_depth(trace: Trace) -> int:
+    """How many leading documents every request with documents has in common (0 for most
+    traces): a prefix all requests send, such as a chat service's system-prompt block that
+    begins every Mooncake conversation request, says nothing about what is popular."""
+    has_docs = trace.top_k > 0
+    starts, lengths = trace.doc_offsets[:-1][has_docs], trace.top_k[has_docs]
+    depth = 0
+    while len(starts) and (lengths > depth).all():
+        column = trace.doc_ids[starts + depth]
+        if (column != column[0]).any():
+            break
+        depth += 1
+    return depth
+
+
 def leading_documents(trace: Trace) -> np.ndarray:
-    """Each request's first document, for the requests that retrieved any.
+    """Each request's first document past the prefix every request shares, for the requests
+    that have one.
 
     The unit popularity drift is measured on, the same for every kind of trace: a RAG request's
     top-ranked passage (what the question is about), a Mooncake request's first block (its
     prefix: blocks are chained, so the first one names the shared context). Counting every
-    document instead would let one long Mooncake prefix fill a window's top with its blocks."""
-    has_docs = trace.top_k > 0
-    return trace.doc_ids[trace.doc_offsets[:-1][has_docs]]
+    document instead would let one long Mooncake prefix fill a window's top with its blocks.
+    A block that begins every request (Mooncake's conversation trace starts all 12,031 with
+    block 0, its system prompt) is skipped: the next one names the conversation."""
+    depth = shared_prefix_depth(trace)
+    has_docs = trace.top_k > depth
+    return trace.doc_ids[trace.doc_offsets[:-1][has_docs] + depth]
 
 
 def top_n_turnover(keys: np.ndarray, window: int = DRIFT_WINDOW_REQUESTS,
@@ -175,7 +201,7 @@ def popularity_drift(trace: Trace, window: int = DRIFT_WINDOW_REQUESTS,
         return out
     corrected = (observed - noise) / (1.0 - noise)
     out[f"{tag}_corrected"] = corrected
-    arrivals = trace.arrival_s[trace.top_k > 0]
+    arrivals = trace.arrival_s[trace.top_k > shared_prefix_depth(trace)]
     n_windows = len(keys) // window
     span_s = float(arrivals[n_windows * window - 1] - arrivals[0])
     if span_s > 0:
@@ -184,10 +210,22 @@ def popularity_drift(trace: Trace, window: int = DRIFT_WINDOW_REQUESTS,
 
 
 def trace_stats(trace: Trace) -> dict:
+    """Every statistic ``trace stats`` prints. For a trace whose paths begin with system-prompt
+    segments (RAGPulse), the retrieval rows (documents, top-k, skew, co-retrieval, drift)
+    describe the passages alone, and rows for the whole path and the system prompt follow."""
+    system_prompt = system_prompt_mask(trace)
+    path = trace
+    if system_prompt is not None:
+        trace = retrieved_only(path, system_prompt)
     top_k = trace.top_k
     unique_tokens = retrieved_document_tokens(trace)
     doc_tokens_flat = trace.doc_tokens_flat
     duration = float(trace.arrival_s[-1] - trace.arrival_s[0]) if trace.n_requests else 0.0
+    prompt_rows = {} if system_prompt is None else {
+        "path_tokens_total": int(path.doc_tokens_flat.sum()),
+        "system_prompt_tokens_total": int(path.doc_tokens_flat[system_prompt].sum()),
+        "system_prompt_distinct_by_position": _distinct_by_position(path, system_prompt),
+    }
     return {
         "requests": int(trace.n_requests),
         "documents_in_table": int(trace.n_documents),
@@ -213,8 +251,20 @@ def trace_stats(trace: Trace) -> dict:
         **co_retrieval(trace),
         **size_popularity(trace),
         **popularity_drift(trace),
-        "info": trace.info,
+        **prompt_rows,
+        **reuse_stats(path, system_prompt),
+        **session_stats(path, system_prompt),
+        **diurnal_stats(path),
+        "info": path.info,
     }
+
+
+def _distinct_by_position(trace: Trace, system_prompt: np.ndarray) -> list[int]:
+    """Distinct system-prompt segment ids at each position of the prompt (first, second,
+    ...): a position with many is a part of the prompt that varies between requests."""
+    position = np.arange(len(trace.doc_ids)) - np.repeat(trace.doc_offsets[:-1], trace.top_k)
+    ids, at = trace.doc_ids[system_prompt], position[system_prompt]
+    return [len(np.unique(ids[at == p])) for p in range(int(at.max()) + 1 if len(at) else 0)]
 
 
 def _stage_shape_fit(trace: Trace) -> dict:

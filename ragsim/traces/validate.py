@@ -207,6 +207,9 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
     if "query_embedding" in requests.column_names:
         query_embedding = _check_embeddings(requests.column("query_embedding").combine_chunks(),
                                             src)
+    session_id = None
+    if "session_id" in requests.column_names:
+        session_id = _check_session_ids(requests.column("session_id").combine_chunks(), src)
     info_raw = (requests.schema.metadata or {}).get(INFO_KEY)
     info = json.loads(info_raw) if info_raw else {}
     return Trace(
@@ -224,6 +227,7 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
         answer_key=text_columns.get("answer_key"),
         has_history=has_history,
         query_embedding=query_embedding,
+        session_id=session_id,
         document_text=document_text,
         info=info,
     )
@@ -309,6 +313,19 @@ def _check_embeddings(column: pa.Array, src: str) -> np.ndarray:
     if row is not None:
         raise TraceError("a number is past the float32 range", file=src, row=row, field=field)
     return converted
+
+
+def _check_session_ids(column: pa.Array, src: str) -> pa.Array:
+    """Session ids: text, one per request (a request outside any session has no place in a
+    session statistic, so a missing value is an error rather than a session of its own)."""
+    field = "session_id"
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise TraceError(f"must be text, found {column.type}", file=src, field=field)
+    if column.null_count:
+        raise TraceError("missing value", file=src,
+                         row=_first_bad(column.is_null().to_numpy(zero_copy_only=False)),
+                         field=field)
+    return column.cast(pa.string())
 
 
 def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> pa.Array:
