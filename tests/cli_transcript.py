@@ -1,9 +1,11 @@
 """A transcript of the command line: what a set of commands print (stdout, stderr, exit code).
 
-Written once by the command line as it was before its commands became parsing and printing over
-``ragsim.api`` (``tests/data/cli_transcript.json``, from commit bfd5cba), and compared by
-``test_cli_transcript.py`` with what the commands print now: the move kept every byte, wall-clock
-numbers aside. Rewrite it only when a change of output is meant, and say so in the commit::
+Written once by the command line as it was before its commands became parsing and printing
+over ``ragsim.api`` (``tests/data/cli_transcript.json``: commit bfd5cba with the RAGPulse
+branch merged, whose drift default of 0.51 changes the synthetic traces), and compared by
+``test_cli_transcript.py`` with what the commands print now: the move kept every byte,
+wall-clock numbers aside. Rewrite it only when a change of output is meant, and say so in the
+commit::
 
     python tests/cli_transcript.py write tests/data/cli_transcript.json
 """

@@ -1,7 +1,8 @@
 """The command line prints what it printed before its commands became parsing and printing
 over ``ragsim.api``: 37 commands (runs, replays, validations, sweeps, a plan, and their bad
-input) against a transcript written by the command line as it was (commit bfd5cba; see
-``tests/cli_transcript.py``), every byte but wall-clock numbers."""
+input) against a transcript written by the command line as it was (commit bfd5cba, with the
+RAGPulse branch's drift of 0.51 merged; see ``tests/cli_transcript.py``), every byte but
+wall-clock numbers."""
 
 from __future__ import annotations
 

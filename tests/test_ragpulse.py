@@ -498,3 +498,22 @@ def test_a_second_system_prompt_is_counted_and_said_so(command):
     assert not any("system-prompt" in w for w in warnings())
     assert any("system-prompt segments" in w and "100 tokens" in w
                for w in warnings("--system-prompt-tokens", "100"))
+
+
+def test_the_import_never_writes_into_the_published_files_or_over_a_trace(tmp_path):
+    """The published folder is an input: a trace written into it would sit beside (and a
+    later one over) files ragsim did not write; an earlier trace needs --force."""
+    import shutil
+
+    source = tmp_path / "published"
+    shutil.copytree(SAMPLE, source)
+    before = sorted(p.name for p in source.iterdir())
+    into_source = runner.invoke(app, ["trace", "import-ragpulse", str(source), str(source)])
+    assert into_source.exit_code == 2 and "an input" in into_source.stderr
+    assert sorted(p.name for p in source.iterdir()) == before
+    out = tmp_path / "trace"
+    assert runner.invoke(app, ["trace", "import-ragpulse", str(source), str(out)]).exit_code == 0
+    again = runner.invoke(app, ["trace", "import-ragpulse", str(source), str(out)])
+    assert again.exit_code == 2 and "--force" in again.stderr
+    forced = runner.invoke(app, ["trace", "import-ragpulse", str(source), str(out), "--force"])
+    assert forced.exit_code == 0, forced.output

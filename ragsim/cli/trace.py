@@ -117,14 +117,18 @@ def trace_import_ragpulse(
     clock: Annotated[str, typer.Option(
         help="weeks: the file's blocks that restart at 0 are consecutive weeks (the published "
              "file: two); sorted: one clock, requests sorted by timestamp.")] = "weeks",
+    force: Annotated[bool, FORCE] = False,
 ) -> None:
     """Convert RAGPulse's published files into a trace: cached path = system-prompt segments
     then passages as listed; query = history, web search, user input and template."""
-    from ragsim.traces import write_trace
     from ragsim.traces.ragpulse import read_ragpulse
 
+    if os.path.realpath(destination) == os.path.realpath(source):
+        raise RagsimInputError("is RAGPulse's data folder, an input; give another folder",
+                               file=str(destination), field="DESTINATION")
+    _claim(destination, (source,), force)  # never over an earlier trace or result
     trace = read_ragpulse(source, clock=clock)
-    write_trace(trace, destination)
+    _write(trace, destination)
     _report_written(trace, destination)
 
 
