@@ -304,3 +304,37 @@ def test_trace_build_without_faiss_names_the_install(monkeypatch, tmp_path):
     line = one_error_line(result)
     assert "`ragsim trace build` needs faiss" in line and "pip install '.[corpus]'" in line
     assert "torch" not in line
+
+
+def test_version_is_the_packages_own():
+    import tomllib
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"ragsim {declared['project']['version']}"
+
+
+def test_a_measured_profile_never_takes_a_shipped_profiles_name(tmp_path, capsys):
+    """`--profile NAME` loads the shipped file of that name: a measurement named so would be
+    shadowed by it without a word (the tour measured cpu-mistral-7b-l2-h256, then ran the
+    shipped one)."""
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+    from ragsim.cli.profiles import _measured_name
+
+    assert _measured_name("", "cpu-mistral-7b-l2-h256") == "cpu-mistral-7b-l2-h256-measured"
+    assert "shipped profile" in capsys.readouterr().err
+    assert _measured_name("", "cpu-mistral-7b-l2-h999") == "cpu-mistral-7b-l2-h999"
+    assert _measured_name("mine", "cpu-mistral-7b-l2-h256") == "mine"
+    result = CliRunner().invoke(app, ["profile", "--model", "mistral-7b", "--layers", "2",
+                                      "--hidden", "256", "--quick", "--name", "a10g-mistral-7b",
+                                      "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "shipped profile's name" in result.stderr
+    assert not (tmp_path / "p.json").exists()

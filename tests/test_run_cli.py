@@ -151,3 +151,28 @@ def test_window_start_and_stage_shape_flags_reach_the_config_and_change_the_run(
     assert runs["stages"]["config"]["stage_keeps_d1_p"] == 1.0
     assert runs["stages"]["config"]["stage_other_found_p"] == 1.0
     assert runs["stages"]["speculation_wasted_s"] != runs["default"]["speculation_wasted_s"]
+
+
+def test_the_table_shows_the_answer_cache_and_warns_when_a_tier_is_off():
+    result = runner.invoke(app, ["run", "--answer-cache", "--trace", "wiki-trivia",
+                                 "--requests", "100"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "answer cache hits" in line)
+    summary = run_json("--answer-cache", "--trace", "wiki-trivia", "--requests", "100")
+    assert f"{summary['answer_cache_hit_rate']:.1%}" in row and "off" in row
+    # wiki-trivia has neither its questions' text nor embeddings: the semantic tier is off
+    assert not summary["answer_cache_semantic"]
+    assert any("semantic tier is off" in w for w in summary["warnings"])
+
+
+def test_a_real_runs_table_says_measured_and_names_a_cpus_kv_memory(capsys):
+    from ragsim.cli.run import _print_run_summary
+
+    summary = run_json("--requests", "50")
+    _print_run_summary({**summary, "backend": "torch", "device": "cpu"})
+    shown = capsys.readouterr().out
+    assert "real run" in shown and "measured" in shown and "KV memory (CPU)" in shown
+    assert "simulated" not in shown and "GPU KV" not in shown
+    _print_run_summary(summary)
+    shown = capsys.readouterr().out
+    assert "simulated" in shown and "GPU KV" in shown

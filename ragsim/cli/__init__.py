@@ -15,6 +15,23 @@ __all__ = ["CORPUS_NAMES", "QUESTION_NAMES", "TRACE_NAMES", "app"]
 
 app = typer.Typer(cls=Group, no_args_is_help=True, add_completion=False,
                   help="Simulate KV-cache and scheduling policies for RAG serving.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ragsim import __version__
+
+        typer.echo(f"ragsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(
+        False, "--version", help="Print ragsim's version and exit.", is_eager=True,
+        callback=_version)) -> None:
+    """Simulate KV-cache and scheduling policies for RAG serving."""
+
+
 app.add_typer(trace.app, name="trace")
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(answers.app, name="answers")

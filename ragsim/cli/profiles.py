@@ -101,7 +101,7 @@ def profile(
         raise RagsimInputError(f"unknown dtype {chosen_dtype!r}", field="--dtype")
     spec = spec.with_dtype(chosen_dtype)
     device_tag = "cpu" if device == "cpu" else device.replace(":", "")
-    profile_name = name or f"{device_tag}-{spec.name}"
+    profile_name = _measured_name(name, f"{device_tag}-{spec.name}")
     plan = ProfilePlan.quick() if quick else ProfilePlan.full()
     progress, report = phased_progress()
 
@@ -109,7 +109,8 @@ def profile(
         if engine == "vllm":
             from ragsim.realrun.vllm.profile import profile_vllm
 
-            result = profile_vllm(spec, name=name or f"{device_tag}-vllm-{spec.name}",
+            result = profile_vllm(spec, name=_measured_name(name,
+                                                             f"{device_tag}-vllm-{spec.name}"),
                                   plan=plan, out=out_file, block_tokens=block_tokens,
                                   kv_cache_bytes=2**30, seed=seed,
                                   label=f"vLLM; {label}" if label else "vLLM", progress=report)
@@ -124,6 +125,27 @@ def profile(
               f"{v['held_out_batch_median_rel_error']:.1%}, max "
               f"{v['held_out_batch_max_rel_error']:.1%}", highlight=False)
     _print_warnings(result.warnings)
+
+
+def _measured_name(given: str, default: str) -> str:
+    """A measured profile's name, never a shipped profile's: ``--profile NAME`` would load the
+    shipped file, not this measurement (the default name gets ``-measured``; a name the user
+    chose that is taken is refused)."""
+    from ragsim.profiles.profile import shipped_profile_names
+
+    shipped = set(shipped_profile_names())
+    if given:
+        if given in shipped:
+            raise RagsimInputError(f"{given!r} is a shipped profile's name; --profile "
+                                   f"{given} would load that one, not this measurement: "
+                                   "choose another", field="--name")
+        return given
+    if default not in shipped:
+        return default
+    err.print(f"[dim]note:[/] named {default}-measured ({default} is a shipped profile); give "
+              "the output file as --profile to use this measurement", highlight=False,
+              soft_wrap=True)
+    return f"{default}-measured"
 
 
 def _print_warnings(warnings: list[str]) -> None:

@@ -305,7 +305,10 @@ def run(
 
 def _print_run_summary(s: dict) -> None:
     c = s["config"]
-    kind = "real run" if s.get("backend", "sim") != "sim" else "run"
+    real = s.get("backend", "sim") != "sim"
+    kind = "real run" if real else "run"
+    # a CPU engine's KV budget is host memory, not a GPU's
+    kv_label = "KV memory (CPU)" if real and s.get("device", "cpu") == "cpu" else "GPU KV"
     table = Table(title=f"{kind}: {c['trace']} · {c['system']} · {c['policy']} · {s['profile']}",
                   show_header=False)
     table.add_column(style="bold")
@@ -337,11 +340,21 @@ def _print_run_summary(s: dict) -> None:
                                          f"{s['speculation_wasted_s']:,.1f} GPU s"),
         ("scheduler overhead", f"{s['scheduler_overhead_ms_per_decision']:.3f} ms/decision"),
         ("GPU failures / retries", f"{s['gpu_failures']} / {s['retries']}"),
-        ("GPU KV / host cache", f"{describe_bytes(s['gpu_kv_bytes'])} / "
-                                f"{describe_bytes(c['host_cache_bytes'])}"),
-        ("simulated", f"{s['simulated_s']:,.1f} s in {s['elapsed_s']:.2f} s wall "
-                      f"({s['sim_requests_per_wall_s']:,.0f} req/s)"),
+        (f"{kv_label} / host cache", f"{describe_bytes(s['gpu_kv_bytes'])} / "
+                                     f"{describe_bytes(c['host_cache_bytes'])}"),
     ]
+    if "answer_cache_hit_rate" in s:  # the answer cache in front of RAG: what it answered
+        hits = s["answer_cache_hits"]
+        rows.insert(1, ("answer cache hits (L1 / L2 / semantic)",
+                        f"{s['answer_cache_hit_rate']:.1%} ({hits['l1']:,} / {hits['l2']:,} / "
+                        + (f"{hits['semantic']:,}" if s["answer_cache_semantic"] else "off")
+                        + f"), {s['answer_cache_false_hits']:,} false"))
+    if real:  # served in real time: the clock was the machine's
+        rows.append(("measured", f"{s['simulated_s']:,.1f} s of serving, {s['elapsed_s']:.2f} s "
+                                 "wall"))
+    else:
+        rows.append(("simulated", f"{s['simulated_s']:,.1f} s in {s['elapsed_s']:.2f} s wall "
+                                  f"({s['sim_requests_per_wall_s']:,.0f} req/s)"))
     for name, value in rows:
         table.add_row(name, value)
     out.print(table)

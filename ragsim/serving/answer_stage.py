@@ -190,6 +190,14 @@ class AnswerStage:
         cols["answer_false_hit"] = self.false_hit.copy()
         cols["answer_distance"] = self.distance.copy()
 
+    def warnings(self) -> list[str]:
+        """What the run changed of what was asked (said, so that no tier goes quietly)."""
+        if self.config.answer_semantic and not self.semantic:
+            return ["the answer cache's semantic tier is off: this trace holds neither its "
+                    "questions' text nor their embeddings (a trace built with `ragsim trace "
+                    "build --query-embeddings`, or its text, enables it)"]
+        return []
+
     def summary(self, cols: dict[str, np.ndarray]) -> dict:
         asked = self.tier > 0
         answered = self.answered()

@@ -604,6 +604,7 @@ class Pipeline(EngineHooks):
         summary = summarize(self, columns, elapsed, interrupted, stalled, no_progress)
         if self.answers is not None:
             summary.update(self.answers.summary(columns))
+            summary["warnings"].extend(self.answers.warnings())
             self.answers.close()
         return RunResult(config=self.config, columns=columns, summary=summary)
 
