@@ -393,3 +393,30 @@ def test_the_simulation_of_a_vllm_run_uses_the_mixed_scheduler_unless_told(tmp_p
     file = tmp_path / "c.toml"
     file.write_text('format = "ragsim.config"\nversion = 1\n[run]\nscheduler = "prefill-first"\n')
     assert _config(file, **common, backend="vllm")[0].scheduler == "prefill-first"
+
+
+def test_the_verdict_is_one_line_on_the_raw_errors_and_check_exits_1_on_a_miss(tmp_path):
+    """A 'real' side priced on another GPU (H100 against A10G) misses the TTFT targets by far:
+    the verdict says FAIL with what was missed, and --check makes that exit 1; the same
+    validation against itself passes and exits 0."""
+    same = runner.invoke(app, ["validate", "--out", str(tmp_path / "same"), "--backend", "sim",
+                               "--requests", "20", "--check"], env={"COLUMNS": "200"})
+    assert same.exit_code == 0, same.output
+    assert "verdict: pass: 2 of 2 targets met" in same.stdout
+    other = runner.invoke(app, ["validate", "--out", str(tmp_path / "other"), "--backend", "sim",
+                                "--requests", "20", "--reference-profile", "h100-mistral-7b",
+                                "--check"], env={"COLUMNS": "200"})
+    assert other.exit_code == 1, other.output
+    verdict = [line for line in other.stdout.splitlines() if line.startswith("verdict:")]
+    assert len(verdict) == 1 and "FAIL: 2 of 2 targets missed" in verdict[0]
+    assert "TTFT mean |error|" in verdict[0] and "(target <= 10%)" in verdict[0]
+    # without --check the same miss is reported and the command succeeds (a measurement)
+    plain = runner.invoke(app, ["validate", "--out", str(tmp_path / "plain"), "--backend", "sim",
+                                "--requests", "20", "--reference-profile", "h100-mistral-7b"])
+    assert plain.exit_code == 0 and "verdict: FAIL" in plain.stdout
+    # the API says the same
+    import ragsim
+
+    found = ragsim.validate(tmp_path / "api", backend="sim", requests=20,
+                            reference_profile="h100-mistral-7b")
+    assert found.verdict == verdict[0].removeprefix("verdict: ")

@@ -25,6 +25,10 @@ _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "policy": "policy", "gpu_kv_bytes": "gpu_mem",
                     "host_cache_bytes": "host_mem", "scheduler": "scheduler"}
 
+# how the verdict names each target
+_METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
+                 "ttft_p90_abs_error": "TTFT p90 |error| per request",
+                 "throughput_abs_error": "throughput |error|", "hit_agreement": "hit agreement"}
 # on_run(label, total) -> (a context the run goes in, done(ended) -> None): a progress display
 RunProgress = Callable[[str, int], tuple]
 # on_note(text, warning): what a caller may print as the setup goes (warning: always shown)
@@ -133,6 +137,30 @@ class Validation:
     report: dict | None = None
     loads: dict | None = None
     points: list[str] | None = None  # the loads asked for (some may not have run)
+    reports: list[dict] = field(default_factory=list)  # every comparison made (one per load)
+
+    @property
+    def failed(self) -> list[str]:
+        """Each target missed, in words: ``TTFT mean |error| 34.2% (target <= 10%) at load
+        90``. The raw errors decide; speed-adjusted errors are diagnostics and never listed."""
+        missed = []
+        for report in self.reports:
+            where = f" at load {report['load']}" if report.get("load") else ""
+            for check in report["checks"]:
+                if check["passed"] is False:
+                    words = _METRIC_WORDS.get(check["metric"], check["metric"])
+                    missed.append(f"{words} {check['value']:.1%} "
+                                  f"(target {check['sense']} {check['target']:.0%}){where}")
+        return missed
+
+    @property
+    def verdict(self) -> str:
+        """One line: pass or fail, and what failed."""
+        applied = sum(c["passed"] is not None for r in self.reports for c in r["checks"])
+        if self.failed:
+            return f"FAIL: {len(self.failed)} of {applied} targets missed: " + "; ".join(
+                self.failed)
+        return f"pass: {applied} of {applied} targets met"
 
     @property
     def summary(self) -> dict:
@@ -187,7 +215,9 @@ class ValidationSetup:
 
         config = self.config
         if self.points is None:
-            return Validation(self.out_dir, report=one(config, None, self.out_dir))
+            report = one(config, None, self.out_dir)
+            return Validation(self.out_dir, report=report, reports=[report])
+        reports = []
         rows, capacity_rps = [], None
         combined = {"backend": backend, "real_is_simulated": backend == "sim",
                     "system": config.system, "trace": config.trace,
@@ -197,13 +227,15 @@ class ValidationSetup:
         for load in self.points:
             report = one(v.config_at_load(config, load, capacity_rps), load,
                          self.out_dir / f"load-{load}")
+            reports.append(report)
             if load == v.LOAD_OVER:
                 capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
             rows.append(v.load_row(report))
             _write_loads(self.out_dir, combined)  # after every load: an interruption keeps them
             if report["interrupted"]:
                 break
-        return Validation(self.out_dir, loads=combined, points=list(self.points))
+        return Validation(self.out_dir, loads=combined, points=list(self.points),
+                          reports=reports)
 
 
 def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str = "mmlu",
