@@ -338,3 +338,19 @@ def test_a_measured_profile_never_takes_a_shipped_profiles_name(tmp_path, capsys
                                       "--out", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and "shipped profile's name" in result.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_profiles_show_fits_every_grid_cell_in_80_columns():
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+    from ragsim.profiles.profile import load_profile
+
+    result = CliRunner().invoke(app, ["profiles", "show", "a10g-mistral-7b"],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "…" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    grid = load_profile("a10g-mistral-7b").prefill
+    for y in grid.y_axis:  # every column of the grid is shown, whole
+        assert f"┃ {y:g} " in result.stdout

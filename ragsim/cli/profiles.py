@@ -127,6 +127,26 @@ def profile(
     _print_warnings(result.warnings)
 
 
+def _grid_tables(grid, title: str, width: int) -> list[Table]:
+    """A cost grid as tables that fit ``width`` columns: as many of the grid's columns per
+    table as fit, every cell whole (a 22-column grid in one 80-column table showed ``…``)."""
+    rows = [f"{x:g}" for x in grid.x_axis]
+    headers = [f"{y:g}" for y in grid.y_axis]
+    cells = [[f"{v:.3g}" for v in row] for row in grid.values]
+    label_w = max(len(r) for r in rows) + 3
+    cell_w = max(len(c) for c in [*headers, *(c for row in cells for c in row)]) + 3
+    per_table = max(1, (width - label_w - 1) // cell_w)
+    tables = []
+    for start in range(0, len(headers), per_table):
+        stop = min(len(headers), start + per_table)
+        part = f" ({headers[start]}-{headers[stop - 1]})" if per_table < len(headers) else ""
+        table = Table("", *headers[start:stop], title=title + part)
+        for label, row in zip(rows, cells, strict=True):
+            table.add_row(label, *row[start:stop])
+        tables.append(table)
+    return tables
+
+
 def _measured_name(given: str, default: str) -> str:
     """A measured profile's name, never a shipped profile's: ``--profile NAME`` would load the
     shipped file, not this measurement (the default name gets ``-measured``; a name the user
@@ -205,10 +225,8 @@ def profiles_show(name: str,
         out.print(f"  [dim]{key}[/]: {value}", highlight=False)
     for grid, title in ((p.prefill, "prefill seconds (rows: cached, columns: new tokens)"),
                         (p.decode, "decode seconds (rows: batch, columns: context tokens)")):
-        table = Table("", *[f"{y:g}" for y in grid.y_axis], title=title)
-        for x, row in zip(grid.x_axis, grid.values, strict=True):
-            table.add_row(f"{x:g}", *[f"{v:.3g}" for v in row])
-        out.print(table)
+        for table in _grid_tables(grid, title, out.width):
+            out.print(table)
     out.print(p.batched_prefill.describe(), highlight=False)
     t = p.transfers
     out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
