@@ -68,9 +68,18 @@ def test_curves_are_seed_means_with_t_bands(replay_sweep):
     means, sems, counts = expected.mean(), expected.sem(), expected.count()
     assert (counts == 3).all()
     assert means.loc["pgdsf"].to_numpy().tolist() != means.loc["lru"].to_numpy().tolist()
-    lines = {line.get_label(): line for line in ax.get_lines()}
+    lines = {line.get_label(): line for line in ax.get_lines()
+             if not line.get_label().startswith("_")}
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert set(lines) == {"policy = pgdsf", "policy = lru"} and len(bands) == 2
+    # and each seed's own line (thin): the three seeds of each policy, as the table has them
+    seed_lines = {line.get_label(): line for line in ax.get_lines()
+                  if line.get_label().startswith("_seed")}
+    assert len(seed_lines) == 6
+    for (policy, seed), rows in table.groupby(["policy", "seed"]):
+        line = seed_lines[f"_seed {seed} of policy = {policy}"]
+        rows = rows.sort_values("host_capacity_bytes")
+        np.testing.assert_allclose(line.get_ydata(), rows["token_hit_rate"].to_numpy())
     for (label, line), band in zip(sorted(lines.items()), sorted(
             bands, key=lambda b: _band_key(b, lines)), strict=True):
         policy = label.removeprefix("policy = ")

@@ -137,3 +137,64 @@ def test_report_refuses_other_folders(tmp_path):
     assert result.exit_code == 2 and "neither a sweep folder" in result.output
     result = runner.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r.png")])
     assert result.exit_code == 2 and "must end in .html" in result.output
+
+
+def test_the_header_counts_points_and_seeds_and_coinciding_curves_are_said_not_drawn(
+        sweep_dir, tmp_path):
+    """2 systems x 2 rates over 2 seeds: 8 runs of 4 points. At 1 and 4 req/s of 200 requests
+    both systems finish every request, so a curve of requests completed per system would show
+    one line over the other: it is named instead of drawn."""
+    page = tmp_path / "report.html"
+    assert runner.invoke(app, ["report", str(sweep_dir), "--out", str(page)]).exit_code == 0
+    dom = _Dom()
+    dom.feed(page.read_text())
+    text = " ".join(dom.text)
+    assert "8 runs: 4 points x 2 seeds" in text
+    table = pd.read_parquet(sweep_dir / "results.parquet")
+    from ragsim.study.report import RUN_METRICS, _curves_coincide
+
+    coinciding = [y for y in RUN_METRICS if _curves_coincide(table, "rate_rps", y, "system")]
+    for y in coinciding:  # checked by hand: equal means per rate for both systems
+        means = table.groupby(["rate_rps", "system"])[y].mean().unstack("system")
+        assert (means["ragcache"] == means["vllm"]).all()
+    assert len(dom.images) == len(RUN_METRICS) - len(coinciding) + 1  # + the TTFT CDF
+    assert ("Not drawn" in text) == bool(coinciding)
+
+
+def test_plot_takes_the_name_the_sweep_used_and_suggests_the_closest_column(tmp_path):
+    from tests.test_study_plot import _sweep
+
+    spec = ('seeds = [0]\n[base]\nmode = "replay"\ntrace = "mmlu"\nrequests = 500\n'
+            '[axes]\nhost_mem = ["1GiB", "2GiB"]\n')
+    out = _sweep(tmp_path, spec)
+    fig = tmp_path / "f.png"
+    by_swept_name = runner.invoke(app, ["plot", str(out), "--x", "host_mem", "--y",
+                                        "token_hit_rate", "--out", str(fig)])
+    assert by_swept_name.exit_code == 0, by_swept_name.output
+    typo = runner.invoke(app, ["plot", str(out), "--x", "host_mem", "--y", "token_hit_rat",
+                               "--out", str(tmp_path / "g.png")])
+    assert typo.exit_code == 2
+    assert "did you mean 'token_hit_rate'" in typo.stderr
+    assert len(typo.stderr) < 400  # one line, not the ~100 columns
+
+
+def test_curves_that_coincide_are_named_not_drawn(tmp_path):
+    """max_retries does nothing without GPU failures: every curve per max_retries lies on the
+    others, so those figures are left out and named."""
+    from tests.test_study_plot import _sweep
+
+    spec = ('seeds = [0]\n[base]\ntrace = "mmlu"\nn_requests = 100\n'
+            '[axes]\nrate_rps = [1.0, 2.0]\nmax_retries = [3, 4]\n')
+    out = _sweep(tmp_path, spec)
+    table = pd.read_parquet(out / "results.parquet")
+    for retries, rows in table.groupby("max_retries"):  # by hand: the same runs either way
+        other = table[table["max_retries"] != retries]
+        assert rows["ttft_mean_s"].tolist() == other["ttft_mean_s"].tolist()
+    page = tmp_path / "report.html"
+    assert runner.invoke(app, ["report", str(out), "--out", str(page)]).exit_code == 0
+    dom = _Dom()
+    dom.feed(page.read_text())
+    text = " ".join(dom.text)
+    assert "Not drawn (their curves coincide)" in text and "every max_retries" in text
+    captions = [t for t in dom.text if "one curve per max_retries" in t]
+    assert captions == []  # none drawn against rate with a curve per max_retries

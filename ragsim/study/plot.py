@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 GiB = 2**30
 CONFIDENCE = 0.95
+MAX_SEED_LINES = 8  # up to this many seeds, each is drawn as its own thin line
 
 
 @dataclass(frozen=True)
@@ -73,15 +74,47 @@ def scale(column: str) -> float:
     return float(GiB) if column.endswith("_bytes") else 1.0
 
 
+def _aliases() -> dict[str, list[str]]:
+    """Names a user sweeps by -> the results' columns of that quantity: run's options
+    (``host_mem`` -> ``host_cache_bytes``), replay's, and replay's own memory columns."""
+    from ragsim.api.run import FIELD_OF_OPTION
+    from ragsim.study.spec import REPLAY_ALIASES
+
+    names: dict[str, list[str]] = {}
+    for option, field in FIELD_OF_OPTION.items():
+        if option != field:
+            names.setdefault(option, []).append(field)
+    for field, option in REPLAY_ALIASES.items():  # replay's options name run's fields too
+        names.setdefault(option, []).append(field)
+    for column, replay_column in REPLAY_COLUMNS.items():
+        names.setdefault(column, []).append(replay_column)
+    return names
+
+
 def check_column(table: pd.DataFrame, column: str, flag: str) -> str:
-    """The column, or the replay column of the same meaning; else a clear error."""
+    """The column, or the column of the same quantity under the name the user swept it by
+    (``host_mem`` is ``host_cache_bytes``; replay's ``host_capacity_bytes``); else a clear error
+    with the closest column."""
+    import difflib
+
     if column in table.columns:
         return column
-    if REPLAY_COLUMNS.get(column) in table.columns:
-        return REPLAY_COLUMNS[column]
-    numeric = sorted(c for c in table.columns if c not in ("point_id", "swept", "mode"))
-    raise RagsimInputError(f"no column {column!r} in the results; columns: {', '.join(numeric)}",
-                           field=flag)
+    for candidate in _aliases().get(column, []):
+        if candidate in table.columns:
+            return candidate
+    names = sorted(c for c in table.columns if c not in ("point_id", "swept", "mode"))
+    close = difflib.get_close_matches(column, names, n=3, cutoff=0.5)
+    hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
+            else f"the swept columns are {', '.join(_swept(table)) or 'none'}")
+    raise RagsimInputError(f"no column {column!r} in the results; {hint} (all "
+                           f"{len(names)} columns: the results table's)", field=flag)
+
+
+def _swept(table: pd.DataFrame) -> list[str]:
+    swept: list[str] = []
+    for names in table.get("swept", []):
+        swept += [n for n in str(names).split(",") if n and n not in swept]
+    return swept
 
 
 def select(table: pd.DataFrame, where: list[str]) -> pd.DataFrame:
@@ -149,6 +182,10 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     groups = stats.groupby(by, sort=True) if by is not None else [(None, stats)]
+    seeds = int(stats["n"].max()) if len(stats) else 0
+    # each seed's own line, thin, when there are few: curves that share seeds are compared
+    # seed by seed (a gap every seed shows is real even where the bands overlap)
+    per_seed = 1 < seeds <= MAX_SEED_LINES and "seed" in table.columns
     for value, curve in groups:
         curve = curve.sort_values(x)
         xs = curve[x].to_numpy(dtype=float) / scale(x)
@@ -156,15 +193,22 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
         ys = {k: curve[k].to_numpy(dtype=float) / scale(y) for k in ("mean", "lo", "hi")}
         (line,) = ax.plot(xs, ys["mean"], marker="o", label=name)
         ax.fill_between(xs, ys["lo"], ys["hi"], alpha=0.2, color=line.get_color(), linewidth=0)
+        if per_seed:
+            rows = table if by is None else table[table[by].astype(str) == str(value)]
+            for seed, one in rows.groupby("seed", sort=True):
+                one = one.sort_values(x)
+                ax.plot(one[x].to_numpy(dtype=float) / scale(x),
+                        one[y].to_numpy(dtype=float) / scale(y), color=line.get_color(),
+                        linewidth=0.7, alpha=0.45, label=f"_seed {seed} of {name}")
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
     if log_x:
         ax.set_xscale("log")
     if log_y:  # a band reaching below zero is cut at the axis
         ax.set_yscale("log", nonpositive="clip")
-    seeds = int(stats["n"].max()) if len(stats) else 0
     ax.set_title(title or f"{label(y)} vs {label(x)}", fontsize=10)
-    note = (f"mean over {seeds} seeds, {CONFIDENCE:.0%} confidence band" if seeds > 1
+    note = (f"mean over {seeds} seeds; band: {CONFIDENCE:.0%} confidence interval of the mean "
+            "(Student's t)" + ("; thin lines: each seed" if per_seed else "") if seeds > 1
             else "one seed (no confidence band)")
     ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
             color="0.4")

@@ -69,8 +69,11 @@ def _numeric(table: pd.DataFrame, name: str) -> bool:
     return is_numeric_dtype(table[name]) and not is_bool_dtype(table[name])
 
 
-def sweep_figures(out_dir: Path, table: pd.DataFrame) -> list[tuple[Figure, str]]:
-    """The sweep's figures with their captions (see the module's docstring for the choice)."""
+def sweep_figures(out_dir: Path, table: pd.DataFrame,
+                  not_drawn: list[str] | None = None) -> list[tuple[Figure, str]]:
+    """The sweep's figures with their captions (see the module's docstring for the choice);
+    a figure whose curves all coincide is left out and named in ``not_drawn``."""
+    not_drawn = [] if not_drawn is None else not_drawn
     varying = _varying(table)
     metrics = RUN_METRICS if (table["mode"] == "run").all() else REPLAY_METRICS
     figures: list[tuple[Figure, str]] = []
@@ -81,11 +84,15 @@ def sweep_figures(out_dir: Path, table: pd.DataFrame) -> list[tuple[Figure, str]
         groups = table.groupby(rest, sort=True) if rest else [((), table)]
         for values, part in groups:
             values = values if isinstance(values, tuple) else (values,)
-            fixed = ", ".join(f"{n} = {v}" for n, v in zip(rest, values, strict=True))
+            fixed = ", ".join(f"{n} = {_cell(n, v)}" for n, v in zip(rest, values, strict=True))
             for y in metrics:
                 if len(figures) >= MAX_FIGURES:
                     return figures
                 title = f"{label(y)} vs {label(x)}" + (f" ({fixed})" if fixed else "")
+                if by is not None and _curves_coincide(part, x, y, by):
+                    # one line hiding the others says nothing: said in words instead
+                    not_drawn.append(f"{title}: every {by} gives the same values")
+                    continue
                 figures.append((draw_curves(part, x, y, by, title=title),
                                 title + (f", one curve per {by}" if by else "")))
     if (table["mode"] == "run").all() and _has_records(out_dir, table):
@@ -96,11 +103,21 @@ def sweep_figures(out_dir: Path, table: pd.DataFrame) -> list[tuple[Figure, str]
         for name in rest:  # the CDF at the first value of every other swept option
             first = sorted(part[name].unique(), key=str)[0]
             part = part[part[name] == first]
-            fixed.append(f"{name} = {first}")
+            fixed.append(f"{name} = {_cell(name, first)}")
         caption = "TTFT CDF" + (f" per {by}" if by else "") + (
             f" ({', '.join(fixed)})" if fixed else "") + ", requests of every seed pooled"
         figures.append((draw_cdf(out_dir, part, by), caption))
     return figures
+
+
+def _curves_coincide(table: pd.DataFrame, x: str, y: str, by: str) -> bool:
+    """Whether every curve has the same means at every x (to 1 part in 10^9)."""
+    stats = aggregate(table, x, y, by)
+    if stats[by].nunique() < 2:
+        return False
+    means = stats.pivot_table(index=x, columns=by, values="mean", dropna=False)
+    values = means.to_numpy(dtype=float)
+    return bool(np.allclose(values, values[:, :1], rtol=1e-9, atol=0, equal_nan=True))
 
 
 def _has_records(out_dir: Path, table: pd.DataFrame) -> bool:
@@ -148,13 +165,28 @@ def sweep_report(out_dir: Path) -> str:
     spec = (out_dir / SWEEP_FILE).read_text() if (out_dir / SWEEP_FILE).exists() else ""
     shown = _sweep_file_without_points(spec)
     parts = [f"<h1>ragsim sweep: {html.escape(out_dir.name)}</h1>",
-             f"<p>{len(table)} run(s): {table['point_id'].nunique()} point(s) and seed(s), "
-             f"mode {html.escape(str(table['mode'].iloc[0]))}. Bands and ± are 95% confidence "
-             "intervals over seeds (Student's t).</p>", "<h2>Figures</h2>"]
-    parts += [_figure(fig, caption) for fig, caption in sweep_figures(out_dir, table)]
+             f"<p>{_runs_line(table)}, mode {html.escape(str(table['mode'].iloc[0]))}. "
+             "Bands and ± are 95% confidence intervals over seeds (Student's t).</p>",
+             "<h2>Figures</h2>"]
+    not_drawn: list[str] = []
+    parts += [_figure(fig, caption) for fig, caption in sweep_figures(out_dir, table, not_drawn)]
+    if not_drawn:
+        parts.append("<p>Not drawn (their curves coincide): "
+                     + "; ".join(html.escape(n) for n in not_drawn) + ".</p>")
     parts += ["<h2>Results (mean over seeds)</h2>", _table_html(summary_table(table)),
               "<h2>Configuration</h2>", f"<pre>{html.escape(shown)}</pre>"]
     return _page(f"ragsim sweep {out_dir.name}", parts)
+
+
+def _runs_line(table: pd.DataFrame) -> str:
+    """``8 runs: 4 points x 2 seeds`` (a point is a configuration; each ran once per seed)."""
+    runs = len(table)
+    seeds = table["seed"].nunique() if "seed" in table.columns else 1
+    points = runs // seeds if seeds and runs % seeds == 0 else None
+    if points is None:  # an unfinished sweep: not every point has every seed
+        return f"{runs} run{'s' * (runs != 1)} of {seeds} seed{'s' * (seeds != 1)}"
+    return (f"{runs} run{'s' * (runs != 1)}: {points} point{'s' * (points != 1)} x {seeds} "
+            f"seed{'s' * (seeds != 1)}")
 
 
 def _sweep_file_without_points(text: str) -> str:
