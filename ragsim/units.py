@@ -18,11 +18,11 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
 }
+# a bare K/M/G/T means 2^30 to some tools (ls, Docker) and 10^9 to others (Kubernetes, disk
+# vendors): refused, with both spellings offered, rather than guessed (32G was silently 32 GiB
+# while 32GB was 29.8 GiB)
+_AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T"}
 # past this a size is a typo, and int64 byte counters would overflow downstream
 MAX_SIZE_BYTES = 2**60
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
@@ -31,8 +31,8 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
     """Return the number of bytes in ``text`` (``"4GiB"``, ``"0"``, ``"1.5 GB"``, ``1024``).
 
-    Binary suffixes (KiB, MiB, GiB, and bare K/M/G) are powers of 1024; decimal ones (KB, MB, GB)
-    powers of 1000, as their names say.
+    Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB)
+    powers of 1000, as their names say; a bare K/M/G/T is refused as ambiguous.
     """
     if isinstance(text, bool):
         raise RagsimInputError(f"expected a size, got {text!r}", field=field)
@@ -45,6 +45,12 @@ def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
                 f"cannot read {text!r} as a size; write e.g. 4GiB, 512MiB or 1000000", field=field
             )
         value, unit = float(match.group(1)), match.group(2).lower()
+    if unit in _AMBIGUOUS:
+        number, letter = match.group(1), _AMBIGUOUS[unit]
+        raise RagsimInputError(f"{text!r} is ambiguous: write {number}{letter}iB "
+                               f"({letter}iB = 2^{10 * (list(_AMBIGUOUS).index(unit) + 1)} "
+                               f"bytes) or {number}{letter}B (10^"
+                               f"{3 * (list(_AMBIGUOUS).index(unit) + 1)})", field=field)
     if unit not in _UNITS:
         raise RagsimInputError(f"unknown size unit {unit!r} in {text!r}", field=field)
     if value < 0:

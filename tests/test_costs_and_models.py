@@ -391,7 +391,8 @@ def test_kv_bytes_per_token_from_architecture(tmp_path):
 
 @pytest.mark.parametrize("text,expected", [("4GiB", 4 * 2**30), ("512MiB", 512 * 2**20),
                                            ("1.5GB", 1_500_000_000), ("0", 0),
-                                           ("100", 100), ("2g", 2 * 2**30)])
+                                           ("100", 100), ("2gib", 2 * 2**30),
+                                           ("2 TB", 2 * 10**12)])
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
@@ -401,6 +402,17 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_refuses(text):
     with pytest.raises(RagsimInputError):
         parse_bytes(text)
+
+
+@pytest.mark.parametrize(("text", "binary", "decimal"), [("32G", "32GiB", "32GB"),
+                                                        ("4g", "4GiB", "4GB"),
+                                                        ("512M", "512MiB", "512MB"),
+                                                        ("1.5T", "1.5TiB", "1.5TB")])
+def test_a_bare_letter_is_ambiguous_and_both_spellings_are_offered(text, binary, decimal):
+    with pytest.raises(RagsimInputError) as raised:
+        parse_bytes(text, field="--host-mem")
+    assert binary in str(raised.value) and decimal in str(raised.value)
+    assert "ambiguous" in str(raised.value)
 
 
 def test_profiles_show_prints_held_out_errors_and_warnings(tmp_path):
