@@ -47,6 +47,21 @@ def _check_frequency_scope(scope: str, window_s: float | None) -> None:
         raise RagsimInputError("must be > 0", field=label("frequency_window"))
 
 
+def _check_fleet(replicas: int, router: str) -> None:
+    from ragsim.cache.routers import ROUTERS, TIMING_FREE_ROUTERS
+    from ragsim.limits import MAX_INSTANCES
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not \
+            1 <= replicas <= MAX_INSTANCES:
+        raise RagsimInputError(f"must be a whole number from 1 to {MAX_INSTANCES}, got "
+                               f"{replicas!r}", field=label("replicas"))
+    if router not in TIMING_FREE_ROUTERS:
+        why = ("needs the simulator's clock (outstanding requests)" if router in ROUTERS
+               else "is not a router")
+        raise RagsimInputError(f"{router!r} {why}; a replay routes by "
+                               f"{', '.join(TIMING_FREE_ROUTERS)}", field=label("router"))
+
+
 @dataclass
 class ReplaySetup:
     """A checked replay that has not started: its configuration, the costs PGDSF reads, the
@@ -76,7 +91,8 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
                  flat: bool = False, kv_bytes_per_token: int | None = None,
                  profile: str = "a10g-mistral-7b", system_prompt_tokens: int = 0,
                  cache_depth: int | None = None, requests: int | None = None, seed: int = 0,
-                 drift: float | None = None) -> ReplaySetup:
+                 drift: float | None = None, replicas: int = 1,
+                 router: str = "round-robin") -> ReplaySetup:
     """Check ``ragsim replay``'s options (the same names in snake case) and load the costs."""
     from ragsim.cache.policies import POLICY_NAMES
     from ragsim.profiles.models import resolve_model
@@ -96,6 +112,7 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
     if problem:  # before minutes of generating or replaying end in a MemoryError
         raise RagsimInputError(f"cannot be replayed here: {problem}", field=label("requests"))
     _check_frequency_scope(frequency_scope, frequency_window)
+    _check_fleet(replicas, router)
     config = ReplayConfig(
         trace=trace, policy=policy.lower(), model=spec.name,
         kv_bytes_per_token=kv_bytes_per_token or spec.kv_bytes_per_token,
@@ -104,6 +121,7 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
         flat=flat, profile=profile, system_prompt_tokens=system_prompt_tokens,
         max_cached_depth=cache_depth, n_requests=requests, seed=seed,
         frequency_scope=frequency_scope, frequency_window_s=frequency_window,
+        replicas=replicas, router=router,
     )
     if config.policy not in POLICY_NAMES:
         raise RagsimInputError(f"unknown policy {policy!r}; choose one of "

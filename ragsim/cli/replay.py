@@ -70,6 +70,12 @@ def replay(
     drift: Annotated[float | None, typer.Option(
         help="Synthetic traces: share of popularity ranks that trade documents every 1,000 "
              "requests (0: stationary).")] = None,
+    replicas: Annotated[int, typer.Option(
+        help="A fleet: this many caches behind one --router, each with --gpu-mem and "
+             "--host-mem of its own.")] = 1,
+    router: Annotated[str, typer.Option(
+        help="Which replica takes a request: round-robin, random, session (sticky by session "
+             "id) or prefix-affinity (SGLang's cache-aware router).")] = "round-robin",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
                                                  "summary.json here.")] = None,
@@ -135,6 +141,11 @@ def _print_replay_summary(s: dict) -> None:
         ("evictions GPU / host", f"{s['evictions_gpu']:,} / {s['evictions_host']:,}"),
         ("wall time", f"{s['elapsed_s']:.2f} s ({s['requests_per_s']:,.0f} requests/s)"),
     ]
+    if s.get("replicas"):  # a fleet: each replica's share and hit rate
+        rows.insert(1, (f"replicas ({c['router']})",
+                        ", ".join(f"{r['requests']:,} at {r['token_hit_rate']:.1%}"
+                                  for r in s["replicas"])
+                        + f"; imbalance {s['load_imbalance']:.2f}"))
     for row in rows:
         table.add_row(*row)
     out.print(table)

@@ -47,6 +47,9 @@ class ReplayConfig:
     # how every policy counts retrievals (admission | lifetime | window); see cache/tree.py
     frequency_scope: str = DEFAULT_FREQUENCY_SCOPE
     frequency_window_s: float | None = None  # the window scope's width, in trace seconds
+    # a fleet: this many replicas behind one router, each with the memory above of its own
+    replicas: int = 1
+    router: str = "round-robin"
 
 
 @dataclass
@@ -224,6 +227,67 @@ def _sum_per_request(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return sums
 
 
+def route(trace: Trace, router) -> np.ndarray:
+    """Each request's replica, in trace order (the router sees each request's cached path and
+    session, never a replica's cache)."""
+    from ragsim.cache.routers import RouteRequest
+
+    offsets = trace.doc_offsets.tolist()
+    docs, tokens = trace.doc_ids.tolist(), trace.doc_tokens_flat.tolist()
+    sessions = (trace.session_id.to_pylist() if trace.session_id is not None
+                else [None] * trace.n_requests)
+    chosen = np.empty(trace.n_requests, dtype=np.int64)
+    for i in range(trace.n_requests):
+        lo, hi = offsets[i], offsets[i + 1]
+        chosen[i] = router.choose(RouteRequest(i, docs[lo:hi], tokens[lo:hi], sessions[i]))
+    return chosen
+
+
+def replay_fleet(driver, trace: Trace, config: ReplayConfig, profile: Profile | None,
+                 progress: Progress | None = None):
+    """``config.replicas`` caches, each with the configured memory, behind ``config.router``:
+    each replica replays the requests routed to it, in trace order. The records come back in
+    trace order with a ``replica`` column; a Ctrl-C keeps the replicas that finished."""
+    from ragsim.cache.routers import TIMING_FREE_ROUTERS, make_router
+
+    if config.router not in TIMING_FREE_ROUTERS:
+        raise ValueError(f"router {config.router!r} needs the simulator's clock; replay runs "
+                         f"{', '.join(TIMING_FREE_ROUTERS)}")
+    chosen = route(trace, make_router(config.router, config.replicas, seed=config.seed))
+    parts, per_replica, totals = [], [], {}
+    done_before = 0
+    for replica in range(config.replicas):
+        positions = np.flatnonzero(chosen == replica)
+        own = trace.select(positions)
+
+        def advanced(done: int, before: int = done_before) -> None:
+            if progress is not None:
+                progress(before + done)
+
+        records, counters = driver(own, config, profile, advanced)
+        done = counters["requests_replayed"]
+        records = {**records, "replica": np.full(done, replica, dtype=np.int64),
+                   "_position": positions[:done]}
+        parts.append(records)
+        doc = int(records["doc_tokens"].sum())
+        hit_gpu = int(records["hit_tokens_gpu"].sum())
+        hit_host = int(records["hit_tokens_host"].sum())
+        any_hit = (records["hit_tokens_gpu"] + records["hit_tokens_host"]) > 0
+        per_replica.append({"replica": replica, "requests": done, "doc_tokens": doc,
+                            "hit_tokens_gpu": hit_gpu, "hit_tokens_host": hit_host,
+                            **hit_rate_fields(doc, hit_gpu, hit_host, any_hit),
+                            **{k: v for k, v in counters.items() if k != "requests_replayed"}})
+        for name, value in counters.items():
+            totals[name] = totals.get(name, 0) + value
+        done_before += done
+        if done < own.n_requests:  # Ctrl-C: the replicas after this one did not run
+            break
+    order = np.argsort(np.concatenate([p["_position"] for p in parts]), kind="stable")
+    merged = {name: np.concatenate([p[name] for p in parts])[order]
+              for name in parts[0] if name != "_position"}
+    return merged, totals, per_replica
+
+
 def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = None,
                progress: Progress | None = None) -> ReplayResult:
     if make_policy(config.policy).needs_cost and profile is None:
@@ -233,7 +297,11 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     # the profile counts extrapolated lookups over its lifetime: report this replay's own
     extrapolated_before = profile.extrapolated_queries if profile is not None else 0
     driver = replay_flat if config.flat else replay_tree
-    records, counters = driver(trace, config, profile, progress)
+    fleet = None
+    if config.replicas == 1:
+        records, counters = driver(trace, config, profile, progress)
+    else:
+        records, counters, fleet = replay_fleet(driver, trace, config, profile, progress)
     elapsed = time.perf_counter() - started
     # Ctrl-C keeps what finished: whole chunks of requests, in trace order. The tree's counters
     # (evictions, swap-outs, bytes in use) may include part of the chunk that was cut short.
@@ -261,6 +329,10 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         "config": asdict(config),
         "trace_info": trace.info,
     }
+    if fleet is not None:
+        summary["replicas"] = fleet
+        summary["load_imbalance"] = (max(r["requests"] for r in fleet)
+                                     / (replayed / len(fleet)) if replayed else None)
     summary["warnings"] = replay_warnings(
         extrapolations=summary["cost_extrapolations"],
         profile=profile.name if profile is not None else None, trace_info=trace.info or {},

@@ -148,6 +148,37 @@ class Trace:
                               else self._doc_tokens_flat[:end]),
         )
 
+    def select(self, indices) -> Trace:
+        """The requests at ``indices`` (ascending positions), in that order, with everything
+        they carry; the documents table unchanged. What one replica of a fleet serves."""
+        indices = np.asarray(indices, dtype=np.int64)
+        counts = np.diff(self.doc_offsets)[indices]
+        offsets = np.zeros(len(indices) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        starts = self.doc_offsets[indices]
+        flat = (np.repeat(starts - offsets[:-1], counts) + np.arange(int(offsets[-1]))
+                if len(indices) else np.zeros(0, dtype=np.int64))
+        pick = pa.array(indices)
+
+        def rows(column):
+            return None if column is None else column.take(pick)
+
+        return Trace(
+            request_id=self.request_id[indices], arrival_s=self.arrival_s[indices],
+            query_tokens=self.query_tokens[indices], output_tokens=self.output_tokens[indices],
+            doc_offsets=offsets, doc_ids=self.doc_ids[flat], document_ids=self.document_ids,
+            document_tokens=self.document_tokens, stages=rows(self.stages),
+            stage_times_s=rows(self.stage_times_s), query_text=rows(self.query_text),
+            answer_key=rows(self.answer_key),
+            has_history=None if self.has_history is None else self.has_history[indices],
+            query_embedding=(None if self.query_embedding is None
+                             else self.query_embedding[indices]),
+            session_id=rows(self.session_id), document_text=self.document_text,
+            info=dict(self.info),
+            _doc_tokens_flat=(None if self._doc_tokens_flat is None
+                              else self._doc_tokens_flat[flat]),
+        )
+
     # -- Arrow tables --------------------------------------------------------------------
     def requests_table(self) -> pa.Table:
         columns = {
