@@ -156,3 +156,67 @@ def test_replay_cli_runs_a_fleet_and_refuses_a_router_that_needs_a_clock(tmp_pat
     assert clocked.exit_code == 2 and "needs the simulator's clock" in clocked.stderr
     none = runner.invoke(app, ["replay", "--replicas", "0"])
     assert none.exit_code == 2 and "--replicas" in none.stderr
+
+
+def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart():
+    """Each replica is the whole pipeline serving the requests sent to it on their arrival
+    times (failures seeded seed + replica): the fleet's per-request times equal N one-engine
+    runs of the sub-traces, built apart from the same rows."""
+    from ragsim.serving.config import build_config
+    from ragsim.sim.fleet import run_fleet
+    from ragsim.sim.simulator import run_simulation
+
+    rng = np.random.default_rng(3)
+    rows = [[int(d) for d in sorted(rng.choice(12, size=2, replace=False) + 1)]
+            for _ in range(120)]
+
+    def trace_of(indices):
+        builder = TraceBuilder("test")
+        for j, i in enumerate(indices):
+            builder.add(j, 0.4 * i, 30, 8, rows[i], [DOC_TOKENS[d] for d in rows[i]])
+        return builder.build({"name": "test"})
+
+    config = build_config({"replicas": 3, "router": "round-robin", "seed": 5,
+                           "gpu_failure_rate_per_h": 30.0})
+    fleet = run_fleet(trace_of(range(120)), config, PROFILE)
+    records = fleet.records
+    assert records["replica"].tolist() == [i % 3 for i in range(120)]
+    for replica in range(3):
+        alone = run_simulation(trace_of(range(replica, 120, 3)),
+                               config.replace(replicas=1, seed=5 + replica), PROFILE)
+        mine = records[records["replica"] == replica].reset_index(drop=True)
+        for column in ("ttft_s", "finish_s", "hit_tokens_gpu", "hit_tokens_host", "status"):
+            assert mine[column].tolist() == alone.records[column].tolist(), column
+        assert fleet.summary["replicas"][replica]["requests"] == 40
+    s = fleet.summary
+    completed = records[records["status"] == "completed"]
+    assert s["requests_completed"] == len(completed) == sum(
+        r["requests_completed"] for r in s["replicas"])
+    assert s["ttft_mean_s"] == pytest.approx(completed["ttft_s"].mean(), rel=1e-12)
+    assert s["gpu_failures"] == sum(r["gpu_failures"] for r in s["replicas"])
+
+
+def test_run_refuses_a_fleet_it_cannot_simulate_yet():
+    clocked = runner.invoke(app, ["run", "--replicas", "2", "--router", "least-loaded",
+                                  "--requests", "10"])
+    assert clocked.exit_code == 2 and "one clock" in clocked.stderr
+    real = runner.invoke(app, ["run", "--replicas", "2", "--backend", "torch",
+                               "--requests", "10"])
+    assert real.exit_code == 2 and "real fleet" in real.stderr
+    unknown = runner.invoke(app, ["run", "--replicas", "2", "--router", "nope"])
+    assert unknown.exit_code == 2 and "--router" in unknown.stderr
+
+
+def test_a_fleet_run_is_deterministic_and_cache_aware_routing_keeps_more():
+    import ragsim
+
+    common = dict(trace="mmlu", requests=1500, rate=3.0, seed=2, replicas=4,
+                  gpu_mem="1GiB", host_mem="2GiB")
+    a = ragsim.simulate(router="prefix-affinity", **common).summary
+    b = ragsim.simulate(router="prefix-affinity", **common).summary
+    for name in ("ttft_mean_s", "ttft_p99_s", "token_hit_rate", "throughput_rps"):
+        assert a[name] == b[name], name
+    assert [r["ttft_mean_s"] for r in a["replicas"]] == [r["ttft_mean_s"] for r in b["replicas"]]
+    rr = ragsim.simulate(router="round-robin", **common).summary
+    assert a["token_hit_rate"] > rr["token_hit_rate"]
+    assert a["load_imbalance"] > rr["load_imbalance"] == pytest.approx(1.0)

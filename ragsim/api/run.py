@@ -54,7 +54,7 @@ FIELD_OF_OPTION = {
     "answer_l1_size": "answer_l1_size", "answer_ttl": "answer_ttl_s", "instances": "instances",
     "answer_routing": "answer_routing",
     "answer_invalidate": "answer_invalidate", "answer_profile": "answer_profile",
-    "redis_url": "answer_redis_url",
+    "redis_url": "answer_redis_url", "replicas": "replicas", "router": "router",
 }
 # answer_threshold: the semantic threshold as a cosine similarity (answer_distance's complement)
 RUN_OPTIONS = (*FIELD_OF_OPTION, "answer_threshold")
@@ -205,7 +205,18 @@ class RunSetup:
             if config.answer_cache:  # the real stores (and the embedder for the semantic tier)
                 require_answers("run --backend torch --answer-cache",
                                 embedder=config.answer_semantic)
-        execute = runner(self.backend, device=self.device, threads=self.threads or None)
+        if config.replicas > 1:  # a fleet behind a router
+            from ragsim.sim.fleet import fleet_problem, run_fleet
+
+            if self.backend != "sim":
+                raise RagsimInputError(f"a real fleet ({label('backend')} {self.backend}) is "
+                                       "not built yet: simulate it", field=label("replicas"))
+            problem = fleet_problem(config)
+            if problem is not None:
+                raise RagsimInputError(problem, field=label("replicas"))
+            execute = run_fleet
+        else:
+            execute = runner(self.backend, device=self.device, threads=self.threads or None)
         if on_start is not None:
             on_start(data.n_requests)
         result = execute(data, config, costs, on_progress)

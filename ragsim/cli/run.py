@@ -200,6 +200,13 @@ def run(
         RETRIEVAL, "Model the vector search: auto (when the trace's documents were retrieved, "
         "not for prefix blocks such as Mooncake's; a search option or --speculate means on), "
         "on, off. [default: auto]")] = None,
+    replicas: Annotated[int | None, _opt(
+        ENGINE, "A fleet: this many engines, each with --gpu-mem and --host-mem of its own, "
+        "behind --router.")] = None,
+    router: Annotated[str | None, _opt(
+        ENGINE, "Which replica takes a request: round-robin, random, session (sticky by "
+        "session id), prefix-affinity (SGLang's cache-aware router); least-loaded: not yet.")
+    ] = None,
     # faults
     fail_gpu_at: Annotated[list[float] | None, _opt(
         FAULTS, "Fail the GPU at T seconds (repeatable).")] = None,

@@ -21,6 +21,7 @@ import tomli_w
 from ragsim import limits
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
+from ragsim.cache.routers import ROUTERS
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
 from ragsim.errors import ConfigError, RagsimInputError
 from ragsim.units import parse_bytes
@@ -135,6 +136,9 @@ class SimConfig:
     answer_hot_top_n: int | None = None
     answer_hot_window_s: float = 60.0
     instances: int = 1  # service instances, each with its own L1
+    # a fleet: this many engines (each with the memory above) behind one router
+    replicas: int = 1
+    router: str = "round-robin"
     answer_routing: str = "round-robin"  # or hash
     # a question whose answer changed in the trace has its shared entries dropped when the new
     # answer first appears (a knowledge-base update); instances' L1s keep the old one
@@ -342,6 +346,10 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            f"must be <= {limits.MAX_RETRIES}", source)
     _check(c.instances <= limits.MAX_INSTANCES, "instances",
            f"must be <= {limits.MAX_INSTANCES}", source)
+    _check(isinstance(c.replicas, int) and not isinstance(c.replicas, bool)
+           and 1 <= c.replicas <= limits.MAX_INSTANCES, "replicas",
+           f"must be a whole number from 1 to {limits.MAX_INSTANCES}", source)
+    _check(c.router in ROUTERS, "router", f"must be one of {', '.join(ROUTERS)}", source)
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     for name in ("stage_keeps_d1_p", "stage_other_found_p"):
         _check(0 <= getattr(c, name) <= 1, name, "must be in [0, 1]", source)
