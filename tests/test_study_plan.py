@@ -30,10 +30,13 @@ def planned(tmp_path_factory):
     return json.loads(result.stdout), tmp
 
 
-def run_by_hand(profile: str, rate: float, host_bytes: int) -> dict:
-    result = runner.invoke(app, ["run", "--json", "--trace", "mmlu", "--requests", "300",
-                                 "--system", "ragcache", "--profile", profile, "--rate",
-                                 repr(rate), "--host-mem", str(host_bytes)])
+def run_by_hand(profile: str, replicas: int, host_bytes: int) -> dict:
+    """The candidate as a user runs it: the fleet's 4 req/s over its replicas, round-robin,
+    300 requests per replica."""
+    result = runner.invoke(app, ["run", "--json", "--trace", "mmlu", "--requests",
+                                 str(300 * replicas), "--system", "ragcache", "--profile",
+                                 profile, "--rate", "4", "--replicas", str(replicas),
+                                 "--router", "round-robin", "--host-mem", str(host_bytes)])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -51,14 +54,14 @@ def test_the_plan_holds_when_run_by_hand(planned):
                                                                      + 0.01 * host_gib))
         assert c["rate_rps_per_replica"] == pytest.approx(4 / c["replicas"])
     assert best is not None and best["ttft_p90_s"] <= 0.2
-    by_hand = run_by_hand(best["profile"], best["rate_rps_per_replica"],
+    by_hand = run_by_hand(best["profile"], best["replicas"],
                           best["host_cache_bytes_per_replica"])
     assert by_hand["ttft_p90_s"] == pytest.approx(best["ttft_p90_s"], rel=1e-12)
     cheaper = [c for c in candidates if c["cost_usd_per_h"] < best["cost_usd_per_h"]]
     assert cheaper, "a plan where the cheapest candidate wins tests nothing"
     assert all(c["ttft_p90_s"] > 0.2 for c in cheaper)
     cheapest = candidates[0]
-    missed = run_by_hand(cheapest["profile"], cheapest["rate_rps_per_replica"],
+    missed = run_by_hand(cheapest["profile"], cheapest["replicas"],
                          cheapest["host_cache_bytes_per_replica"])
     assert missed["ttft_p90_s"] > 0.2
     # the margin curve passes through the winner at the asked rate and is written

@@ -111,7 +111,8 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
          host_mem: list[str | int] | None = None, replicas: list[int] | None = None,
          requests: int = 2000, seeds: int = 1, prices: str | Path | None = None,
          jobs: int | None = None, out_dir: str | Path | None = None,
-         plot: str | Path | None = None, progress: bool = False) -> dict:
+         plot: str | Path | None = None, router: str = "round-robin",
+         progress: bool = False) -> dict:
     """The cheapest GPU type, GPU count and host memory that meet ``slo`` at ``rate``, searched
     with the simulator over ``model``'s shipped profiles, as ``ragsim plan`` finds it: the dict
     ``plan --json`` prints (``best``, ``candidates``, ``margin_curve``, ...)."""
@@ -128,6 +129,11 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
             raise RagsimInputError("must be >= 1", field=label(name))
     if any(n < 1 for n in replicas or ()):
         raise RagsimInputError("must be >= 1", field=label("replicas"))
+    from ragsim.cache.routers import TIMING_FREE_ROUTERS
+
+    if router not in TIMING_FREE_ROUTERS:
+        raise RagsimInputError(f"must be one of {', '.join(TIMING_FREE_ROUTERS)} (the routers a "
+                               f"simulated fleet runs), got {router!r}", field=label("router"))
     plot_file = Path(plot) if plot is not None else None
     if plot_file is not None:
         check_plot_path(plot_file, field=label("plot"))
@@ -139,9 +145,10 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
     host_gib = ([as_bytes(h, "host_mem") / planning.GiB for h in host_mem]
                 if host_mem else list(planning.DEFAULT_HOST_MEM_GIB))
     counts = sorted(set(replicas or planning.DEFAULT_REPLICAS))
-    base = {"system": system, "n_requests": requests}
+    base = {"system": system}
     spec = planning.plan_sweep(trace=trace, rate_rps=rate, options=options, host_gib=host_gib,
-                               replicas=counts, base=base, seeds=list(range(seeds)))
+                               replicas=counts, base=base, seeds=list(range(seeds)),
+                               router=router, requests_per_replica=requests)
     folder = out or Path(tempfile.mkdtemp(prefix="ragsim-plan-"))
     table = _run_quietly(spec, folder, jobs or default_jobs(), progress, "plan")
     candidates = planning.choose(table, goal, options, rate, price_table)
@@ -149,22 +156,23 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
     best = met[0] if met else None
     curve = []
     if best is not None:
-        per_replica = best["rate_rps_per_replica"]
-        points = [{"profile": best["profile"], "system": system, "n_requests": requests,
-                   "trace": trace, "host_cache_bytes": best["host_cache_bytes_per_replica"],
-                   "rate_rps": per_replica * f} for f in planning.MARGIN_FACTORS]
+        points = [{"profile": best["profile"], "system": system,
+                   "n_requests": requests * best["replicas"], "trace": trace,
+                   "host_cache_bytes": best["host_cache_bytes_per_replica"],
+                   "replicas": best["replicas"], "router": router, "rate_rps": rate * f}
+                  for f in planning.MARGIN_FACTORS]
         from ragsim.study.spec import parse_sweep
 
         margin_spec = parse_sweep({"seeds": list(range(seeds)), "points": points}, "<plan>")
         margin = _run_quietly(margin_spec, folder / "margin", jobs or default_jobs(),
                               progress, "margin")
         for f in planning.MARGIN_FACTORS:
-            rows = margin[abs(margin["rate_rps"] - per_replica * f) < 1e-12]
+            rows = margin[abs(margin["rate_rps"] - rate * f) < 1e-12]
             value = float(rows[goal.metric].mean())
             curve.append({"rate_rps": rate * f, "rate_factor": f, goal.metric: value,
                           "meets_slo": goal.met(value)})
     result = {"trace": trace, "rate_rps": rate, "slo": str(goal), "model": model,
-              "system": system, "requests": requests, "seeds": seeds,
+              "system": system, "router": router, "requests": requests, "seeds": seeds,
               "prices": price_table, "best": best, "margin_curve": curve,
               "candidates": candidates, "results_dir": str(folder)}
     if out is not None:

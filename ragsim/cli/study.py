@@ -187,7 +187,11 @@ def plan(
     replicas: Annotated[list[int] | None, typer.Option(
         help="Replica counts to try (repeatable). \\[default: 1, 2, 4, 8]", show_default=False)
     ] = None,
-    requests: Annotated[int, typer.Option(help="Requests simulated per candidate.")] = 2000,
+    requests: Annotated[int, typer.Option(
+        help="Requests simulated per replica of a candidate.")] = 2000,
+    router: Annotated[str, typer.Option(
+        help="How a fleet's replicas share the traffic: round-robin, random, session, "
+             "prefix-affinity (cache-aware).")] = "round-robin",
     seeds: Annotated[int, typer.Option(help="Seeds per candidate (the SLO metric's mean).")
                      ] = 1,
     prices: Annotated[Path | None, typer.Option(
@@ -211,6 +215,7 @@ def plan(
 
     result = find_plan(trace=trace, rate=rate, slo=slo, model=model, system=system,
                        host_mem=host_mem, replicas=replicas, requests=requests, seeds=seeds,
+                       router=router,
                        prices=prices, jobs=jobs, out_dir=out_dir, plot=plot_file,
                        progress=not json_output)
     if json_output:

@@ -1,11 +1,13 @@
 """Capacity planning: the cheapest GPU type, GPU count and host memory that meet a TTFT SLO.
 
-For a trace, a request rate and an SLO (``ttft_p90_s<=0.5``), every shipped profile of the
-model (one GPU type each; tensor-parallel profiles count their GPUs) is simulated at each host
-memory and replica count as one sweep (so the planner's runs are ``ragsim run``'s). Replicas
-serve the traffic side by side, each with its own cache and an even, random share of the
-requests: a replica of ``n`` sees the trace at ``rate / n`` (cache-aware routing, which would do
-better, is not modelled). A configuration costs ``n x (GPUs x GPU price + host GiB x host
+For a trace, a request rate and an SLO (``ttft_p90_s<=0.5``), every shipped profile of the model
+(one GPU type each; tensor-parallel profiles count their GPUs) is simulated at each host memory
+and replica count as one sweep (so the planner's runs are ``ragsim run``'s). Replicas are a
+simulated fleet (``ragsim run --replicas n --router R``): the whole traffic at ``rate`` behind
+the router, each replica with its own cache and the host memory tried, ``requests`` per replica
+(a fleet of n simulates n x requests, so that each replica is measured as deeply as a single
+engine). The router is ``round-robin`` unless ``--router`` names another (``prefix-affinity``:
+SGLang's cache-aware routing). A configuration costs ``n x (GPUs x GPU price + host GiB x host
 price)`` an hour; the prices are defaults to rank by (``--prices`` gives yours). The margin
 curve runs the winner at multiples of the asked rate: how much more traffic it takes before the
 SLO breaks.
@@ -117,12 +119,14 @@ def cost_per_h(option: GpuOption, replicas: int, host_gib: float, prices: dict) 
 
 
 def plan_sweep(*, trace: str, rate_rps: float, options: list[GpuOption], host_gib: list[float],
-               replicas: list[int], base: dict, seeds: list[int]):
-    """The planner's candidates as a sweep (listed points: a profile, a host size, a rate)."""
+               replicas: list[int], base: dict, seeds: list[int], router: str = "round-robin",
+               requests_per_replica: int = 2000):
+    """The planner's candidates as a sweep (listed points: a profile, a host size, a fleet of
+    so many replicas behind ``router``, all at the fleet's rate)."""
     from ragsim.study.spec import parse_sweep
 
-    points = [{"profile": o.profile, "host_cache_bytes": int(h * GiB),
-               "rate_rps": rate_rps / n}
+    points = [{"profile": o.profile, "host_cache_bytes": int(h * GiB), "rate_rps": rate_rps,
+               "replicas": n, "router": router, "n_requests": requests_per_replica * n}
               for o in options for h in host_gib for n in replicas]
     data = {"seeds": seeds, "base": {"trace": trace, **base}, "points": points}
     return parse_sweep(data, "<plan>")
@@ -136,15 +140,16 @@ def choose(table, slo: Slo, options: list[GpuOption], rate_rps: float, prices: d
     if slo.metric not in table.columns:
         raise RagsimInputError(f"not a summary field: {slo.metric!r}", field="--slo")
     rows = []
-    for (profile, host, rate), group in table.groupby(["profile", "host_cache_bytes",
-                                                       "rate_rps"]):
+    for (profile, host, replicas), group in table.groupby(["profile", "host_cache_bytes",
+                                                           "replicas"]):
         option = by_profile[profile]
-        replicas = round(rate_rps / rate)
+        replicas = int(replicas)
         value = float(group[slo.metric].mean())
         rows.append({"profile": profile, "gpu": option.gpu, "replicas": replicas,
+                     "router": str(group["router"].iloc[0]),
                      "gpus": replicas * option.gpus_per_replica,
                      "host_cache_bytes_per_replica": int(host),
-                     "rate_rps_per_replica": float(rate),
+                     "rate_rps_per_replica": rate_rps / replicas,
                      "cost_usd_per_h": cost_per_h(option, replicas, host / GiB, prices),
                      slo.metric: value, "meets_slo": slo.met(value),
                      "margin": slo.margin(value), "seeds": len(group)})

@@ -44,8 +44,11 @@ def result_row(point_id: str, mode: str, swept: tuple[str, ...], summary: dict,
     for name, value in summary.items():
         if name == "config":
             continue
-        if name in summary["config"] and value is None:
-            continue  # the configuration's value stands (an unset field the run resolved)
+        if name in summary["config"] and (value is None or isinstance(value, list | dict)):
+            # the configuration's value stands: an unset field the run resolved, or a field
+            # the summary details (a fleet's ``replicas``: the count here, each replica's
+            # summary in points/<id>/summary.json)
+            continue
         row[name] = _scalar(value)
     row["seed"] = summary["config"]["seed"]
     return row
