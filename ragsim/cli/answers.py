@@ -146,7 +146,8 @@ def bench(
 ) -> None:
     """Measured lookup latency per tier (L1 hit, L2 hit, semantic hit, full miss) with the
     shared tiers holding ENTRIES random unit vectors. Vectors are given, so the embedder's time
-    is not in it. Empties the database it is given (FLUSHDB): use a scratch Redis."""
+    is not in it. On a given Redis it writes into a namespace of its own, deleted at the end
+    (the server's other keys are never touched)."""
     require_answers("ragsim answers bench")
     if entries < 1 or samples < 1 or dims < 2:
         raise RagsimInputError("--entries and --samples must be >= 1, --dims >= 2",
@@ -172,6 +173,27 @@ def bench(
         out.print(f"  {tier:9s} p50 {row['p50_us']:9.1f} us   p99 {row['p99_us']:9.1f} us   "
                   f"mean {row['mean_us']:9.1f} us", highlight=False)
     err.print("lookups are timed with the vector given (no embedding)")
+
+
+@app.command("clear", cls=Command)
+@friendly_errors
+def clear(
+    redis_url: Annotated[str, typer.Option(help="The Redis that holds the namespace.")],
+    namespace: Annotated[str, typer.Option(
+        help="The name given to `run --answer-namespace`.")],
+) -> None:
+    """Empty a named answer-cache namespace (a cold start for the runs that share it): its
+    index is dropped and its own keys (ragsim:NAMESPACE:*) deleted; nothing else is touched."""
+    require_answers("ragsim answers clear")
+    from ragsim.realrun.answers.golden import check_server
+    from ragsim.realrun.answers.stores import RedisSharedStore
+
+    check_server(redis_url)
+    store = RedisSharedStore(redis_url, dims=2, distance_threshold=0.1, namespace=namespace,
+                             timeout_s=5.0)
+    keys = len(store.own_keys())
+    store.clear()
+    out.print(f"namespace {namespace}: {keys} keys deleted", highlight=False)
 
 
 DEFAULT_PROFILE_ENTRIES = (1_000, 10_000, 100_000)

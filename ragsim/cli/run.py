@@ -53,6 +53,7 @@ _UNSET_MEANS = {
     "n_requests": "the whole trace", "top_k": "the trace's lists",
     "rate_rps": "the trace's arrival times", "gpu_kv_bytes": "the profile's KV capacity",
     "max_cached_depth": "every document", "frequency_window_s": "none (window scope: required)",
+    "answer_namespace": "a fresh run id",
 }
 
 
@@ -304,8 +305,11 @@ def run(
         ANSWERS, "Tier latencies: a JSON file of `ragsim profile --answer-cache`, or 'default' "
         "(shipped, measured on the embedded server).")] = None,
     redis_url: Annotated[str | None, _opt(
-        ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier "
-        "(emptied at the start: a scratch database); default: an embedded server.")] = None,
+        ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier; "
+        "default: an embedded server. Its other keys are never touched.")] = None,
+    answer_namespace: Annotated[str | None, _opt(
+        ANSWERS, "--redis-url: keep this run's entries under this name (runs given one name "
+        "share, or warm, one cache); default: a fresh run id, deleted at the end.")] = None,
     # backend
     backend: Annotated[str, _opt(
         BACKEND, "sim: simulate (the profile's costs); torch: serve for real on the profile's "
@@ -367,6 +371,7 @@ def run(
         "answer_ttl_s": answer_ttl, "instances": instances, "answer_routing": answer_routing,
         "answer_invalidate": answer_invalidate,
         "answer_profile": answer_profile, "answer_redis_url": redis_url,
+        "answer_namespace": answer_namespace,
     }
     config, terms = resolved_config(flags, base=base, config_file=config_file, backend=backend,
                                     device=device)

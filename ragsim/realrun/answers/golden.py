@@ -21,29 +21,41 @@ from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Counters
 from ragsim.cache.answers.stores import L1Store
 from ragsim.errors import RagsimInputError
 from ragsim.realrun.answers.server import EmbeddedServer
-from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect
+from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect, own_namespace
+from ragsim.redact import redact, redact_url
 
 
 def check_server(redis_url: str, *, field: str = "--redis-url") -> None:
-    """The user's Redis answers and has vector search, or a one-line error naming ``field``."""
-    client = connect(redis_url, timeout_s=2.0)
+    """The user's Redis answers and has vector search, or a one-line error naming ``field``
+    (the URL shown, and the server's or client's message, without the password)."""
+    shown = redact_url(redis_url)
+    try:
+        client = connect(redis_url, timeout_s=2.0)
+    except Exception:  # the parser's message may quote a piece of a malformed password
+        raise RagsimInputError(f"not a Redis URL: {shown}", field=field) from None
     try:
         client.ping()
+        modules = {m.get(b"name", m.get("name"))
+                   for m in client.execute_command("MODULE LIST")}
     except Exception as error:
-        raise RagsimInputError(f"no Redis answers at {redis_url}: {error}",
+        raise RagsimInputError(f"no Redis answers at {shown}: {redact(str(error), redis_url)}",
                                field=field) from None
-    modules = {m.get(b"name", m.get("name")) for m in client.execute_command("MODULE LIST")}
     if not modules & {b"search", "search", b"searchlight", "searchlight"}:
-        raise RagsimInputError(f"the Redis at {redis_url} has no vector search (RediSearch "
+        raise RagsimInputError(f"the Redis at {shown} has no vector search (RediSearch "
                                f"module): use Redis Stack or Redis 8", field=field)
+
+
+def describe_user_server(redis_url: str) -> str:
+    return f"user Redis at {redact_url(redis_url)}"
 
 
 @contextlib.contextmanager
 def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
-    """(url, description): the user's Redis, checked to answer, or an embedded one."""
+    """(url, description): the user's Redis, checked to answer, or an embedded one. The
+    description never holds a password."""
     if redis_url:
         check_server(redis_url)
-        yield redis_url, f"user Redis at {redis_url}"
+        yield redis_url, describe_user_server(redis_url)
         return
     with EmbeddedServer() as server:
         yield server.url, server.description
@@ -73,6 +85,15 @@ def run_golden(golden: Golden, url: str, embed: Callable[[str], np.ndarray], dim
                progress: Callable[[int], None] | None = None) -> dict:
     store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
                              index=index, embed=lambda text: embed(text).tolist())
+    with own_namespace(store):  # a fresh namespace: the first pass starts cold
+        return _golden_passes(golden, store, embed, config=config, index=index,
+                              cold_l1=cold_l1, progress=progress)
+
+
+def _golden_passes(golden: Golden, store: RedisSharedStore,
+                   embed: Callable[[str], np.ndarray], *, config: AnswerCacheConfig,
+                   index: VectorIndex, cold_l1: bool,
+                   progress: Callable[[int], None] | None) -> dict:
     first_cache = AnswerCache(config, store)
     passes = []
     done = 0
@@ -126,7 +147,14 @@ def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
     # bulk transactions of HNSW inserts take longer than a lookup's fail-fast timeout
     store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
                              index=index, timeout_s=60.0)
-    store.clear()
+    with own_namespace(store):  # a fresh namespace, deleted at the end
+        return _bench(store, rng, config, entries=entries, dims=dims, samples=samples,
+                      index=index, batch=batch, progress=progress)
+
+
+def _bench(store: RedisSharedStore, rng: np.random.Generator, config: AnswerCacheConfig, *,
+           entries: int, dims: int, samples: int, index: VectorIndex, batch: int,
+           progress: Callable[[str, int, int], None] | None) -> dict:
     writer = AnswerCache(config, store)
     vectors = rng.normal(size=(entries, dims)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -196,15 +224,17 @@ def replay_decisions(texts: Sequence[str], answer_keys: Sequence[str],
                              index=index or VectorIndex(algorithm="flat"), timeout_s=5.0)
     group = Instances(config, store, instances, routing=routing)
     tiers = []
-    for i, text in enumerate(texts):
-        cache = group.route(text)
-        vector = None if embeddings is None else embeddings[i]
-        got = cache.lookup(text, time.time(), embedding=vector)
-        if not got.hit:
-            cache.write_back(text, answer_keys[i], time.time(), embedding=vector,
-                             answer_key=answer_keys[i])
-        tiers.append(got.tier)
+    with own_namespace(store):
+        for i, text in enumerate(texts):
+            cache = group.route(text)
+            vector = None if embeddings is None else embeddings[i]
+            got = cache.lookup(text, time.time(), embedding=vector)
+            if not got.hit:
+                cache.write_back(text, answer_keys[i], time.time(), embedding=vector,
+                                 answer_key=answer_keys[i])
+            tiers.append(got.tier)
     return tiers
 
 
-__all__ = ["Counters", "Golden", "answer_server", "replay_decisions", "run_bench", "run_golden"]
+__all__ = ["Counters", "Golden", "answer_server", "own_namespace", "replay_decisions",
+           "run_bench", "run_golden"]
