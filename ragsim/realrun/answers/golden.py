@@ -14,10 +14,11 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import numpy as np
 
-from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Counters
+from ragsim.cache.answers import NULL_RESULT, AnswerCache, AnswerCacheConfig, Counters
 from ragsim.cache.answers.stores import L1Store
 from ragsim.errors import RagsimInputError
 from ragsim.realrun.answers.server import EmbeddedServer
@@ -63,8 +64,12 @@ def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Golden:
+    """Questions with the answer RAG would give each (``None``: no answer), and paraphrases:
+    (text, index of the question it rephrases)."""
+
     questions: list[str]
     answers: list[str | None]
+    paraphrases: list[tuple[str, int]] = dataclass_field(default_factory=list)
 
 
 def timed_request(cache: AnswerCache, question: str, answer: str | None,
@@ -94,15 +99,23 @@ def _golden_passes(golden: Golden, store: RedisSharedStore,
                    embed: Callable[[str], np.ndarray], *, config: AnswerCacheConfig,
                    index: VectorIndex, cold_l1: bool,
                    progress: Callable[[int], None] | None) -> dict:
+    """Pass 1 and pass 2 over the questions, then the paraphrases. A hit is *false* when it
+    serves another answer than the file gives for the question asked (so on a first pass over
+    distinct questions, every hit that serves another question's answer is one)."""
     first_cache = AnswerCache(config, store)
+    expected = [a if a is not None else NULL_RESULT for a in golden.answers]
     passes = []
     done = 0
-    for number in (1, 2):
+    rounds = [(golden.questions, golden.answers)] * 2
+    if golden.paraphrases:
+        rounds.append(([text for text, _ in golden.paraphrases],
+                       [golden.answers[i] for _, i in golden.paraphrases]))
+    for number, (questions, answers) in enumerate(rounds, start=1):
         cache = first_cache
         if number == 2 and cold_l1:  # another instance: its L1 is empty, L2 is shared
             cache = AnswerCache(config, store, l1=L1Store(config.l1_size), seed_offset=1)
         served, seconds, tiers = [], [], []
-        for question, answer in zip(golden.questions, golden.answers, strict=True):
+        for question, answer in zip(questions, answers, strict=True):
             a, s, t = timed_request(cache, question, answer, embed)
             served.append(a)
             seconds.append(s)
@@ -110,24 +123,46 @@ def _golden_passes(golden: Golden, store: RedisSharedStore,
             done += 1
             if progress is not None:
                 progress(done)
-        passes.append((served, np.asarray(seconds), tiers, cache.counters))
-    (a1, s1, t1, _), (a2, s2, t2, _) = passes
+        passes.append((served, np.asarray(seconds), tiers))
+    (a1, s1, t1), (a2, s2, t2) = passes[:2]
     n = len(golden.questions)
-    hits2 = sum(t not in ("miss", "bypass") for t in t2)
-    return {
+
+    def hits(tiers: list[str]) -> int:
+        return sum(t not in ("miss", "bypass") for t in tiers)
+
+    def false_hits(served: list[str], tiers: list[str], want: list[str]) -> int:
+        return sum(t not in ("miss", "bypass") and a != w
+                   for a, t, w in zip(served, tiers, want, strict=True))
+
+    first_false = false_hits(a1, t1, expected)
+    result = {
         "questions": n,
-        "first_pass_hit_rate": sum(t not in ("miss", "bypass") for t in t1) / n,
-        "second_pass_hit_rate": hits2 / n,
+        "first_pass_hit_rate": hits(t1) / n,
+        "first_pass_false_hits": first_false,
+        "false_hit_rate": first_false / n,
+        "second_pass_hit_rate": hits(t2) / n,
         "second_pass_hits": {tier: sum(t == tier for t in t2) for tier in ("l1", "l2",
                                                                          "semantic")},
+        "second_pass_false_hits": false_hits(a2, t2, expected),
         "answers_identical": a1 == a2,
         "first_pass_mean_s": float(s1.mean()),
         "second_pass_mean_s": float(s2.mean()),
         "speedup": float(s1.mean() / s2.mean()) if s2.mean() > 0 else float("inf"),
+        "guard_rejections": first_cache.counters.guard_rejections,
+        "paraphrases": len(golden.paraphrases),
+        "paraphrase_hit_rate": None,
+        "paraphrase_false_hit_rate": None,
         "cold_l1": cold_l1,
         "config": config.as_dict(),
         "index": vars(index),
     }
+    if golden.paraphrases:
+        a3, _, t3 = passes[2]
+        want = [expected[i] for _, i in golden.paraphrases]
+        wrong = false_hits(a3, t3, want)
+        result["paraphrase_hit_rate"] = (hits(t3) - wrong) / len(t3)
+        result["paraphrase_false_hit_rate"] = wrong / len(t3)
+    return result
 
 
 def _percentiles(seconds: Sequence[float]) -> dict:
