@@ -71,6 +71,7 @@ WALL_KEYS = {"elapsed_s", "sim_requests_per_wall_s", "sim_s_per_wall_s", "reques
              "set_id", "results_dir", "wall_s", "real_wall_s", "sim_wall_s"}
 WALL_LINE = re.compile(r"wall|ms/decision|requests/s\)|elapsed")
 NUMBER = re.compile(r"\d[\d,.]*")
+BORDER = re.compile(r"^[\s┌┐└┘├┤┬┴┼─━┏┓┗┛┡┩╇╋┳┻┃]*$")
 
 
 def _masked_json(value):
@@ -96,7 +97,11 @@ def _masked(text: str) -> str | dict:
         if after_wall:  # a table row keeps its label; a line of text its words
             line = (cells[1].strip() + " <wall>" if len(cells) > 2
                     else re.sub(r" +", " ", NUMBER.sub("#", line)))
-        lines.append(line)
+        elif len(cells) > 2:  # a table row: its cells, not their padding (a wall-clock cell
+            line = " | ".join(c.strip() for c in cells)  # can set a column's width)
+        elif BORDER.match(line):
+            continue
+        lines.append(line.strip())
     return "\n".join(lines)
 
 

@@ -116,7 +116,7 @@ def test_penetration_served_from_null_result(answer_url):
                 assert got.entry.answer == NULL_RESULT and got.tier == "l2", round_
     assert rag_calls == 5
     client = connect(answer_url)
-    ttl_ms = client.pttl(exact_key("unanswerable 0"))
+    ttl_ms = client.pttl(store.redis_key(exact_key("unanswerable 0")))
     assert 0 < ttl_ms <= 600_000 * 1.1  # the null TTL (10 min) with its jitter, not the hour
 
 
@@ -127,13 +127,12 @@ def expiry_spread_s(url: str, jitter: float) -> float:
     for i in range(200):
         cache.write_back(f"q{i}", "a", now)
     client = connect(url)
-    ttl_ms = np.array([client.pttl(exact_key(f"q{i}")) for i in range(200)])
+    ttl_ms = np.array([client.pttl(store.redis_key(exact_key(f"q{i}"))) for i in range(200)])
     return float(ttl_ms.max() - ttl_ms.min()) / 1000
 
 
 def test_avalanche_jitter_spreads_expiry(answer_url):
     without = expiry_spread_s(answer_url, 0.0)
-    connect(answer_url).flushdb()
     with_jitter = expiry_spread_s(answer_url, 0.5)
     # without jitter they all expire within the time it took to write them (well under 5 s);
     # with TTL x U[1, 1.5) over 200 entries the spread is close to 50 s
@@ -151,8 +150,8 @@ def test_hot_keys_only_top_n_reach_redis(answer_url):
             cache.lookup(f"q{q}", now)
     for q in range(10):
         cache.write_back(f"q{q}", f"a{q}", now)
-    keys = {k.decode() for k in connect(answer_url).keys("exact:*")}
-    assert keys == {exact_key(f"q{q}") for q in range(3)}
+    keys = {k.decode() for k in connect(answer_url).keys(store.redis_key("exact:*"))}
+    assert keys == {store.redis_key(exact_key(f"q{q}")) for q in range(3)}
 
 
 def test_semantic_hit_and_false_hit_on_redisvl(answer_url):
@@ -181,9 +180,9 @@ def test_an_update_drops_the_exact_key_and_its_vector_but_not_another_instances_
                       answer_key="ann")
     assert reader.lookup("who chairs the club", time.time()).tier == "l2"  # now in its L1
     key = exact_key("who chairs the club")
-    assert store.client.exists(key) == 1
+    assert store.client.exists(store.redis_key(key), store.vector_key(key)) == 2
     writer.invalidate("who chairs the club")
-    assert store.client.exists(key) == 0
+    assert store.client.exists(store.redis_key(key), store.vector_key(key)) == 0
     assert store.get_exact(key, time.time()) is None
     assert store.nearest(vecs[0], time.time()) is None  # the vector went with it
     # the reader's L1 still holds the old answer (in-process, out of an update's reach)
@@ -193,13 +192,15 @@ def test_an_update_drops_the_exact_key_and_its_vector_but_not_another_instances_
 
 
 def test_index_dimension_is_checked(answer_url):
-    RedisSharedStore(answer_url, dims=8, distance_threshold=0.1).write_back(
-        "k", AnswerCache(AnswerCacheConfig(), RedisSharedStore(
-            answer_url, dims=8, distance_threshold=0.1)).entry_for("k", "a", time.time())[1],
-        10.0, time.time(), vectors(1, 8)[0])
-    other = RedisSharedStore(answer_url, dims=16, distance_threshold=0.1)
+    store = RedisSharedStore(answer_url, dims=8, distance_threshold=0.1, namespace="dims")
+    store.write_back("k", AnswerCache(AnswerCacheConfig(), store).entry_for(
+        "k", "a", time.time())[1], 10.0, time.time(), vectors(1, 8)[0])
+    other = RedisSharedStore(answer_url, dims=16, distance_threshold=0.1, namespace="dims")
     with pytest.raises(RagsimInputError, match="8-d"):
         other.nearest(vectors(1)[0], time.time())
+    # another namespace has an index of its own, of its own dimension
+    fresh = RedisSharedStore(answer_url, dims=16, distance_threshold=0.1)
+    assert fresh.nearest(vectors(1)[0], time.time()) is None
 
 
 def test_cli_golden_json_and_bench(answer_url, tmp_path):

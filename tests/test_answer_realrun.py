@@ -111,11 +111,12 @@ def test_maxmemory_noeviction_writes_fail_open_and_nothing_is_lost():
         assert store.server_stats()["evicted_keys"] == 0
         # what was written stays, and each exact entry has its vector (one transaction):
         # a second instance (cold L1) finds exactly the written ones in L2
-        written = {k.decode() for k in client.keys("exact:*")} - {exact_key("first")}
-        vectors = {k.decode().split(":")[-1] for k in client.keys("ragsim-answers:*")} - {
-            exact_key("first").removeprefix("exact:")}
+        written = {k.decode().split(":")[-1] for k in client.keys(store.redis_key("exact:*"))}
+        written -= {exact_key("first").removeprefix("exact:")}
+        vectors = {k.decode().split(":")[-1] for k in client.keys(store.vector_key("exact:*"))}
+        vectors -= {exact_key("first").removeprefix("exact:")}
         assert 100 < len(written) < 600, (len(written), store.server_stats())
-        assert {k.removeprefix("exact:") for k in written} == vectors
+        assert written == vectors
         assert counters.store_errors == 600 - len(written)  # each refused write counted once
         cold = AnswerCache(cache.config, store, l1=L1Store(10), seed_offset=1)
         tiers = [cold.lookup(q, 1.0).tier for q in questions]
@@ -130,14 +131,15 @@ def test_maxmemory_allkeys_lru_evicts_and_an_evicted_entry_is_a_miss():
         evicted = store.server_stats()["evicted_keys"]
         assert evicted > 0
         client = connect(server.url, timeout_s=5.0)
-        kept = {k.decode() for k in client.keys("exact:*")} - {exact_key("first")}
+        kept = {k.decode() for k in client.keys(store.redis_key("exact:*"))}
+        kept -= {store.redis_key(exact_key("first"))}
         assert 0 < len(kept) < 600
         cold = AnswerCache(cache.config, store, l1=L1Store(10), seed_offset=1)
         tiers = [cold.lookup(q, 1.0).tier for q in questions]
         # an evicted question misses (RAG answers it); a kept one is an L2 hit, unless the
         # server evicted it meanwhile (a server over its limit evicts before any command)
         for q, tier in zip(questions, tiers, strict=True):
-            if exact_key(q) not in kept:
+            if store.redis_key(exact_key(q)) not in kept:
                 assert tier == "miss", q
         assert set(tiers) == {"l2", "miss"} and 0 < tiers.count("l2") <= len(kept)
 

@@ -168,3 +168,14 @@ def test_import_ragsim_stays_light():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_api_takes_every_option_ragsim_run_has():
+    import inspect
+
+    from ragsim.api.run import EXECUTION_OPTIONS, RUN_OPTIONS
+    from ragsim.cli.run import run
+
+    flags = set(inspect.signature(run).parameters) - {"config_file", "json_output", "out_dir",
+                                                       "force"}
+    assert flags == set(RUN_OPTIONS) | set(EXECUTION_OPTIONS)

@@ -54,7 +54,8 @@ FIELD_OF_OPTION = {
     "answer_l1_size": "answer_l1_size", "answer_ttl": "answer_ttl_s", "instances": "instances",
     "answer_routing": "answer_routing",
     "answer_invalidate": "answer_invalidate", "answer_profile": "answer_profile",
-    "redis_url": "answer_redis_url", "replicas": "replicas", "router": "router",
+    "redis_url": "answer_redis_url", "answer_namespace": "answer_namespace",
+    "replicas": "replicas", "router": "router",
 }
 # answer_threshold: the semantic threshold as a cosine similarity (answer_distance's complement)
 RUN_OPTIONS = (*FIELD_OF_OPTION, "answer_threshold")

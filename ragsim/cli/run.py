@@ -43,6 +43,7 @@ _UNSET_MEANS = {
     "n_requests": "the whole trace", "top_k": "the trace's lists",
     "rate_rps": "the trace's arrival times", "gpu_kv_bytes": "the profile's KV capacity",
     "max_cached_depth": "every document", "frequency_window_s": "none (window scope: required)",
+    "answer_namespace": "a fresh run id",
 }
 
 
@@ -243,8 +244,11 @@ def run(
         ANSWERS, "Tier latencies: a JSON file of `ragsim profile --answer-cache`, or 'default' "
         "(shipped, measured on the embedded server).")] = None,
     redis_url: Annotated[str | None, _opt(
-        ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier "
-        "(emptied at the start: a scratch database); default: an embedded server.")] = None,
+        ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier; "
+        "default: an embedded server. Its other keys are never touched.")] = None,
+    answer_namespace: Annotated[str | None, _opt(
+        ANSWERS, "--redis-url: keep this run's entries under this name (runs given one name "
+        "share, or warm, one cache); default: a fresh run id, deleted at the end.")] = None,
     # backend
     backend: Annotated[str, _opt(
         BACKEND, "sim: simulate (the profile's costs); torch: serve for real on the profile's "

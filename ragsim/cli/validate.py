@@ -1,5 +1,5 @@
 """``ragsim validate``: run the real engine and the simulator on one trace, configuration and
-profile, and report how far apart they are (``ragsim.validate`` computes; this module runs,
+profile, and report how far apart they are (``ragsim.validation`` computes; this module runs,
 writes and prints)."""
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def core_config(config: SimConfig) -> AnswerCacheConfig:
         l1_size=config.answer_l1_size, l1_ttl_s=config.answer_l1_ttl_s,
         ttl_s=config.answer_ttl_s, null_ttl_s=config.answer_null_ttl_s,
         ttl_jitter=config.answer_ttl_jitter, distance_threshold=config.answer_distance,
-        semantic=config.answer_semantic, hot_top_n=config.answer_hot_top_n,
+        semantic=config.answer_semantic, guard=config.answer_guard,
+        hot_top_n=config.answer_hot_top_n,
         hot_window_s=config.answer_hot_window_s, seed=config.seed)
 
 
@@ -106,6 +107,8 @@ class AnswerStage:
         cache_config = core_config(config)
         if not self.semantic:
             cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "semantic": False})
+        elif not real_text:  # keys stand for the text: the guard has no words to compare
+            cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "guard": "none"})
         self.shared = self._shared_store()
         self.instances = Instances(cache_config, self.shared, config.instances,
                                    routing=config.answer_routing)

@@ -19,11 +19,13 @@ from pathlib import Path
 import tomli_w
 
 from ragsim import limits
+from ragsim.cache.answers.keys import NAME_RULE, valid_name
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
 from ragsim.cache.routers import ROUTERS
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
 from ragsim.errors import ConfigError, RagsimInputError
+from ragsim.redact import redact_url
 from ragsim.units import parse_bytes
 
 GiB = 2**30
@@ -128,6 +130,7 @@ class SimConfig:
     answer_cache: bool = False
     answer_distance: float = 0.1  # semantic hit: cosine distance <= this (similarity 0.9)
     answer_semantic: bool = True  # the semantic tier (needs query_text in the trace)
+    answer_guard: str = "entities"  # a semantic hit's false-hit guard (or "none")
     answer_l1_size: int = 100
     answer_l1_ttl_s: float = 60.0
     answer_ttl_s: float = 3600.0  # L2 and semantic entries
@@ -149,6 +152,9 @@ class SimConfig:
     # the real run's (--backend torch) Redis Stack / Redis 8 for L2 and the semantic tier
     # (None: an embedded server started for the run); the simulator does not use it
     answer_redis_url: str | None = None
+    # the real run's keys on that Redis lie under ragsim:{namespace}: (None: a fresh run id,
+    # deleted at the end; a name: kept, so runs given the same name share or warm one cache)
+    answer_namespace: str | None = None
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -157,7 +163,7 @@ class SimConfig:
             for name in ANSWER_FIELDS:
                 data.pop(name)
         elif self.answer_redis_url:  # a recorded configuration never holds a password
-            data["answer_redis_url"] = _without_password(self.answer_redis_url)
+            data["answer_redis_url"] = redact_url(self.answer_redis_url)
         return data
 
     def to_toml(self) -> str:
@@ -191,21 +197,11 @@ SYSTEM_DESCRIPTIONS = {
 }
 
 
-def _without_password(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_l1_size",
+ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_guard",
+                 "answer_l1_size",
                  "answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_ttl_jitter",
                  "answer_hot_top_n", "answer_hot_window_s", "instances", "answer_routing",
-                 "answer_invalidate", "answer_profile", "answer_redis_url")
+                 "answer_invalidate", "answer_profile", "answer_redis_url", "answer_namespace")
 
 
 def preset(system: str) -> dict:
@@ -388,6 +384,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "failure times must be >= 0", source)
     _check(0 <= c.answer_distance <= 2, "answer_distance",
            "must be a cosine distance in [0, 2]", source)
+    _check(c.answer_guard in ("entities", "none"), "answer_guard", "must be entities or none",
+           source)
     for name in ("answer_l1_size", "instances"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     for name in ("answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_hot_window_s"):
@@ -399,6 +397,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "must be >= 1", source)
     _check(c.answer_routing in ("round-robin", "hash"), "answer_routing",
            "must be round-robin or hash", source)
+    _check(c.answer_namespace is None or valid_name(c.answer_namespace), "answer_namespace",
+           f"must be {NAME_RULE}", source)
     return config
 
 

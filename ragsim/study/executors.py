@@ -9,19 +9,53 @@ are unfinished work, and a resumed sweep runs them again.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
+import ipaddress
 import logging
 import os
+import secrets
 import signal
+import sys
 from collections.abc import Iterator
 
 from ragsim.children import die_with_parent
-from ragsim.errors import MissingExtraError
+from ragsim.errors import MissingExtraError, RagsimInputError
 from ragsim.study.point import PointOutcome, run_point
 from ragsim.study.spec import Point
 
 EXECUTORS = ("local", "ray")
-# Ray started here runs offline: no token file, no probe of an outside address, no dashboard
-RAY_OFFLINE_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def local_ray_env() -> dict[str, str]:
+    """The environment a local Ray cluster is started with (what the user set wins).
+
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take loopback as the node's address (its
+    single-machine mode; Ray otherwise replaces even a given 127.0.0.1 by the address it would
+    use to reach the outside), so the GCS, raylets, workers, the object manager and the
+    autoscaler's metrics all listen on 127.0.0.1 only. Token authentication stays on
+    (``RAY_AUTH_MODE=token``) with a random token given in ``RAY_AUTH_TOKEN``: Ray then writes
+    no token file, and the cluster's processes inherit it. One token per process (Ray's driver
+    keeps the token it first read)."""
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": _process_token()}
+
+
+@functools.cache
+def _process_token() -> str:
+    return secrets.token_hex(32)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set where the user has not set them, and taken back afterwards."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def default_jobs() -> int:
@@ -79,23 +113,59 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
 
 def run_ray(mode: str, points: list[Point], jobs: int | None, keep_requests: bool,
             address: str | None) -> Iterator[PointOutcome]:
-    """Points as Ray tasks, one CPU each, on the cluster at ``address`` or on a local cluster
-    of ``jobs`` CPUs started (and stopped) here."""
-    try:
-        import ray
-    except ImportError:
+    """Points as Ray tasks, one CPU each, on the cluster at ``address`` (the user's: connected
+    to as their environment says, authentication included) or on a local cluster of ``jobs``
+    CPUs started (and stopped) here, listening on loopback only, with token authentication."""
+    if importlib.util.find_spec("ray") is None:
         raise MissingExtraError("`sweep --executor ray` needs ray, which is not installed; "
                                 "ragsim's 'study' extra: pip install '.[study]' in ragsim's "
-                                "checkout", module="ray", extra="study") from None
-    for name, value in RAY_OFFLINE_ENV.items():
-        os.environ.setdefault(name, value)
-    started_here = not ray.is_initialized()
-    if started_here:
-        if address is not None:
+                                "checkout", module="ray", extra="study")
+    local = address is None and not _ray_running()
+    with _environment(local_ray_env() if local else {}):
+        import ray  # after the environment: Ray reads some of it when first imported
+
+        started_here = not ray.is_initialized()
+        if local:
+            _start_local_ray(ray, jobs)
+        elif started_here:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:
-            ray.init(num_cpus=jobs or default_jobs(), include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING)
+        try:
+            yield from _ray_tasks(ray, mode, points, keep_requests)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+def _ray_running() -> bool:
+    """A Ray driver already set up in this process (whoever started it): used as it is."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _start_local_ray(ray, jobs: int | None) -> None:
+    from ray.util import get_node_ip_address
+
+    _require_loopback(get_node_ip_address())  # the address Ray would start the node on
+    ray.init(num_cpus=jobs or default_jobs(), include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
+    try:
+        _require_loopback(get_node_ip_address())
+    except RagsimInputError:
+        ray.shutdown()
+        raise
+
+
+def _require_loopback(node: str) -> None:
+    if not ipaddress.ip_address(node).is_loopback:  # ray was imported with clusters enabled
+        raise RagsimInputError(
+            f"a local Ray cluster would listen on {node}, not only on loopback (ray was "
+            f"imported in this process before the sweep set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+            f"=0): run the sweep in a process of its own, or start a cluster and give "
+            f"--address", field="--executor")
+
+
+def _ray_tasks(ray, mode: str, points: list[Point], keep_requests: bool
+               ) -> Iterator[PointOutcome]:
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
     pending = [task.remote(mode, p.settings, p.point_id, keep_requests) for p in points]
     try:
@@ -107,5 +177,3 @@ def run_ray(mode: str, points: list[Point], jobs: int | None, keep_requests: boo
         for ref in pending:  # what still runs is unfinished: stop it now
             with contextlib.suppress(Exception):  # already finished or gone
                 ray.cancel(ref, force=True)
-        if started_here:
-            ray.shutdown()

@@ -14,6 +14,14 @@ import re
 import unicodedata
 
 _SPACES = re.compile(r"\s+")
+# a namespace's (or tenant's) name: no ":" (it separates the parts of a key) and no glob
+# character (a SCAN pattern over a namespace's prefix matches nothing else)
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NAME_RULE = "1-64 letters, digits, '_', '.' or '-'"
+
+
+def valid_name(name: object) -> bool:
+    return isinstance(name, str) and NAME.fullmatch(name) is not None
 
 
 def normalize_query(query: str) -> str:

@@ -5,7 +5,9 @@
 article's multi-instance L1 consistency question. Time is a number handed in (``now_s``):
 simulated seconds in the simulator, wall seconds in the real run. The semantic tier is asked
 only when an embedding is given; a hit there needs cosine *distance* ≤ ``distance_threshold``
-(redisvl's convention; the article's similarity s is distance 1 - s).
+(redisvl's convention; the article's similarity s is distance 1 - s) and must pass the false-hit
+``guard`` (``guard.py``: the two questions name the same entities); a refused candidate is a miss,
+counted in ``guard_rejections``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 
+from ragsim.cache.answers.guard import GUARDS, passes
 from ragsim.cache.answers.hotkeys import HotKeys
 from ragsim.cache.answers.keys import exact_key
 from ragsim.cache.answers.stores import L1Store, SharedStore, StoreError
@@ -67,6 +70,7 @@ class AnswerCacheConfig:
     ttl_jitter: float = 0.1  # each TTL x (1 + U[0, jitter)) (avalanche guard)
     distance_threshold: float = 0.1
     semantic: bool = True
+    guard: str = "entities"  # a semantic hit's false-hit guard (guard.py), or "none"
     hot_top_n: int | None = None  # admit only the window's top N keys (None: admit all)
     hot_window_s: float = 60.0
     seed: int = 0
@@ -79,6 +83,8 @@ class AnswerCacheConfig:
             raise ValueError("answer cache ttl_jitter must be >= 0")
         if not 0.0 <= self.distance_threshold <= 2.0:
             raise ValueError("answer cache distance_threshold (cosine distance) is not in [0, 2]")
+        if self.guard not in GUARDS:
+            raise ValueError(f"answer cache guard must be one of {', '.join(GUARDS)}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +116,7 @@ class Counters:
     store_errors: int = 0
     error_bursts: int = 0
     invalidations: int = 0
+    guard_rejections: int = 0  # semantic candidates within the threshold the guard refused
 
     def add(self, other: Counters) -> None:
         for name, value in vars(other).items():
@@ -181,8 +188,10 @@ class AnswerCache:
                 found = self.shared.nearest(vector, now_s)
                 self._ok("lookup")
                 if found is not None and found[1] <= self.config.distance_threshold:
-                    self._backfill(key, found[0], now_s)
-                    return self._hit("semantic", found[0], found[1])
+                    if passes(self.config.guard, query, found[0].query):
+                        self._backfill(key, found[0], now_s)
+                        return self._hit("semantic", found[0], found[1])
+                    self.counters.guard_rejections += 1
             else:
                 self._ok("lookup")
         except StoreError as error:

@@ -14,36 +14,49 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import numpy as np
 
-from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Counters
+from ragsim.cache.answers import NULL_RESULT, AnswerCache, AnswerCacheConfig, Counters
 from ragsim.cache.answers.stores import L1Store
 from ragsim.errors import RagsimInputError
 from ragsim.realrun.answers.server import EmbeddedServer
-from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect
+from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, connect, own_namespace
+from ragsim.redact import redact, redact_url
 
 
 def check_server(redis_url: str, *, field: str = "--redis-url") -> None:
-    """The user's Redis answers and has vector search, or a one-line error naming ``field``."""
-    client = connect(redis_url, timeout_s=2.0)
+    """The user's Redis answers and has vector search, or a one-line error naming ``field``
+    (the URL shown, and the server's or client's message, without the password)."""
+    shown = redact_url(redis_url)
+    try:
+        client = connect(redis_url, timeout_s=2.0)
+    except Exception:  # the parser's message may quote a piece of a malformed password
+        raise RagsimInputError(f"not a Redis URL: {shown}", field=field) from None
     try:
         client.ping()
+        modules = {m.get(b"name", m.get("name"))
+                   for m in client.execute_command("MODULE LIST")}
     except Exception as error:
-        raise RagsimInputError(f"no Redis answers at {redis_url}: {error}",
+        raise RagsimInputError(f"no Redis answers at {shown}: {redact(str(error), redis_url)}",
                                field=field) from None
-    modules = {m.get(b"name", m.get("name")) for m in client.execute_command("MODULE LIST")}
     if not modules & {b"search", "search", b"searchlight", "searchlight"}:
-        raise RagsimInputError(f"the Redis at {redis_url} has no vector search (RediSearch "
+        raise RagsimInputError(f"the Redis at {shown} has no vector search (RediSearch "
                                f"module): use Redis Stack or Redis 8", field=field)
+
+
+def describe_user_server(redis_url: str) -> str:
+    return f"user Redis at {redact_url(redis_url)}"
 
 
 @contextlib.contextmanager
 def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
-    """(url, description): the user's Redis, checked to answer, or an embedded one."""
+    """(url, description): the user's Redis, checked to answer, or an embedded one. The
+    description never holds a password."""
     if redis_url:
         check_server(redis_url)
-        yield redis_url, f"user Redis at {redis_url}"
+        yield redis_url, describe_user_server(redis_url)
         return
     with EmbeddedServer() as server:
         yield server.url, server.description
@@ -51,8 +64,12 @@ def answer_server(redis_url: str | None) -> Iterator[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Golden:
+    """Questions with the answer RAG would give each (``None``: no answer), and paraphrases:
+    (text, index of the question it rephrases)."""
+
     questions: list[str]
     answers: list[str | None]
+    paraphrases: list[tuple[str, int]] = dataclass_field(default_factory=list)
 
 
 def timed_request(cache: AnswerCache, question: str, answer: str | None,
@@ -73,15 +90,32 @@ def run_golden(golden: Golden, url: str, embed: Callable[[str], np.ndarray], dim
                progress: Callable[[int], None] | None = None) -> dict:
     store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
                              index=index, embed=lambda text: embed(text).tolist())
+    with own_namespace(store):  # a fresh namespace: the first pass starts cold
+        return _golden_passes(golden, store, embed, config=config, index=index,
+                              cold_l1=cold_l1, progress=progress)
+
+
+def _golden_passes(golden: Golden, store: RedisSharedStore,
+                   embed: Callable[[str], np.ndarray], *, config: AnswerCacheConfig,
+                   index: VectorIndex, cold_l1: bool,
+                   progress: Callable[[int], None] | None) -> dict:
+    """Pass 1 and pass 2 over the questions, then the paraphrases. A hit is *false* when it
+    serves another answer than the file gives for the question asked (so on a first pass over
+    distinct questions, every hit that serves another question's answer is one)."""
     first_cache = AnswerCache(config, store)
+    expected = [a if a is not None else NULL_RESULT for a in golden.answers]
     passes = []
     done = 0
-    for number in (1, 2):
+    rounds = [(golden.questions, golden.answers)] * 2
+    if golden.paraphrases:
+        rounds.append(([text for text, _ in golden.paraphrases],
+                       [golden.answers[i] for _, i in golden.paraphrases]))
+    for number, (questions, answers) in enumerate(rounds, start=1):
         cache = first_cache
         if number == 2 and cold_l1:  # another instance: its L1 is empty, L2 is shared
             cache = AnswerCache(config, store, l1=L1Store(config.l1_size), seed_offset=1)
         served, seconds, tiers = [], [], []
-        for question, answer in zip(golden.questions, golden.answers, strict=True):
+        for question, answer in zip(questions, answers, strict=True):
             a, s, t = timed_request(cache, question, answer, embed)
             served.append(a)
             seconds.append(s)
@@ -89,24 +123,46 @@ def run_golden(golden: Golden, url: str, embed: Callable[[str], np.ndarray], dim
             done += 1
             if progress is not None:
                 progress(done)
-        passes.append((served, np.asarray(seconds), tiers, cache.counters))
-    (a1, s1, t1, _), (a2, s2, t2, _) = passes
+        passes.append((served, np.asarray(seconds), tiers))
+    (a1, s1, t1), (a2, s2, t2) = passes[:2]
     n = len(golden.questions)
-    hits2 = sum(t not in ("miss", "bypass") for t in t2)
-    return {
+
+    def hits(tiers: list[str]) -> int:
+        return sum(t not in ("miss", "bypass") for t in tiers)
+
+    def false_hits(served: list[str], tiers: list[str], want: list[str]) -> int:
+        return sum(t not in ("miss", "bypass") and a != w
+                   for a, t, w in zip(served, tiers, want, strict=True))
+
+    first_false = false_hits(a1, t1, expected)
+    result = {
         "questions": n,
-        "first_pass_hit_rate": sum(t not in ("miss", "bypass") for t in t1) / n,
-        "second_pass_hit_rate": hits2 / n,
+        "first_pass_hit_rate": hits(t1) / n,
+        "first_pass_false_hits": first_false,
+        "false_hit_rate": first_false / n,
+        "second_pass_hit_rate": hits(t2) / n,
         "second_pass_hits": {tier: sum(t == tier for t in t2) for tier in ("l1", "l2",
                                                                          "semantic")},
+        "second_pass_false_hits": false_hits(a2, t2, expected),
         "answers_identical": a1 == a2,
         "first_pass_mean_s": float(s1.mean()),
         "second_pass_mean_s": float(s2.mean()),
         "speedup": float(s1.mean() / s2.mean()) if s2.mean() > 0 else float("inf"),
+        "guard_rejections": first_cache.counters.guard_rejections,
+        "paraphrases": len(golden.paraphrases),
+        "paraphrase_hit_rate": None,
+        "paraphrase_false_hit_rate": None,
         "cold_l1": cold_l1,
         "config": config.as_dict(),
         "index": vars(index),
     }
+    if golden.paraphrases:
+        a3, _, t3 = passes[2]
+        want = [expected[i] for _, i in golden.paraphrases]
+        wrong = false_hits(a3, t3, want)
+        result["paraphrase_hit_rate"] = (hits(t3) - wrong) / len(t3)
+        result["paraphrase_false_hit_rate"] = wrong / len(t3)
+    return result
 
 
 def _percentiles(seconds: Sequence[float]) -> dict:
@@ -126,7 +182,14 @@ def run_bench(url: str, *, entries: int, dims: int = 384, samples: int = 200,
     # bulk transactions of HNSW inserts take longer than a lookup's fail-fast timeout
     store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
                              index=index, timeout_s=60.0)
-    store.clear()
+    with own_namespace(store):  # a fresh namespace, deleted at the end
+        return _bench(store, rng, config, entries=entries, dims=dims, samples=samples,
+                      index=index, batch=batch, progress=progress)
+
+
+def _bench(store: RedisSharedStore, rng: np.random.Generator, config: AnswerCacheConfig, *,
+           entries: int, dims: int, samples: int, index: VectorIndex, batch: int,
+           progress: Callable[[str, int, int], None] | None) -> dict:
     writer = AnswerCache(config, store)
     vectors = rng.normal(size=(entries, dims)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -196,15 +259,17 @@ def replay_decisions(texts: Sequence[str], answer_keys: Sequence[str],
                              index=index or VectorIndex(algorithm="flat"), timeout_s=5.0)
     group = Instances(config, store, instances, routing=routing)
     tiers = []
-    for i, text in enumerate(texts):
-        cache = group.route(text)
-        vector = None if embeddings is None else embeddings[i]
-        got = cache.lookup(text, time.time(), embedding=vector)
-        if not got.hit:
-            cache.write_back(text, answer_keys[i], time.time(), embedding=vector,
-                             answer_key=answer_keys[i])
-        tiers.append(got.tier)
+    with own_namespace(store):
+        for i, text in enumerate(texts):
+            cache = group.route(text)
+            vector = None if embeddings is None else embeddings[i]
+            got = cache.lookup(text, time.time(), embedding=vector)
+            if not got.hit:
+                cache.write_back(text, answer_keys[i], time.time(), embedding=vector,
+                                 answer_key=answer_keys[i])
+            tiers.append(got.tier)
     return tiers
 
 
-__all__ = ["Counters", "Golden", "answer_server", "replay_decisions", "run_bench", "run_golden"]
+__all__ = ["Counters", "Golden", "answer_server", "own_namespace", "replay_decisions",
+           "run_bench", "run_golden"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Entry, exact_key
 from ragsim.cache.answers.stores import L1Store
-from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex
+from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex, own_namespace
 from ragsim.serving.answer_latency import FORMAT_NAME, FORMAT_VERSION, from_dict
 
 Progress = Callable[[str, int, int], None]
@@ -66,7 +66,8 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
             samples: int = 200, embed_samples: int = 50, dims: int = 384,
             index: VectorIndex | None = None, seed: int = 0, batch: int = 500,
             progress: Progress | None = None, name: str = "") -> dict:
-    """The latency profile (a dict in the file format). Empties the database (FLUSHDB)."""
+    """The latency profile (a dict in the file format), measured in a namespace of its own
+    (deleted at the end: the server's other keys are never touched)."""
     sizes = sorted(set(int(n) for n in entries))
     if not sizes or sizes[0] < 1 or samples < 1:
         raise ValueError("entries must be >= 1 and samples >= 1")
@@ -76,7 +77,16 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
     config = AnswerCacheConfig(ttl_jitter=0.0, distance_threshold=0.1, ttl_s=86400.0)
     store = RedisSharedStore(url, dims=dims, distance_threshold=config.distance_threshold,
                              index=index, timeout_s=60.0)
-    store.clear()
+    with own_namespace(store):
+        return _measure(store, rng, config, sizes=sizes, embed=embed, samples=samples,
+                        embed_samples=embed_samples, dims=dims, index=index, seed=seed,
+                        batch=batch, report=report, name=name)
+
+
+def _measure(store: RedisSharedStore, rng: np.random.Generator, config: AnswerCacheConfig, *,
+             sizes: list[int], embed: Callable[[str], object], samples: int,
+             embed_samples: int, dims: int, index: VectorIndex, seed: int, batch: int,
+             report: Progress, name: str) -> dict:
     writer = AnswerCache(config, store)
     stored: list[np.ndarray] = []
     texts: list[str] = []  # the query stored with each vector, in order
@@ -126,7 +136,6 @@ def measure(url: str, *, entries: Sequence[int], embed: Callable[[str], object],
         report("measure sizes", len(per_size), len(sizes))
     l1_lookup, l1_write = measure_l1(samples)
     embedding = measure_embed(embed, embed_samples)
-    store.clear()
     l2_lookup_stats, l2_write_stats = _stats(l2_lookup), _stats(l2_write)
     profile = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION,

@@ -41,12 +41,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _read_replies(s: socket.socket, lines: int) -> bytes:
+    data = b""
+    while data.count(b"\r\n") < lines:
+        chunk = s.recv(64)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class EmbeddedServer:
     """``with EmbeddedServer() as server: server.url`` — started on entry, stopped on exit."""
 
     def __init__(self, *, port: int | None = None, maxmemory_bytes: int = 0,
-                 maxmemory_policy: str = "allkeys-lru", start_timeout_s: float = 30.0) -> None:
+                 maxmemory_policy: str = "allkeys-lru", start_timeout_s: float = 30.0,
+                 password: str | None = None) -> None:
         self.port = port or free_port()
+        self.password = password  # requirepass (tests of a user's password-protected Redis)
         self.maxmemory_bytes = maxmemory_bytes  # 0: no limit
         self.maxmemory_policy = maxmemory_policy  # noeviction: writes past the limit fail
         self.start_timeout_s = start_timeout_s
@@ -56,7 +68,8 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def description(self) -> str:
@@ -69,6 +82,8 @@ class EmbeddedServer:
                 "--maxmemory", str(self.maxmemory_bytes),
                 "--maxmemory-policy", self.maxmemory_policy,
                 "--protected-mode", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
         # the server ends with ragsim, even a SIGKILLed ragsim (no exit handler runs then)
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL,
@@ -80,8 +95,9 @@ class EmbeddedServer:
                                    f"(code {self.process.returncode}, port {self.port})")
             with contextlib.suppress(OSError), \
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
+                hello = f"AUTH {self.password}\r\n" if self.password else ""
+                s.sendall(f"{hello}PING\r\n".encode())
+                if b"+PONG" in _read_replies(s, 2 if self.password else 1):
                     return self
             time.sleep(0.05)
         self.stop()

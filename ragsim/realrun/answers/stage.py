@@ -2,8 +2,10 @@
 stage as the simulator's, the same tier logic, on the REAL stores and the run's wall clock.
 
 L1 is cachetools (as in the simulator, driven by the run's clock), L2 and the semantic tier a
-real Redis: the user's (``answer_redis_url``, emptied at the start) or an embedded server
-started for the run and stopped when it ends. A lookup costs what it took: the call is made on
+real Redis: the user's (``answer_redis_url``) or an embedded server started for the run and
+stopped when it ends. On the user's server the run keeps to a namespace of its own
+(``answer_namespace``, else a fresh run id, whose keys are deleted when the run ends); it never
+reads or deletes another key. A lookup costs what it took: the call is made on
 the run's loop and its measured seconds are the request's delay (the clock has already moved
 by them). The real embedder embeds the query text at the lookup, only when the semantic tier
 is asked (the vector is kept for the write-back); when the trace stores its vectors, the stored
@@ -30,6 +32,8 @@ class RealAnswerStage(AnswerStage):
     def __init__(self, trace: Trace, config: SimConfig, *,
                  embed: Callable[[list[str]], np.ndarray] = embed_texts) -> None:
         self._server = None
+        self._store = None
+        self._keys_at_start = 0
         self._embedder = None
         self._vectors: dict[int, np.ndarray] = {}
         try:
@@ -54,22 +58,26 @@ class RealAnswerStage(AnswerStage):
         return self._embedder.dimension if self._embedder is not None else 2
 
     def _shared_store(self):
-        from ragsim.realrun.answers.golden import check_server
+        from ragsim.realrun.answers.golden import check_server, describe_user_server
         from ragsim.realrun.answers.server import EmbeddedServer
         from ragsim.realrun.answers.stores import RedisSharedStore, VectorIndex
 
         url = self.config.answer_redis_url
         if url:
             check_server(url, field="--redis-url")
-            self.server_description = "user Redis"
+            self.server_description = describe_user_server(url)
         else:
             self._server = EmbeddedServer().start()
             url = self._server.url
             self.server_description = self._server.description
         store = RedisSharedStore(url, dims=self._dims(),
                                  distance_threshold=self.config.answer_distance,
-                                 index=VectorIndex(), embed=None)
-        store.clear()  # a cold cache, as the simulated run starts
+                                 index=VectorIndex(), embed=None,
+                                 namespace=self.config.answer_namespace)
+        # a fresh namespace is empty: the run starts cold, as the simulated one does; a named
+        # one may hold an earlier run's entries (a warm start, on purpose): counted here
+        self._keys_at_start = len(store.own_keys())
+        self._store = store
         return store
 
     def _embedding(self, i: int) -> Embedding:
@@ -96,6 +104,8 @@ class RealAnswerStage(AnswerStage):
     def summary(self, cols: dict[str, np.ndarray]) -> dict:
         out = super().summary(cols)
         out["answer_cache_server"] = {"server": self.server_description,
+                                      "namespace": self.shared.namespace,
+                                      "namespace_keys_at_start": self._keys_at_start,
                                       **self.shared.server_stats()}
         return out
 
@@ -110,6 +120,9 @@ class RealAnswerStage(AnswerStage):
         self._vectors.pop(i, None)
 
     def close(self) -> None:
+        if self._store is not None:  # this run's own namespace goes with it
+            self._store.release()
+            self._store = None
         if self._server is not None:
             self._server.stop()
             self._server = None
