@@ -55,6 +55,7 @@ FIELD_OF_OPTION = {
     "answer_routing": "answer_routing",
     "answer_invalidate": "answer_invalidate", "answer_profile": "answer_profile",
     "redis_url": "answer_redis_url", "answer_namespace": "answer_namespace",
+    "answer_tenant": "answer_tenant",
     "replicas": "replicas", "router": "router",
 }
 # answer_threshold: the semantic threshold as a cosine similarity (answer_distance's complement)

@@ -246,6 +246,9 @@ def run(
     redis_url: Annotated[str | None, _opt(
         ANSWERS, "--backend torch: a Redis Stack / Redis 8 for L2 and the semantic tier; "
         "default: an embedded server. Its other keys are never touched.")] = None,
+    answer_tenant: Annotated[str | None, _opt(
+        ANSWERS, "Whose entries a request may be served: none (one shared cache) or session "
+        "(each session a tenant: no user gets another's answer).")] = None,
     answer_namespace: Annotated[str | None, _opt(
         ANSWERS, "--redis-url: keep this run's entries under this name (runs given one name "
         "share, or warm, one cache); default: a fresh run id, deleted at the end.")] = None,

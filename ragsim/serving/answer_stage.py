@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ragsim.cache.answers import AnswerCache, AnswerCacheConfig, Instances, ModelSharedStore
-from ragsim.cache.answers.keys import exact_key
+from ragsim.cache.answers.keys import exact_key, tenant_name
 from ragsim.cache.answers.tiers import Embedding
 from ragsim.cache.hit_rates import hit_rate_fields
-from ragsim.errors import RagsimInputError
+from ragsim.errors import ConfigError, RagsimInputError
 from ragsim.serving.answer_latency import load_answer_latency
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
@@ -119,6 +119,14 @@ class AnswerStage:
         self._caches: list[AnswerCache] = list(self.instances.caches)
         self.updates = answer_updates(self.texts, self.answer_keys) \
             if config.answer_invalidate else np.zeros(n, dtype=bool)
+        # each request's tenant (None: shared): with "session", its session's
+        self.tenants: list[str | None] = [None] * n
+        if config.answer_tenant == "session":
+            if trace.session_id is None:
+                raise ConfigError("answer_tenant = session needs a trace with session ids",
+                                  field="answer_tenant")
+            self.tenants = [None if s is None else tenant_name(s)
+                            for s in trace.session_id.to_pylist()]
 
     # -- what the simulator models (the real stage overrides these) ------------------------
     def _embeddings(self, embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
@@ -158,12 +166,12 @@ class AnswerStage:
         cache = self.instances.route(self.texts[i])
         self.instance[i] = self._caches.index(cache)
         if self.updates[i]:  # the knowledge behind this question changed: a KB update
-            cache.invalidate(self.texts[i])
+            cache.invalidate(self.texts[i], tenant=self.tenants[i])
         vector = self._embedding(i)
         entries = getattr(self.shared, "vector_entries", 0)  # the index as the lookup finds it
         started = time.perf_counter()
         got = cache.lookup(self.texts[i], now_s, embedding=vector,
-                           history=bool(self.history[i]))
+                           history=bool(self.history[i]), tenant=self.tenants[i])
         elapsed_s = time.perf_counter() - started
         self.tier[i] = _CODE[got.tier]
         delay = self._delay(got.tier, vector is not None, entries, elapsed_s)
@@ -179,7 +187,7 @@ class AnswerStage:
             return
         cache = self._caches[self.instance[i]]
         cache.write_back(self.texts[i], self.answer_keys[i], now_s, embedding=self._embedding(i),
-                         answer_key=self.answer_keys[i])
+                         answer_key=self.answer_keys[i], tenant=self.tenants[i])
 
     def answered(self) -> np.ndarray:
         return np.isin(self.tier, [_CODE["l1"], _CODE["l2"], _CODE["semantic"]])

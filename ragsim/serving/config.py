@@ -131,6 +131,9 @@ class SimConfig:
     answer_distance: float = 0.1  # semantic hit: cosine distance <= this (similarity 0.9)
     answer_semantic: bool = True  # the semantic tier (needs query_text in the trace)
     answer_guard: str = "entities"  # a semantic hit's false-hit guard (or "none")
+    # whose entries a request may be served: "none" (every request shares the cache) or
+    # "session" (each session a tenant of its own: one user never gets another's answer)
+    answer_tenant: str = "none"
     answer_l1_size: int = 100
     answer_l1_ttl_s: float = 60.0
     answer_ttl_s: float = 3600.0  # L2 and semantic entries
@@ -198,6 +201,7 @@ SYSTEM_DESCRIPTIONS = {
 
 
 ANSWER_FIELDS = ("answer_cache", "answer_distance", "answer_semantic", "answer_guard",
+                 "answer_tenant",
                  "answer_l1_size",
                  "answer_l1_ttl_s", "answer_ttl_s", "answer_null_ttl_s", "answer_ttl_jitter",
                  "answer_hot_top_n", "answer_hot_window_s", "instances", "answer_routing",
@@ -384,6 +388,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "failure times must be >= 0", source)
     _check(0 <= c.answer_distance <= 2, "answer_distance",
            "must be a cosine distance in [0, 2]", source)
+    _check(c.answer_tenant in ("none", "session"), "answer_tenant", "must be none or session",
+           source)
     _check(c.answer_guard in ("entities", "none"), "answer_guard", "must be entities or none",
            source)
     for name in ("answer_l1_size", "instances"):

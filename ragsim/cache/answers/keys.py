@@ -29,6 +29,15 @@ def normalize_query(query: str) -> str:
     return text[:-1].rstrip() if text.endswith(("?", "？")) else text
 
 
-def exact_key(query: str) -> str:
-    """The exact-match key of a raw query (normalised here)."""
-    return "exact:" + hashlib.md5(normalize_query(query).encode("utf-8")).hexdigest()
+def exact_key(query: str, tenant: str | None = None) -> str:
+    """The exact-match key of a raw query (normalised here); a tenant's queries have keys of
+    their own (``exact:{tenant}/{md5}``), so an instance's L1, shared by every tenant it
+    serves, never gives one tenant another's answer."""
+    digest = hashlib.md5(normalize_query(query).encode("utf-8")).hexdigest()
+    return f"exact:{digest}" if tenant is None else f"exact:{tenant}/{digest}"
+
+
+def tenant_name(label: str) -> str:
+    """A tenant's name from any label (a session id, a user id): the label itself when it is a
+    valid name, else a stable digest of it."""
+    return label if valid_name(label) else "t" + hashlib.md5(label.encode()).hexdigest()[:16]

@@ -94,6 +94,11 @@ class SharedStore(Protocol):
         """Forget ``key``'s exact entry and its vector (the knowledge behind it changed)."""
         ...
 
+    def tenant(self, name: str) -> SharedStore:
+        """The store of tenant ``name``: its own L2 entries and vectors, which no other
+        tenant's lookup can reach (a semantic search never crosses tenants)."""
+        ...
+
 
 def unit(vector: np.ndarray) -> np.ndarray:
     v = np.asarray(vector, dtype=np.float32).ravel()
@@ -115,6 +120,14 @@ class ModelSharedStore:
         self._expires = np.zeros(0)
         self._entries: list[Entry | None] = []
         self._free: list[int] = []
+        self._tenants: dict[str, ModelSharedStore] = {}
+
+    def tenant(self, name: str) -> ModelSharedStore:
+        store = self._tenants.get(name)
+        if store is None:
+            store = self._tenants[name] = ModelSharedStore(
+                l2_capacity=self.l2_capacity, semantic_capacity=self.semantic_capacity)
+        return store
 
     def get_exact(self, key: str, now_s: float) -> Entry | None:
         found = self._exact.get(key)

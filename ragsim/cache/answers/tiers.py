@@ -167,25 +167,30 @@ class AnswerCache:
         return ttl_s * (1.0 + self._rng.random() * self.config.ttl_jitter)
 
     # -- lookup ---------------------------------------------------------------------------
+    def _shared(self, tenant: str | None) -> SharedStore:
+        return self.shared if tenant is None else self.shared.tenant(tenant)
+
     def lookup(self, query: str, now_s: float, *, embedding: Embedding = None,
-               history: bool = False) -> Lookup:
+               history: bool = False, tenant: str | None = None) -> Lookup:
         """L1 → L2 → semantic → miss. A lower hit is backfilled into L1 under this query's
-        key. ``embedding`` may be a callable, called only when the semantic tier is asked."""
+        key. ``embedding`` may be a callable, called only when the semantic tier is asked.
+        ``tenant``: look only among that tenant's entries (None: the shared, untenanted ones)."""
         if history:
             self.counters.bypassed += 1
             return Lookup("bypass")
         self.counters.lookups += 1
-        key = exact_key(query)
+        key = exact_key(query, tenant)
         if self._hot is not None:
             self._hot.record(key, now_s)
         entry = self.l1.get(key, now_s)
         if entry is not None:
             return self._hit("l1", entry)
+        shared = self._shared(tenant)
         try:
-            entry = self.shared.get_exact(key, now_s)
+            entry = shared.get_exact(key, now_s)
             if entry is None and self.config.semantic and embedding is not None:
                 vector = embedding() if callable(embedding) else embedding
-                found = self.shared.nearest(vector, now_s)
+                found = shared.nearest(vector, now_s)
                 self._ok("lookup")
                 if found is not None and found[1] <= self.config.distance_threshold:
                     if passes(self.config.guard, query, found[0].query):
@@ -218,14 +223,14 @@ class AnswerCache:
             self.l1.put(key, entry, ttl_s, now_s)
 
     # -- invalidation -----------------------------------------------------------------------
-    def invalidate(self, query: str) -> None:
+    def invalidate(self, query: str, *, tenant: str | None = None) -> None:
         """The answer to ``query`` changed: drop it from the shared tiers (L2 and its vector),
         as a knowledge-base update does. The instances' L1s are out of its reach (in-process):
         they keep serving the old answer until their short TTL ends, the article's
         multi-instance L1 consistency question ("short L1 TTLs, L2 as the source of truth")."""
-        key = exact_key(query)
+        key = exact_key(query, tenant)
         try:
-            self.shared.invalidate(key)
+            self._shared(tenant).invalidate(key)
             self._ok("invalidate")
         except StoreError as error:
             self._failed("invalidate", error)
@@ -233,35 +238,36 @@ class AnswerCache:
 
     # -- write-back -------------------------------------------------------------------------
     def entry_for(self, query: str, answer: str | None, now_s: float, *,
-                  answer_key: str = "") -> tuple[str, Entry, float]:
+                  answer_key: str = "", tenant: str | None = None) -> tuple[str, Entry, float]:
         """(exact key, entry, shared TTL with jitter) of an answer written back at ``now_s``."""
         negative = answer is None or answer == NULL_RESULT
         ttl_s = self.ttl_with_jitter(self.config.null_ttl_s if negative else self.config.ttl_s)
-        entry = Entry(exact_key(query), query, NULL_RESULT if negative else answer, answer_key,
-                      now_s + ttl_s)
+        entry = Entry(exact_key(query, tenant), query, NULL_RESULT if negative else answer,
+                      answer_key, now_s + ttl_s)
         return entry.key, entry, ttl_s
 
     def write_back(self, query: str, answer: str | None, now_s: float, *,
                    embedding: Embedding = None, answer_key: str = "",
-                   history: bool = False) -> bool:
+                   history: bool = False, tenant: str | None = None) -> bool:
         """After a miss, RAG's answer goes to every tier (``None``: a ``NULL_RESULT`` with
         its short TTL, exact tiers only). With hot-key admission a positive answer is kept
         only when its key is in the window's top N. Returns whether anything was written."""
         if history:
             return False
-        key = exact_key(query)
+        key = exact_key(query, tenant)
         negative = answer is None or answer == NULL_RESULT
         if (not negative and self._hot is not None
                 and not self._hot.is_hot(key, now_s)):
             self.counters.not_admitted += 1
             return False
-        key, entry, ttl_s = self.entry_for(query, answer, now_s, answer_key=answer_key)
+        key, entry, ttl_s = self.entry_for(query, answer, now_s, answer_key=answer_key,
+                                           tenant=tenant)
         self.l1.put(key, entry, self._l1_ttl(entry, now_s), now_s)
         vector = None
         if not negative and self.config.semantic and embedding is not None:
             vector = embedding() if callable(embedding) else embedding
         try:
-            self.shared.write_back(key, entry, ttl_s, now_s, vector)
+            self._shared(tenant).write_back(key, entry, ttl_s, now_s, vector)
             self._ok("write-back")
         except StoreError as error:
             self._failed("write-back", error)

@@ -22,6 +22,7 @@ without the URL's password): the tier logic fails open, and the next call reconn
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import uuid
@@ -115,6 +116,22 @@ class RedisSharedStore:
         self.client = connect(url, timeout_s=timeout_s)
         self._embed = embed or (lambda _text: [1.0] + [0.0] * (dims - 1))
         self._semantic = None  # created on first use, again after a failure
+        self._tenants: dict[str, RedisSharedStore] = {}
+
+    def tenant(self, name: str) -> RedisSharedStore:
+        """Tenant ``name``'s store: keys under ``ragsim:{namespace}:tenant:{name}:`` and an
+        index of its own over them (so a semantic search never reaches another tenant's
+        vectors); inside the namespace, so emptying the namespace empties its tenants too."""
+        store = self._tenants.get(name)
+        if store is None:
+            if not valid_name(name):
+                raise ValueError(f"tenant {name!r} must be {NAME_RULE}")
+            store = copy.copy(self)
+            store.prefix = f"{self.prefix}tenant:{name}:"
+            store.index_name = store.prefix + "semantic"
+            store._semantic, store._tenants = None, {}
+            self._tenants[name] = store
+        return store
 
     # -- where an entry lies -----------------------------------------------------------------
     def redis_key(self, key: str) -> str:
@@ -261,8 +278,11 @@ class RedisSharedStore:
         import redis
 
         client = connect(self.url, timeout_s=30.0)  # a big index takes its time to drop
-        with contextlib.suppress(redis.exceptions.ResponseError):  # no index (no vector yet)
-            client.execute_command("FT.DROPINDEX", self.index_name)
+        for index in [self.index_name, *(t.index_name for t in self._tenants.values())]:
+            with contextlib.suppress(redis.exceptions.ResponseError):  # no index (no vector)
+                client.execute_command("FT.DROPINDEX", index)
+        for tenant in self._tenants.values():
+            tenant._semantic = None
         batch: list[bytes] = []
         for key in client.scan_iter(match=self.prefix + "*", count=1000):
             batch.append(key)
