@@ -52,6 +52,23 @@ def require_answers(command: str, *, embedder: bool = False) -> None:
             raise missing_extra(extra, module, command)
 
 
+def check_index_options(*, algorithm: str, m: int, ef_construction: int, ef_runtime: int,
+                        epsilon: float) -> None:
+    """The vector index's options, refused before any server starts (Redis refuses them only
+    when the index is created, which ended in a traceback)."""
+    import math
+
+    if algorithm not in ("hnsw", "flat"):
+        raise RagsimInputError(f"must be hnsw or flat, got {algorithm!r}", field="--algorithm")
+    for flag, value in (("--m", m), ("--ef-construction", ef_construction),
+                        ("--ef-runtime", ef_runtime)):
+        if value < 1:
+            raise RagsimInputError(f"must be >= 1, got {value}", field=flag)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise RagsimInputError(f"must be a number > 0 (the range query's relative margin), "
+                               f"got {epsilon}", field="--epsilon")
+
+
 def read_golden(path: Path):
     """JSON lines with ``question`` (text) and ``answer`` (text, or null: RAG had no answer)."""
     from ragsim.realrun.answers.golden import Golden
@@ -94,6 +111,8 @@ def golden(
     """Replay a golden set twice: the second pass should be (nearly) all hits, with the first
     pass's answers, much faster (the article's acceptance test). The file's answers stand in
     for RAG, so no LLM runs; the timing is the answer cache's own work."""
+    check_index_options(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
     require_answers("ragsim answers golden", embedder=True)
     golden_set = read_golden(questions)
     distance = cosine_distance(threshold, distance_threshold, similarity_flag="--threshold",
@@ -147,6 +166,8 @@ def bench(
     """Measured lookup latency per tier (L1 hit, L2 hit, semantic hit, full miss) with the
     shared tiers holding ENTRIES random unit vectors. Vectors are given, so the embedder's time
     is not in it. Empties the database it is given (FLUSHDB): use a scratch Redis."""
+    check_index_options(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
     require_answers("ragsim answers bench")
     if entries < 1 or samples < 1 or dims < 2:
         raise RagsimInputError("--entries and --samples must be >= 1, --dims >= 2",

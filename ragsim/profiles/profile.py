@@ -492,13 +492,12 @@ def shipped_profile_names() -> list[str]:
 
 def load_profile(name_or_path: str) -> Profile:
     """A shipped profile by name (``a10g-mistral-7b``) or a JSON file by path."""
+    from ragsim.user_files import parse_json, read_user_text
+
     path = Path(name_or_path)
-    if path.exists():
+    if path.exists() or path.is_symlink():
         source = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"not readable as JSON text: {exc}", file=source) from exc
+        text = read_user_text(path, what="profile", error=ProfileError)
     elif name_or_path in shipped_profile_names():
         text = (_data_folder() / f"{name_or_path}.json").read_text()
         source = name_or_path
@@ -506,10 +505,7 @@ def load_profile(name_or_path: str) -> Profile:
         raise ProfileError(
             f"no such file, and not a shipped profile; shipped: {shipped_profile_names()}",
             file=name_or_path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"not valid JSON: {exc}", file=source) from exc
+    data = parse_json(text, source=source, error=ProfileError)
     return Profile.from_dict(data, source=source)
 
 

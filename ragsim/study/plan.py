@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import operator
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,12 +68,9 @@ def load_prices(path: Path | None) -> dict:
     """The price table: the defaults, or a TOML file with the same two keys."""
     if path is None:
         return DEFAULT_PRICES
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RagsimInputError("no such file", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RagsimInputError(f"not valid TOML: {exc}", file=str(path)) from None
+    from ragsim.user_files import read_user_toml
+
+    data = read_user_toml(path, what="price table")
     gpus = data.get("gpu_usd_per_h")
     if not isinstance(gpus, dict) or not all(
             isinstance(v, int | float) and v >= 0 for v in gpus.values()):

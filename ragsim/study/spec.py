@@ -133,12 +133,9 @@ def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[
     if path is not None:
         path = Path(path)
         source = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise RagsimInputError("no such file", file=source) from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise RagsimInputError(f"not valid TOML: {exc}", file=source) from None
+        from ragsim.user_files import read_user_toml
+
+        data = read_user_toml(path, what="sweep file")
     if settings:
         data["base"] = {**data.get("base", {}), **dict(
             _flag(text, "--set", split=False) for text in settings)}
@@ -168,7 +165,7 @@ def _value(text: str, flag: str) -> object:
         raise RagsimInputError("an empty value", field=flag)
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 
@@ -179,7 +176,8 @@ def parse_sweep(data: dict, source: str) -> Sweep:
                     f"unknown key; a sweep file has {', '.join(sorted(_TOP_KEYS))}")
     if data.get("format", SWEEP_FORMAT) != SWEEP_FORMAT:
         raise _fail(source, "format", f"not a ragsim sweep (format {data['format']!r})")
-    if data.get("version", SWEEP_VERSION) != SWEEP_VERSION:
+    version = data.get("version", SWEEP_VERSION)
+    if type(version) is not int or version != SWEEP_VERSION:  # not true, not 1.0
         raise _fail(source, "version", f"unsupported version {data['version']!r} (this ragsim "
                     f"reads {SWEEP_VERSION})")
     base = data.get("base", {})

@@ -26,6 +26,7 @@ from ragsim.traces.validate import (
     check_version,
     trace_from_tables,
 )
+from ragsim.user_files import MAX_LINE_BYTES, is_regular_file, open_user_file, parse_json
 
 REQUESTS_FILE = "requests.parquet"
 DOCUMENTS_FILE = "documents.parquet"
@@ -60,6 +61,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
         f = p / name
         if not f.exists():
             raise TraceError(f"missing {name}", file=str(p))
+        if not is_regular_file(f):  # a FIFO would block the reader, a device never end
+            raise TraceError("not a regular file; give the trace's Parquet file", file=str(f))
         try:
             tables[name] = pq.read_table(f)
         except (pa.ArrowInvalid, OSError) as exc:
@@ -147,9 +150,20 @@ _COMPRESSED_OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 
 
 def _lines(handle, path: Path) -> Iterable[bytes]:
-    """The file's lines; a corrupt compressed stream ends with the file named, not a traceback."""
+    """The file's lines, none longer than MAX_LINE_BYTES (a file of one endless line, or a
+    compressed bomb, is refused at the bound, not read into memory); a corrupt compressed
+    stream ends with the file named, not a traceback."""
+    line_no = 0
     try:
-        yield from handle
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB: is this "
+                                 "a JSON-lines file?", file=str(path), row=line_no)
+            yield raw
     except (lzma.LZMAError, EOFError, OSError) as exc:
         raise TraceError(f"cannot read (corrupt or truncated compressed file?): {exc}",
                          file=str(path)) from exc
@@ -157,15 +171,18 @@ def _lines(handle, path: Path) -> Iterable[bytes]:
 
 def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file, streamed; every problem
-    (unreadable file, bytes that are not UTF-8, bad JSON, a line that is not an object) names
-    the file and line. The one JSONL reader: traces and ``trace build``'s corpora use it.
-    A ``.xz``, ``.gz`` or ``.bz2`` file is decompressed as it is read (public traces ship
-    compressed: Mooncake's, in tests/data)."""
+    (not a regular file, unreadable, bytes that are not UTF-8, bad or too deeply nested JSON, a
+    line that is not an object) names the file and line. The one JSONL reader: traces and
+    ``trace build``'s corpora use it. A ``.xz``, ``.gz`` or ``.bz2`` file is decompressed as it
+    is read (public traces ship compressed: Mooncake's, in tests/data)."""
+    raw_file = open_user_file(path, error=TraceError)
+    opener = _COMPRESSED_OPENERS.get(Path(path).suffix.lower())
     try:
-        handle = _COMPRESSED_OPENERS.get(path.suffix.lower(), open)(path, "rb")
+        handle = opener(raw_file, "rb") if opener is not None else raw_file
     except OSError as exc:
+        raw_file.close()
         raise TraceError(f"cannot open: {exc}", file=str(path)) from exc
-    with handle:
+    with raw_file, handle:
         for line_no, raw in enumerate(_lines(handle, path), start=1):
             if not raw.strip():
                 continue
@@ -175,10 +192,7 @@ def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
                 bad = raw[exc.start:exc.start + 1]
                 raise TraceError(f"not UTF-8 text (byte {exc.start}: {bad!r})", file=str(path),
                                  row=line_no) from exc
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"not valid JSON: {exc}", file=str(path), row=line_no) from exc
+            obj = parse_json(text, source=str(path), error=TraceError, row=line_no)
             if not isinstance(obj, dict):
                 raise TraceError("each line must be a JSON object", file=str(path), row=line_no)
             yield line_no, obj

@@ -1,0 +1,211 @@
+"""Bad input the reliability probe of issue 32 found ending in a traceback, a hang or silence,
+each now one line naming the file, row and field (or the flag), exit code 2, or a counted
+warning where the input is legitimate.
+
+A test here that reads a FIFO or ``/dev/zero`` runs the command in a child process with a
+timeout and a memory limit: the bug it pins blocked forever or read until memory ran out.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from ragsim.cli import app
+from ragsim.traces import write_trace
+from ragsim.traces.io import TraceBuilder
+from ragsim.user_files import MAX_DOCUMENT_BYTES
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON and TOML; Python's parsers recurse on it
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def small_trace(folder: Path, n: int = 6) -> Path:
+    builder = TraceBuilder("small")
+    for i in range(n):
+        builder.add(i, 0.5 * i, 20, 4, [i % 3, 5], [100, 50])
+    write_trace(builder.build({"name": "small"}), folder)
+    return folder
+
+
+def with_requests_table(folder: Path, change) -> Path:
+    """The trace in ``folder`` with its requests table rewritten by ``change(table)``."""
+    path = folder / "requests.parquet"
+    table = pq.read_table(path)
+    pq.write_table(change(table), path)
+    return folder
+
+
+# --------------------------------------------------------------------------- trace contents
+@pytest.mark.parametrize("info", [b"[1, 2]", b"7", b'"text"', b"{not json", DEEP.encode()],
+                         ids=["list", "number", "string", "invalid", "deep"])
+def test_a_trace_description_that_is_no_object_names_the_file_and_key(tmp_path, info):
+    def replace_info(table):
+        return table.replace_schema_metadata({**table.schema.metadata,
+                                              b"ragsim.trace_info": info})
+
+    folder = with_requests_table(small_trace(tmp_path / "t"), replace_info)
+    line = one_error_line(runner.invoke(app, ["run", "--trace", str(folder), "--json"]))
+    assert f"{folder / 'requests.parquet'}, field 'ragsim.trace_info'" in line
+
+
+STAGES = pa.list_(pa.list_(pa.int64()))
+
+
+@pytest.mark.parametrize("row0, times0, says", [
+    ([[0, 5], None], [0.01, 0.01], "missing stage list (null)"),
+    ([[0, None]], [0.01], "missing id (null)"),
+    ([[0, 5]], [None], "missing time (null)"),
+], ids=["null-stage-list", "null-id", "null-time"])
+def test_a_null_inside_stage_lists_names_row_and_field(tmp_path, row0, times0, says):
+    def add_stages(table):
+        n = table.num_rows
+        stages = pa.array([row0] + [[[k % 3, 5]] for k in range(1, n)], STAGES)
+        times = pa.array([times0] + [[0.01]] * (n - 1), pa.list_(pa.float64()))
+        return (table.append_column("stages", stages).append_column("stage_times_s", times)
+                .replace_schema_metadata(table.schema.metadata))
+
+    folder = with_requests_table(small_trace(tmp_path / "t"), add_stages)
+    for command in (["run", "--trace", str(folder), "--json"],
+                    ["replay", "--trace", str(folder), "--json"]):
+        line = one_error_line(runner.invoke(app, command))
+        field = "stage_times_s" if "time" in says else "stages"
+        assert f"requests.parquet, row 0, field '{field}': {says}" in line
+
+
+def test_a_request_without_recorded_stages_is_still_accepted(tmp_path):
+    """A null for a whole request's stages means none were recorded for it (the format lets
+    a request have none): not an error."""
+    def add_stages(table):
+        n = table.num_rows
+        stages = pa.array([None] + [[[k % 3, 5]] for k in range(1, n)], STAGES)
+        return table.append_column("stages", stages).replace_schema_metadata(
+            table.schema.metadata)
+
+    folder = with_requests_table(small_trace(tmp_path / "t"), add_stages)
+    result = runner.invoke(app, ["run", "--trace", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+
+
+# --------------------------------------------------------------------------- nesting
+def test_deeply_nested_json_and_toml_are_one_line(tmp_path):
+    jsonl = tmp_path / "deep.jsonl"
+    jsonl.write_text('{"arrival_s": 0, "query_tokens": 1, "output_tokens": 1, "doc_ids": '
+                     + DEEP + "}\n")
+    line = one_error_line(runner.invoke(app, ["trace", "import-jsonl", str(jsonl),
+                                              str(tmp_path / "out")]))
+    assert f"{jsonl}, row 1: nested too deeply" in line
+    profile = tmp_path / "deep.json"
+    profile.write_text('{"a": ' + DEEP + "}")
+    for args in (["--profile", str(profile)],
+                 ["--answer-cache", "--answer-profile", str(profile)]):
+        line = one_error_line(runner.invoke(app, ["run", *args, "--requests", "5"]))
+        assert line.startswith(f"error: {profile}: nested too deeply")
+    config = tmp_path / "deep.toml"
+    config.write_text("[run]\nfail_gpu_at_s = " + DEEP + "\n")
+    for command in (["run", "--config", str(config)],
+                    ["sweep", "--out", str(tmp_path / "s"), str(config)]):
+        line = one_error_line(runner.invoke(app, command))
+        assert line.startswith(f"error: {config}: not valid TOML here: nested too deeply")
+
+
+# --------------------------------------------------------------------------- what a path names
+USER_FILE_OPTIONS = {
+    "config": ["run", "--config", "{}", "--requests", "5"],
+    "profile": ["run", "--profile", "{}", "--requests", "5"],
+    "answer-profile": ["run", "--answer-cache", "--answer-profile", "{}", "--requests", "5"],
+    "jsonl": ["trace", "import-jsonl", "{}", "OUT"],
+    "mooncake": ["trace", "import-mooncake", "{}", "OUT"],
+    "sweep": ["sweep", "--out", "OUT", "{}"],
+}
+
+
+def _args(kind: str, path: Path, tmp_path: Path) -> list[str]:
+    return [a.replace("{}", str(path)).replace("OUT", str(tmp_path / "out"))
+            for a in USER_FILE_OPTIONS[kind]]
+
+
+@pytest.mark.parametrize("kind", sorted(USER_FILE_OPTIONS))
+def test_a_folder_or_an_oversized_file_is_refused_naming_it(tmp_path, kind):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    line = one_error_line(runner.invoke(app, _args(kind, folder, tmp_path)))
+    assert line == f"error: {folder}: is a folder, not a regular file; give a file" or \
+        line == f"error: {folder}: is a folder; give a file"
+    if kind in ("jsonl", "mooncake"):  # streamed: bounded per line, not per file
+        big = tmp_path / "one-line.jsonl"
+        with big.open("wb") as handle:  # sparse: nothing is stored on disk
+            handle.truncate(65 * 2**20)
+        line = one_error_line(runner.invoke(app, _args(kind, big, tmp_path)))
+        assert f"{big}, row 1: a line longer than 64 MiB" in line
+        return
+    big = tmp_path / "big.file"
+    with big.open("wb") as handle:
+        handle.truncate(MAX_DOCUMENT_BYTES + 1)
+    line = one_error_line(runner.invoke(app, _args(kind, big, tmp_path)))
+    assert line.startswith(f"error: {big}: is larger than 64 MiB")
+
+
+def _limited_memory() -> None:  # the child's address space: a read without end fails fast
+    resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+
+@pytest.mark.parametrize("kind", ["config", "profile", "answer-profile", "jsonl", "sweep"])
+def test_a_fifo_or_a_device_is_refused_without_blocking(tmp_path, kind):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"),
+                                                        "a character device")):
+        done = subprocess.run([sys.executable, "-m", "ragsim", *_args(kind, path, tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=REPO,
+                              preexec_fn=_limited_memory, check=False)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == f"error: {path}: is {what}, not a regular file; give " \
+            "a file", done.stderr
+
+
+# --------------------------------------------------------------------------- configuration
+@pytest.mark.parametrize("text, field, says", [
+    ('colour = "red"\n[run]\nseed = 1\n', "colour", "unknown key"),
+    ('seed = 1\n[run]\nn_requests = 5\n', "seed", "settings go in the [run] table"),
+    ("version = true\n[run]\nseed = 1\n", "version", "unsupported version True"),
+    ("version = 1.0\n[run]\nseed = 1\n", "version", "unsupported version 1.0"),
+])
+def test_a_config_file_refuses_what_it_would_ignore(tmp_path, text, field, says):
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    line = one_error_line(runner.invoke(app, ["run", "--config", str(config)]))
+    assert line.startswith(f"error: {config}, field '{field}': ") and says in line
+
+
+def test_a_sweep_file_refuses_a_true_version_too(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text("version = true\n[base]\nn_requests = 5\n")
+    line = one_error_line(runner.invoke(app, ["sweep", "--out", str(tmp_path / "o"),
+                                              str(sweep)]))
+    assert line.startswith(f"error: {sweep}, field 'version': unsupported version True")
+
+
+@pytest.mark.parametrize("flag, value", [("--epsilon", "-1"), ("--epsilon", "0"),
+                                         ("--epsilon", "nan"), ("--m", "0"),
+                                         ("--ef-runtime", "0")])
+def test_answer_index_options_are_refused_before_a_server_starts(flag, value):
+    line = one_error_line(runner.invoke(app, ["answers", "bench", flag, value]))
+    assert f"field '{flag}'" in line
