@@ -50,7 +50,12 @@ def save_figure(fig: Figure, path: Path | str) -> Path:
 
     path = check_plot_path(path)
     metadata = _NO_DATES[path.suffix.lower()]
-    with matplotlib.rc_context({"svg.hashsalt": "ragsim"}):  # the default salt is random
-        # the temporary file keeps the suffix, so savefig picks the same format
-        write_atomically(path, lambda tmp: fig.savefig(tmp, metadata=metadata))
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": "ragsim"}):  # the default salt is random
+            # the temporary file keeps the suffix, so savefig picks the same format
+            write_atomically(path, lambda tmp: fig.savefig(tmp, metadata=metadata))
+    except OSError as exc:  # a full disk: the figure is lost, an earlier file is not
+        raise RagsimInputError(f"the figure could not be written ({exc.strerror or exc}); "
+                               "nothing was written there (an earlier file is as it was)",
+                               file=str(path)) from None
     return path

@@ -8,6 +8,7 @@ timeout and a memory limit: the bug it pins blocked forever or read until memory
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -209,3 +210,151 @@ def test_a_sweep_file_refuses_a_true_version_too(tmp_path):
 def test_answer_index_options_are_refused_before_a_server_starts(flag, value):
     line = one_error_line(runner.invoke(app, ["answers", "bench", flag, value]))
     assert f"field '{flag}'" in line
+
+
+# --------------------------------------------------------------------------- a full disk
+class FullDisk:
+    """The disk holding ``folder`` is full: every write of a file under it (Parquet, text,
+    figures: whatever opens it for writing) fails with ENOSPC, after ``allow`` writes of the
+    kinds in ``kinds`` went through. Files are still created and removed, as on a full disk
+    (a check that a folder is writable makes an empty temporary file)."""
+
+    def __init__(self, monkeypatch, folder: Path, kinds=("parquet", "text"), allow: int = 0):
+        import builtins
+        import errno
+        import pathlib
+
+        self.folder, self.allow = str(folder), allow
+        real_write_table, real_open = pq.write_table, builtins.open
+        real_path_open = pathlib.Path.open
+
+        def full(where, kind) -> None:
+            if kind not in kinds or not isinstance(where, str | os.PathLike):
+                return
+            if not os.path.realpath(where).startswith(self.folder):
+                return
+            if self.allow > 0:
+                self.allow -= 1
+                return
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+
+        def write_table(table, where, *args, **kwargs):
+            full(where, "parquet")
+            return real_write_table(table, where, *args, **kwargs)
+
+        def writing(mode: str) -> bool:
+            return any(c in mode for c in "wax+")
+
+        def open_(file, mode="r", *args, **kwargs):
+            if writing(mode):
+                full(file, "text")
+            return real_open(file, mode, *args, **kwargs)
+
+        def path_open(self_, mode="r", *args, **kwargs):
+            if writing(mode):
+                full(self_, "text")
+            return real_path_open(self_, mode, *args, **kwargs)
+
+        monkeypatch.setattr(pq, "write_table", write_table)
+        monkeypatch.setattr(builtins, "open", open_)
+        monkeypatch.setattr(pathlib.Path, "open", path_open)
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+@pytest.mark.parametrize("command", ["run", "replay"])
+@pytest.mark.parametrize("kinds", [("parquet", "text"), ("text",)],
+                         ids=["records-fail", "summary-fails"])
+def test_a_full_disk_keeps_the_printed_summary_and_no_half_result(tmp_path, monkeypatch,
+                                                                  command, kinds):
+    out = tmp_path / "full" / "result"
+    FullDisk(monkeypatch, tmp_path / "full", kinds)
+    result = runner.invoke(app, [command, "--requests", "30", "--json", "--out", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    summary = json.loads(result.stdout)  # the finished run's figures are printed, not lost
+    assert summary["requests"] == 30
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1] == (
+        f"error: {out}, field '--out': the results could not be written (No space left on "
+        "device): the summary printed above is all that is kept of this run; the folder holds "
+        "none of its files")
+    # records written before the summary failed are gone: nothing looks like a result
+    assert [name for name in files_in(out) if not name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("kinds, allow", [(("parquet",), 0), (("parquet",), 1)],
+                         ids=["requests-fail", "documents-fail"])
+def test_a_full_disk_leaves_no_half_trace(tmp_path, monkeypatch, kinds, allow):
+    FullDisk(monkeypatch, tmp_path / "full", kinds, allow)
+    for command in (["trace", "generate", "mmlu", "{}", "--requests", "20"],
+                    ["trace", "retime", "mmlu", "{}", "--rate", "2", "--requests", "20"]):
+        out = tmp_path / "full" / command[1]
+        line = one_error_line(runner.invoke(app, [a.replace("{}", str(out)) for a in command]))
+        assert line == (f"error: {out}: the trace could not be written (No space left on "
+                        "device); the folder holds none of its files")
+        assert files_in(out) == []
+
+
+def test_a_full_disk_leaves_earlier_files_of_export_report_and_plot(tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    full.mkdir()
+    sweep = tmp_path / "sweep"
+    assert runner.invoke(app, ["sweep", "--out", str(sweep), "--set", "n_requests=20",
+                               "--axis", "host_mem=1GiB,2GiB", "--jobs", "1"]).exit_code == 0
+    earlier = {name: full / name for name in ("t.jsonl", "r.html", "p.png")}
+    for path in earlier.values():
+        path.write_text("earlier\n")
+    FullDisk(monkeypatch, full)
+    commands = {
+        "t.jsonl": ["trace", "export-jsonl", "mmlu", str(earlier["t.jsonl"]), "--requests",
+                    "20", "--force"],
+        "r.html": ["report", str(sweep), "--out", str(earlier["r.html"])],
+        "p.png": ["plot", str(sweep), "--out", str(earlier["p.png"]), "--x",
+                  "host_cache_bytes", "--y", "ttft_mean_s"],
+    }
+    for name, command in commands.items():
+        line = one_error_line(runner.invoke(app, command))
+        assert line.startswith(f"error: {earlier[name]}") and "No space left on device" in line
+        assert earlier[name].read_text() == "earlier\n"
+    assert files_in(full) == sorted(earlier)  # no temporary file left behind
+
+
+def test_a_full_disk_mid_sweep_keeps_the_finished_points_and_resumes(tmp_path, monkeypatch):
+    import ragsim.study.sweep as sweeping
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--out", str(out), "--set", "n_requests=20", "--axis",
+            "policy=lru,pgdsf,gdsf", "--jobs", "1"]
+    write_table = sweeping.write_results_table
+    calls = []
+
+    def fills_up(folder, rows):  # the first point's table is written; then the disk is full
+        calls.append(len(rows))
+        if len(calls) > 1:
+            import errno
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_table(folder, rows)
+
+    monkeypatch.setattr(sweeping, "write_results_table", fills_up)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {out}, field '--out': could not write the point's files "
+                           "and results.parquet (No space left on device): point ")
+    assert "policy=pgdsf" in line
+    assert ") finished but its result was lost; the 1 point(s) finished before " \
+        "are kept in results.parquet; free space and run the same command to resume" in line
+    assert len(pd_read(out)) == 1
+    monkeypatch.setattr(sweeping, "write_results_table", write_table)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "2 point(s) run, 1 already done" in result.stderr
+    assert len(pd_read(out)) == 3
+
+
+def pd_read(folder: Path):
+    import pandas as pd
+
+    return pd.read_parquet(folder / "results.parquet")

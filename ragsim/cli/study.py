@@ -171,7 +171,13 @@ def report(
     if out_file.suffix.lower() not in (".html", ".htm"):
         raise RagsimInputError(f"must end in .html, got {out_file.name!r}", field="--out")
     check_out_file(out_file)
-    write_text_atomically(out_file, build_report(folder))
+    page = build_report(folder)
+    try:
+        write_text_atomically(out_file, page)
+    except OSError as exc:  # a full disk: the page is lost, an earlier one is not
+        raise RagsimInputError(f"the report could not be written ({exc.strerror or exc}); "
+                               "nothing was written there (an earlier file is as it was)",
+                               file=str(out_file), field="--out") from None
     err.print(f"wrote {out_file}", highlight=False)
 
 

@@ -52,8 +52,9 @@ def _write(trace, destination: Path) -> None:
     try:
         write_trace(trace, destination)
     except OSError as exc:
-        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc})",
-                               file=str(destination)) from None
+        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc}); "
+                               "the folder holds none of its files", file=str(destination)
+                               ) from None
 
 
 @app.command("import-jsonl", cls=Command)

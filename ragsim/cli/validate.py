@@ -283,8 +283,10 @@ def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
 
     from ragsim import validate as v
 
-    write_results(folder / "real", pd.DataFrame(real.columns), real.summary)
-    write_results(folder / "sim", pd.DataFrame(sim.columns), sim.summary)
+    for name, side in (("real", real), ("sim", sim)):
+        not_written = write_results(folder / name, pd.DataFrame(side.columns), side.summary)
+        if not_written is not None:
+            raise not_written
     joined, _ = v.join_runs(real.columns, sim.columns)
     table = v.per_request(joined)
     write_atomically(folder / "requests.parquet", lambda tmp: table.to_parquet(tmp, index=False))

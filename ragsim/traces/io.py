@@ -37,10 +37,17 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     set_id = new_set_id().encode()  # the two files are one trace: a cut write is told apart
-    for name, table in ((REQUESTS_FILE, trace.requests_table()),
-                        (DOCUMENTS_FILE, trace.documents_table())):
-        table = table.replace_schema_metadata({**table.schema.metadata, SET_ID_KEY: set_id})
-        write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
+    written: list[Path] = []
+    try:
+        for name, table in ((REQUESTS_FILE, trace.requests_table()),
+                            (DOCUMENTS_FILE, trace.documents_table())):
+            table = table.replace_schema_metadata({**table.schema.metadata, SET_ID_KEY: set_id})
+            write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
+            written.append(out / name)
+    except OSError:  # a write a full disk cut short leaves no half of a trace
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
     return out
 
 
