@@ -34,6 +34,13 @@ def check_plot_path(path: Path | str, field: str = "--plot") -> Path:
     return path
 
 
+def plain(text: object) -> str:
+    """Text from the user's data (a path, a trace's or a profile's name, a column's value) as
+    matplotlib draws it literally: a ``$`` pair would start mathtext, which misdraws
+    ``a$x$b`` and refuses ``run$^^$1`` (a legal folder name) with a parse error."""
+    return str(text).replace("$", r"\$")
+
+
 def new_figure(width_in: float, height_in: float) -> Figure:
     """A matplotlib ``Figure`` with its own Agg canvas (matplotlib is imported only here)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -18,10 +18,16 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pb": 10**15,
+    "eb": 10**18,
+    "pib": 2**50,
+    "eib": 2**60,  # the largest size accepted is 1 EiB, as the refusal says: it must be typable
     "k": 2**10,
     "m": 2**20,
     "g": 2**30,
     "t": 2**40,
+    "p": 2**50,
+    "e": 2**60,
 }
 # past this a size is a typo, and int64 byte counters would overflow downstream
 MAX_SIZE_BYTES = 2**60
@@ -31,8 +37,8 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
     """Return the number of bytes in ``text`` (``"4GiB"``, ``"0"``, ``"1.5 GB"``, ``1024``).
 
-    Binary suffixes (KiB, MiB, GiB, and bare K/M/G) are powers of 1024; decimal ones (KB, MB, GB)
-    powers of 1000, as their names say.
+    Binary suffixes (KiB, MiB, GiB, TiB, PiB, EiB, and bare K/M/G/T/P/E) are powers of 1024;
+    decimal ones (KB ... EB) powers of 1000, as their names say.
     """
     if isinstance(text, bool):
         raise RagsimInputError(f"expected a size, got {text!r}", field=field)

@@ -358,3 +358,49 @@ def pd_read(folder: Path):
     import pandas as pd
 
     return pd.read_parquet(folder / "results.parquet")
+
+
+# --------------------------------------------------------------------------- accepted silently
+def test_an_empty_parquet_trace_is_refused_as_an_empty_jsonl_file_is(tmp_path):
+    folder = with_requests_table(small_trace(tmp_path / "t"), lambda table: table.slice(0, 0))
+    for command in ("run", "replay"):
+        line = one_error_line(runner.invoke(app, [command, "--trace", str(folder)]))
+        assert line == f"error: {folder / 'requests.parquet'}: no requests in the table"
+
+
+@pytest.mark.parametrize("given, n_bytes", [("1EiB", 2**60), ("1 EiB", 2**60), ("1e", 2**60),
+                                            ("2PiB", 2**51), ("1EB", 10**18)])
+def test_the_largest_size_the_limit_names_can_be_typed(given, n_bytes):
+    from ragsim.units import parse_bytes
+
+    assert parse_bytes(given) == n_bytes
+    line = one_error_line(runner.invoke(app, ["run", "--gpu-mem", "2EiB"]))
+    assert "at most 1,152,921,504,606,846,976 bytes, 1 EiB" in line
+    result = runner.invoke(app, ["run", "--gpu-mem", given, "--requests", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["gpu_kv_bytes"] == n_bytes
+
+
+def test_a_dollar_in_a_path_is_drawn_as_written(tmp_path):
+    """A pair of ``$`` in a legal folder name started matplotlib's mathtext: ``$^^$`` (a double
+    superscript) made plot, report and trace stats --plot fail with a parse error."""
+    traces = [tmp_path / "run$^^$1", tmp_path / r"b$\nope$"]
+    for folder in traces:
+        small_trace(folder)
+    sweep = tmp_path / "s$^^$"
+    result = runner.invoke(app, ["sweep", "--out", str(sweep), "--set", "n_requests=6",
+                                 "--axis", "trace=" + ",".join(str(t) for t in traces),
+                                 "--axis", "host_mem=1GiB,2GiB", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    for command in (["plot", str(sweep), "--out", str(tmp_path / "p.png"), "--x",
+                     "host_cache_bytes", "--y", "ttft_mean_s", "--by", "trace"],
+                    ["report", str(sweep), "--out", str(tmp_path / "r.html")],
+                    ["trace", "stats", *map(str, traces), "--plot", str(tmp_path / "s.png")]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, result.output
+    from ragsim.figures import new_figure, plain
+
+    fig = new_figure(3, 2)
+    fig.add_subplot().set_title(plain(traces[0]))
+    fig.canvas.draw()  # the escaped text renders; its characters are the path's
+    assert fig.axes[0].title.get_text().replace("\\$", "$") == str(traces[0])

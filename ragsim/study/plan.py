@@ -150,14 +150,14 @@ def choose(table, slo: Slo, options: list[GpuOption], rate_rps: float, prices: d
 
 def margin_figure(curve: list[dict], slo: Slo, best: dict):
     """The winner's SLO metric against the offered rate, with the SLO's bound."""
-    from ragsim.figures import new_figure
+    from ragsim.figures import new_figure, plain
     from ragsim.study.plot import label
 
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     xs = [p["rate_rps"] for p in curve]
     ax.plot(xs, [p[slo.metric] for p in curve], marker="o",
-            label=f"{best['replicas']} x {best['profile']}, "
+            label=f"{best['replicas']} x {plain(best['profile'])}, "
                   f"{best['host_cache_bytes_per_replica'] / GiB:g} GiB host")
     ax.axhline(slo.bound, color="red", linestyle="--", label=f"SLO {slo}")
     ax.set_xlabel(label("rate_rps"))

@@ -75,6 +75,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
         except (pa.ArrowInvalid, OSError) as exc:
             raise TraceError(f"not a readable Parquet file: {exc}", file=str(f)) from exc
         check_version(tables[name].schema, str(f))
+    if tables[REQUESTS_FILE].num_rows == 0:  # as an empty JSONL file is: nothing to run
+        raise TraceError("no requests in the table", file=str(p / REQUESTS_FILE))
     ids = {name: (tables[name].schema.metadata or {}).get(SET_ID_KEY) for name in tables}
     if None not in ids.values() and len(set(ids.values())) > 1:
         raise TraceError(f"{REQUESTS_FILE} and {DOCUMENTS_FILE} come from two different writes "
