@@ -404,3 +404,35 @@ def test_a_dollar_in_a_path_is_drawn_as_written(tmp_path):
     fig.add_subplot().set_title(plain(traces[0]))
     fig.canvas.draw()  # the escaped text renders; its characters are the path's
     assert fig.axes[0].title.get_text().replace("\\$", "$") == str(traces[0])
+
+
+# --------------------------------------------------------------------------- a huge sweep
+def _grid(tmp_path: Path, seeds: int, policies: str = "lru,nope") -> list[str]:
+    """A sweep of ``seeds`` x 2 points whose second policy is refused once the points are
+    checked: reaching that refusal shows the grid's size was let through."""
+    return ["sweep", "--out", str(tmp_path / "s"), "--set", "n_requests=5",
+            "--axis", "seed=" + ",".join(map(str, range(seeds))), "--axis",
+            f"policy={policies}"]
+
+
+def test_a_grid_over_a_thousand_points_needs_yes_off_a_terminal(tmp_path):
+    line = one_error_line(runner.invoke(app, _grid(tmp_path, 1_000_000 // 2)))
+    assert line == ("error: field '--yes': the sweep has 1,000,000 points (more than 1,000); "
+                    "give --yes to run them all")
+    line = one_error_line(runner.invoke(app, [*_grid(tmp_path, 501), "--yes"]))
+    assert "field 'axes.policy'" in line  # past the count: the points were checked
+    line = one_error_line(runner.invoke(app, _grid(tmp_path, 500)))  # 1,000: not asked
+    assert "field 'axes.policy'" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_grid_over_a_thousand_points_asks_on_a_terminal(tmp_path, monkeypatch):
+    import ragsim.cli.study as study
+
+    monkeypatch.setattr(study, "_on_a_terminal", lambda: True)
+    result = runner.invoke(app, _grid(tmp_path, 501), input="n\n")
+    assert result.exit_code == 1 and "The sweep has 1,002 points. Run them all?" in \
+        result.stderr and "not started" in result.stderr
+    assert not (tmp_path / "s").exists()
+    result = runner.invoke(app, _grid(tmp_path, 501), input="y\n")
+    assert result.exit_code == 2 and "field 'axes.policy'" in result.stderr

@@ -25,6 +25,7 @@ import inspect
 import itertools
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,10 +125,12 @@ def _normalise(table: dict, where: str, mode: str, source: str) -> dict:
 
 
 def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[str] = (),
-               seeds: str | None = None) -> Sweep:
+               seeds: str | None = None, approve: Callable[[int], None] | None = None
+               ) -> Sweep:
     """Read and check a sweep file (or none), add the command line's ``--set KEY=VALUE``,
     ``--axis KEY=V1,V2`` and ``--seeds 0,1,2`` (which win over the file), expand the points and
-    check each one's configuration."""
+    check each one's configuration. ``approve(count)`` sees the number of points before they
+    are expanded and may refuse (a grid of a million points takes minutes just to check)."""
     data: dict = {}
     source = "command line"
     if path is not None:
@@ -146,7 +149,7 @@ def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[
         data["seeds"] = [_value(v.strip(), "--seeds") for v in seeds.split(",")]
     if not data:
         raise RagsimInputError("give a sweep file, or --set/--axis", field="SWEEP_FILE")
-    return parse_sweep(data, source)
+    return parse_sweep(data, source, approve=approve)
 
 
 def _flag(text: str, flag: str, *, split: bool) -> tuple[str, object]:
@@ -169,7 +172,8 @@ def _value(text: str, flag: str) -> object:
         return text
 
 
-def parse_sweep(data: dict, source: str) -> Sweep:
+def parse_sweep(data: dict, source: str, *, approve: Callable[[int], None] | None = None
+                ) -> Sweep:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise _fail(source, unknown[0],
@@ -220,10 +224,20 @@ def parse_sweep(data: dict, source: str) -> Sweep:
         seeds = [base.get("seed", 0)]
     sweep = Sweep(source=source, mode=mode, base=base, axes=axes, listed=listed,
                   seeds=list(seeds) if seeds is not None else [])
+    if approve is not None:
+        approve(point_count(sweep))
     sweep.points = _expand(sweep)
     for point in sweep.points:
         check_point(sweep, point)
     return sweep
+
+
+def point_count(sweep: Sweep) -> int:
+    """How many points the sweep expands into, counted without expanding them."""
+    count = max(len(sweep.listed), 1) * max(len(sweep.seeds), 1)
+    for values in sweep.axes.values():
+        count *= len(values)
+    return count
 
 
 def _expand(sweep: Sweep) -> list[Point]:
