@@ -436,3 +436,103 @@ def test_a_grid_over_a_thousand_points_asks_on_a_terminal(tmp_path, monkeypatch)
     assert not (tmp_path / "s").exists()
     result = runner.invoke(app, _grid(tmp_path, 501), input="y\n")
     assert result.exit_code == 2 and "field 'axes.policy'" in result.stderr
+
+
+def test_a_profile_overhead_that_could_not_apply_is_refused(tmp_path):
+    """``overhead_s`` records the fixed cost every grid point already includes (the simulator
+    reads the grids): 1e300 once changed nothing at all; more than the cheapest prefill is
+    now refused, and a value within it still loads."""
+    from ragsim.profiles.profile import load_profile
+
+    data = load_profile("a10g-mistral-7b").to_dict()
+    cheapest = min(min(row) for row in data["prefill"]["seconds"])
+    path = tmp_path / "p.json"
+    for overhead, ok in ((1e300, False), (cheapest * 1.01, False), (cheapest, True),
+                         (0.0, True)):
+        path.write_text(json.dumps({**data, "overhead_s": overhead}))
+        result = runner.invoke(app, ["run", "--profile", str(path), "--requests", "5",
+                                     "--json"])
+        if ok:
+            assert result.exit_code == 0, result.output
+        else:
+            line = one_error_line(result)
+            assert line.startswith(f"error: {path}, field 'overhead_s': is ") and \
+                "more than the cheapest prefill iteration of the grid" in line
+
+
+def trace_of(rows: list[tuple[float, list[int]]]):
+    builder = TraceBuilder("hand")
+    for i, (arrival, docs) in enumerate(rows):
+        builder.add(i, arrival, 20, 4, docs, [100] * len(docs))
+    return builder.build({})
+
+
+def test_a_prompt_over_the_token_budget_is_counted_and_said():
+    """prefill-first: a request whose new tokens alone exceed max_batched_tokens runs alone
+    (the budget cannot split it), which is what a budget of 1 did without a word. By hand:
+    three requests of 120 new tokens arriving together; a budget of 1 runs them one by one,
+    three prefills over it; a budget of 120 holds one each (not over); 360 all at once."""
+    from ragsim.profiles.profile import load_profile
+    from ragsim.serving.config import build_config
+    from ragsim.sim.simulator import run_simulation
+
+    trace = trace_of([(0.0, [1]), (0.0, [2]), (0.0, [3])])
+    profile = load_profile("a10g-mistral-7b")
+    for budget, iterations, over in ((1, 3, 3), (120, 3, 0), (360, 1, 0)):
+        s = run_simulation(trace, build_config({"system": "sglang", "stage_source": "none",
+                                                "max_batched_tokens": budget}), profile)
+        assert s.summary["iterations_prefill"] == iterations
+        said = [w for w in s.summary["warnings"] if "max_batched_tokens" in w]
+        assert said == ([f"{over} prefill(s) computed more new tokens than max_batched_tokens "
+                         f"({budget:,}) allows: a prompt larger than the budget runs alone in its "
+                         "iteration (vLLM v0.3 refuses a budget below its longest prompt; the "
+                         "mixed scheduler splits prompts into chunks instead)"] if over else [])
+
+
+def test_a_document_listed_twice_is_counted_and_each_copy_cached_once():
+    """By hand: requests [3, 3], [3, 3], [3] with 100-token documents: the first computes 200
+    tokens (both copies), the second hits both copies (200), the third the first copy (100):
+    token hit rate 300 / 500. Two requests list a document twice, and the run says so."""
+    from ragsim.profiles.profile import load_profile
+    from ragsim.serving.config import build_config
+    from ragsim.sim.replay import ReplayConfig, run_replay
+    from ragsim.sim.simulator import run_simulation
+
+    trace = trace_of([(0.0, [3, 3]), (5.0, [3, 3]), (10.0, [3])])
+    s = run_simulation(trace, build_config({"system": "sglang", "stage_source": "none"}),
+                       load_profile("a10g-mistral-7b"))
+    assert s.records["doc_tokens"].tolist() == [200, 200, 100]
+    assert s.records["hit_tokens_gpu"].tolist() == [0, 200, 100]
+    assert s.records["recomputed_tokens"].tolist() == [200, 0, 0]
+    assert s.summary["token_hit_rate"] == pytest.approx(300 / 500)
+    said = [w for w in s.summary["warnings"] if "more than once" in w]
+    assert len(said) == 1 and said[0].startswith("2 request(s) list a document more than once")
+    replayed = run_replay(trace, ReplayConfig(trace="hand", policy="lru", kv_bytes_per_token=1,
+                                              gpu_capacity_bytes=10**6,
+                                              host_capacity_bytes=0))
+    assert replayed.summary["token_hit_rate"] == pytest.approx(300 / 500)
+    assert any(w.startswith("2 request(s) list a document") for w in
+               replayed.summary["warnings"])
+
+
+def test_mooncake_ids_that_are_not_prefix_chained_are_counted_at_import(tmp_path):
+    source = tmp_path / "mc.jsonl"
+    rows = [{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]},
+            {"timestamp": 10, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]},
+            {"timestamp": 20, "input_length": 1024, "output_length": 4, "hash_ids": [3, 2]}]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["trace", "import-mooncake", str(source), str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert ("warning: 1 request(s) whose hash_ids are not chained by prefix, as Mooncake's are"
+            in result.stderr and "row 3: block 2 follows 3, at row 1 it followed 1"
+            in result.stderr)
+    from ragsim.traces import read_trace
+
+    info = read_trace(tmp_path / "t").info
+    assert info["unchained_block_rows"] == 1
+
+
+def test_the_real_mooncake_sample_is_chained(mooncake_sample, tmp_path):
+    result = runner.invoke(app, ["trace", "import-mooncake", str(mooncake_sample),
+                                 str(tmp_path / "t")])
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.output

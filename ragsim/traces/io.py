@@ -348,6 +348,12 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
     src = str(p)
     builder = TraceBuilder(src)
     last_ms = 0.0
+    # Mooncake's hash ids are chained by prefix: a block's id covers every block before it, so
+    # an id always follows the same id (or starts the list). One that does not is counted:
+    # the knowledge tree still keys blocks by their prefix (the same id under two prefixes is
+    # two nodes), but the file is not what the format says, so the import says so
+    before: dict[int, tuple[int | None, int]] = {}
+    unchained_rows, first_unchained = 0, None
     for row, obj in iter_json_objects(p):
         ts = _seconds(obj.get("timestamp"), src, row, "timestamp", "milliseconds")
         if ts < last_ms:
@@ -365,9 +371,24 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
                              f"cover input_length {input_length}", file=src, row=row,
                              field="input_length")
         sizes = [MOONCAKE_BLOCK_TOKENS] * (len(blocks) - 1) + [last]
+        unchained = None
+        previous = None
+        for block in blocks:
+            seen = before.setdefault(block, (previous, row))
+            if seen[0] != previous and unchained is None:
+                unchained = (f"row {row}: block {block} follows {previous}, at row {seen[1]} "
+                             f"it followed {seen[0]}")
+            previous = block
+        if unchained is not None:
+            unchained_rows += 1
+            first_unchained = first_unchained or unchained
         builder.add(row, ts / 1000.0, 0, output_length, blocks, sizes)
     if not builder.doc_lists:
         raise TraceError("no requests in file", file=src)
     # prefix blocks of conversations, not retrieved documents: no vector search chose them
-    return builder.build({"source": "mooncake", "file": p.name,
-                          "block_tokens": MOONCAKE_BLOCK_TOKENS, "retrieval": False})
+    info = {"source": "mooncake", "file": p.name, "block_tokens": MOONCAKE_BLOCK_TOKENS,
+            "retrieval": False}
+    if unchained_rows:
+        info["unchained_block_rows"] = unchained_rows
+        info["first_unchained_block"] = first_unchained
+    return builder.build(info)
