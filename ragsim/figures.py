@@ -34,6 +34,13 @@ def check_plot_path(path: Path | str, field: str = "--plot") -> Path:
     return path
 
 
+def plain(text: object) -> str:
+    """Text from the user's data (a path, a trace's or a profile's name, a column's value) as
+    matplotlib draws it literally: a ``$`` pair would start mathtext, which misdraws
+    ``a$x$b`` and refuses ``run$^^$1`` (a legal folder name) with a parse error."""
+    return str(text).replace("$", r"\$")
+
+
 def new_figure(width_in: float, height_in: float) -> Figure:
     """A matplotlib ``Figure`` with its own Agg canvas (matplotlib is imported only here)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -50,7 +57,12 @@ def save_figure(fig: Figure, path: Path | str) -> Path:
 
     path = check_plot_path(path)
     metadata = _NO_DATES[path.suffix.lower()]
-    with matplotlib.rc_context({"svg.hashsalt": "ragsim"}):  # the default salt is random
-        # the temporary file keeps the suffix, so savefig picks the same format
-        write_atomically(path, lambda tmp: fig.savefig(tmp, metadata=metadata))
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": "ragsim"}):  # the default salt is random
+            # the temporary file keeps the suffix, so savefig picks the same format
+            write_atomically(path, lambda tmp: fig.savefig(tmp, metadata=metadata))
+    except OSError as exc:  # a full disk: the figure is lost, an earlier file is not
+        raise RagsimInputError(f"the figure could not be written ({exc.strerror or exc}); "
+                               "nothing was written there (an earlier file is as it was)",
+                               file=str(path)) from None
     return path

@@ -132,14 +132,26 @@ def write_run_result(out_dir: Path, records, summary: dict, config_toml: str | N
     table = pa.Table.from_pandas(records, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            SET_ID_KEY: set_id.encode()})
-    write_atomically(out_dir / "requests.parquet", lambda tmp: pq.write_table(table, tmp))
-    if config_toml is not None:
-        write_text_atomically(out_dir / "config.toml", f"{_TOML_MARK}{set_id}\n{config_toml}")
-    else:
-        (out_dir / "config.toml").unlink(missing_ok=True)  # no earlier set's config beside it
-    write_text_atomically(out_dir / "summary.json",
-                          json.dumps({**summary, SET_ID_FIELD: set_id}, indent=2, default=str)
-                          + "\n")
+    written: list[Path] = []
+    try:
+        write_atomically(out_dir / "requests.parquet", lambda tmp: pq.write_table(table, tmp))
+        written.append(out_dir / "requests.parquet")
+        if config_toml is not None:
+            write_text_atomically(out_dir / "config.toml",
+                                  f"{_TOML_MARK}{set_id}\n{config_toml}")
+            written.append(out_dir / "config.toml")
+        else:
+            (out_dir / "config.toml").unlink(missing_ok=True)  # no earlier set's config
+        write_text_atomically(out_dir / "summary.json",
+                              json.dumps({**summary, SET_ID_FIELD: set_id}, indent=2,
+                                         default=str) + "\n")
+    except OSError:
+        # a set a full disk cut short leaves none of its files: half a result is no result,
+        # and the space it held may be what the user needs to write it again (an interrupt
+        # leaves them, marked unfinished by the missing summary: check_result_set)
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
     return set_id
 
 

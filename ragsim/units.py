@@ -18,11 +18,15 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pb": 10**15,
+    "eb": 10**18,
+    "pib": 2**50,
+    "eib": 2**60,  # the largest size accepted is 1 EiB, as the refusal says: it must be typable
 }
 # a bare K/M/G/T means 2^30 to some tools (ls, Docker) and 10^9 to others (Kubernetes, disk
 # vendors): refused, with both spellings offered, rather than guessed (32G was silently 32 GiB
 # while 32GB was 29.8 GiB)
-_AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T"}
+_AMBIGUOUS = {"k": "K", "m": "M", "g": "G", "t": "T", "p": "P", "e": "E"}
 # past this a size is a typo, and int64 byte counters would overflow downstream
 MAX_SIZE_BYTES = 2**60
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
@@ -31,8 +35,8 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 def parse_bytes(text: str | int | float, *, field: str = "size") -> int:
     """Return the number of bytes in ``text`` (``"4GiB"``, ``"0"``, ``"1.5 GB"``, ``1024``).
 
-    Binary suffixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB)
-    powers of 1000, as their names say; a bare K/M/G/T is refused as ambiguous.
+    Binary suffixes (KiB, MiB, GiB, TiB, PiB, EiB) are powers of 1024; decimal ones (KB ... EB)
+    powers of 1000, as their names say; a bare K/M/G/T/P/E is refused as ambiguous.
     """
     if isinstance(text, bool):
         raise RagsimInputError(f"expected a size, got {text!r}", field=field)

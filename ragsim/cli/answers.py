@@ -40,6 +40,23 @@ Epsilon = Annotated[float, typer.Option(help="HNSW EPSILON of range queries (red
                                              "are range queries).", rich_help_panel=INDEX_PANEL)]
 
 
+def check_index_options(*, algorithm: str, m: int, ef_construction: int, ef_runtime: int,
+                        epsilon: float) -> None:
+    """The vector index's options, refused before any server starts (Redis refuses them only
+    when the index is created, which ended in a traceback)."""
+    import math
+
+    if algorithm not in ("hnsw", "flat"):
+        raise RagsimInputError(f"must be hnsw or flat, got {algorithm!r}", field="--algorithm")
+    for flag, value in (("--m", m), ("--ef-construction", ef_construction),
+                        ("--ef-runtime", ef_runtime)):
+        if value < 1:
+            raise RagsimInputError(f"must be >= 1, got {value}", field=flag)
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise RagsimInputError(f"must be a number > 0 (the range query's relative margin), "
+                               f"got {epsilon}", field="--epsilon")
+
+
 def read_golden(path: Path):
     """JSON lines with ``question`` (text) and ``answer`` (text, or null: RAG had no answer)."""
     from ragsim.realrun.answers.golden import Golden
@@ -112,6 +129,8 @@ def golden(
     answer than the file gives is a false hit (on distinct questions, every first-pass hit
     from another question). The file's answers stand in for RAG, so no LLM runs; the timing
     is the answer cache's own work."""
+    check_index_options(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
     require_answers("ragsim answers golden", embedder=True)
     golden_set = read_golden(questions)
     if paraphrases is not None:
@@ -184,6 +203,8 @@ def bench(
     shared tiers holding ENTRIES random unit vectors. Vectors are given, so the embedder's time
     is not in it. On a given Redis it writes into a namespace of its own, deleted at the end
     (the server's other keys are never touched)."""
+    check_index_options(algorithm=algorithm, m=m, ef_construction=ef_construction,
+                        ef_runtime=ef_runtime, epsilon=epsilon)
     require_answers("ragsim answers bench")
     if entries < 1 or samples < 1 or dims < 2:
         raise RagsimInputError("--entries and --samples must be >= 1, --dims >= 2",

@@ -191,12 +191,23 @@ def print_warnings(summary: dict) -> None:
         err.print(f"[yellow]warning:[/] {line}", highlight=False)
 
 
-def write_results(out_dir: Path, records, summary: dict, config_toml: str | None = None) -> None:
+def write_results(out_dir: Path, records, summary: dict, config_toml: str | None = None
+                  ) -> RagsimInputError | None:
     """Per-request records (Parquet), the summary (JSON) and the configuration (TOML) of a run
-    or replay, as one set (:func:`ragsim.outputs.save_run_result`)."""
-    from ragsim.outputs import save_run_result
+    or replay, as one set (:func:`ragsim.outputs.write_run_result`). A full disk (or any write
+    that fails) leaves none of the set's files and is returned as the one line to end with:
+    the caller prints the summary first, so a finished run's figures are not lost with its
+    files."""
+    from ragsim.outputs import write_run_result
 
-    save_run_result(out_dir, records, summary, config_toml)
+    try:
+        write_run_result(out_dir, records, summary, config_toml)
+    except OSError as exc:
+        return RagsimInputError(f"the results could not be written ({exc.strerror or exc}): "
+                                "the summary printed above is all that is kept of this run; "
+                                "the folder holds none of its files", file=str(out_dir),
+                                field="--out")
+    return None
 
 
 def exit_interrupted(what_ended: str, out_dir: Path | None,

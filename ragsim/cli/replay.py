@@ -105,13 +105,15 @@ def replay(
         summary = result.summary
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
-        if out_dir is not None:
-            write_results(out_dir, result.requests, summary)
+        not_written = (write_results(out_dir, result.requests, summary)
+                       if out_dir is not None else None)
     if json_output:
         print_json(summary)
     else:
         _print_replay_summary(summary)
     print_warnings(summary)
+    if not_written is not None:  # after the summary: the replay's figures are not lost too
+        raise not_written
     if summary["interrupted"]:
         exit_interrupted(f"after the first {summary['requests']:,} of {result.trace_requests:,} "
                          "requests", out_dir, signals)

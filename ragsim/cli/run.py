@@ -298,14 +298,16 @@ def run(
         summary = result.summary
         if summary["interrupted"]:
             summary["interrupted_by"] = signals.name
-        if out_dir is not None:
-            # what ran: the run decides what the config left to the trace (retrieval)
-            write_results(out_dir, result.requests, summary, result.config.to_toml())
+        # what ran: the run decides what the config left to the trace (retrieval)
+        not_written = (write_results(out_dir, result.requests, summary, result.config.to_toml())
+                       if out_dir is not None else None)
     if json_output:
         print_json(summary)
     else:
         _print_run_summary(summary)
     print_warnings(summary)
+    if not_written is not None:  # after the summary: the run's figures are not lost too
+        raise not_written
     ended = summary["requests_completed"] + summary["requests_failed"]
     if summary["interrupted"]:
         exit_interrupted(f"at {summary['simulated_s']:,.1f} simulated s: {ended:,} of "

@@ -19,6 +19,30 @@ from ragsim.cli.common import (
 )
 from ragsim.errors import RagsimInputError
 
+# past this many points a sweep asks first: a typo in an axis (a list of a thousand values,
+# five axes of ten) would otherwise start hours of work, or minutes just checking the points
+LARGE_SWEEP_POINTS = 1_000
+
+
+def _on_a_terminal() -> bool:
+    import sys
+
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _ask_for_large(count: int) -> None:
+    """A grid of more than LARGE_SWEEP_POINTS points runs only when the user says so: asked on
+    a terminal, refused otherwise unless --yes."""
+    if count <= LARGE_SWEEP_POINTS:
+        return
+    if not _on_a_terminal():
+        raise RagsimInputError(f"the sweep has {count:,} points (more than "
+                               f"{LARGE_SWEEP_POINTS:,}); give --yes to run them all",
+                               field="--yes")
+    if not typer.confirm(f"The sweep has {count:,} points. Run them all?", err=True):
+        err.print("not started", highlight=False)
+        raise typer.Exit(1)
+
 
 @friendly_errors
 def sweep(
@@ -46,6 +70,9 @@ def sweep(
         "--records/--no-records", help="Keep each point's per-request records "
                                          "(points/<id>/requests.parquet; TTFT CDFs need them).")
     ] = True,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help=f"Run a grid of more than {LARGE_SWEEP_POINTS:,} points without asking "
+                      "(needed when not on a terminal).")] = False,
 ) -> None:
     """Run many configurations (a grid of run or replay options over seeds) into one table."""
     from rich.progress import TimeRemainingColumn
@@ -58,7 +85,8 @@ def sweep(
 
     check_sweep_options(executor, jobs, address)
     check_out_dir(out_dir)
-    spec = load_sweep(sweep_file, settings=set_ or [], axes=axis or [], seeds=seeds)
+    spec = load_sweep(sweep_file, settings=set_ or [], axes=axis or [], seeds=seeds,
+                      approve=None if yes else _ask_for_large)
     jobs = jobs or default_jobs()
     progress = make_bar(TimeRemainingColumn(compact=True, elapsed_when_finished=True))
     task = progress.add_task("sweep", total=len(spec.points))
@@ -166,7 +194,13 @@ def report(
     if out_file.suffix.lower() not in (".html", ".htm"):
         raise RagsimInputError(f"must end in .html, got {out_file.name!r}", field="--out")
     check_out_file(out_file)
-    write_text_atomically(out_file, build_report(folder))
+    page = build_report(folder)
+    try:
+        write_text_atomically(out_file, page)
+    except OSError as exc:  # a full disk: the page is lost, an earlier one is not
+        raise RagsimInputError(f"the report could not be written ({exc.strerror or exc}); "
+                               "nothing was written there (an earlier file is as it was)",
+                               file=str(out_file), field="--out") from None
     err.print(f"wrote {out_file}", highlight=False)
 
 

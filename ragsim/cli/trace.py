@@ -52,8 +52,9 @@ def _write(trace, destination: Path) -> None:
     try:
         write_trace(trace, destination)
     except OSError as exc:
-        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc})",
-                               file=str(destination)) from None
+        raise RagsimInputError(f"the trace could not be written ({exc.strerror or exc}); "
+                               "the folder holds none of its files", file=str(destination)
+                               ) from None
 
 
 @app.command("import-jsonl", cls=Command)
@@ -346,11 +347,23 @@ def _print_build_report(r: dict) -> None:
 
 
 def _report_written(trace, destination: Path) -> None:
+    from ragsim.serving.notices import repeated as repeated_sentence
+    from ragsim.serving.notices import repeated_documents
+
     err.print(f"wrote {trace.n_requests:,} requests and {trace.n_documents:,} documents to "
               f"{destination}")
     if trace.info.get("document_size_mismatches"):
         err.print(f"[yellow]warning:[/] {trace.info['document_size_mismatches']} document size "
                   f"mismatch(es), first sizes kept; {trace.info['first_size_mismatch']}")
+    if trace.info.get("unchained_block_rows"):
+        err.print(f"[yellow]warning:[/] {trace.info['unchained_block_rows']:,} request(s) whose "
+                  "hash_ids are not chained by prefix, as Mooncake's are (each block is kept "
+                  "under its own prefix, a node per prefix); "
+                  f"{trace.info['first_unchained_block']}", highlight=False, soft_wrap=True)
+    repeated = repeated_documents(trace.doc_offsets, trace.doc_ids)
+    if repeated:
+        err.print(f"[yellow]warning:[/] {repeated_sentence(repeated)}", highlight=False,
+                  soft_wrap=True)
 
 
 @app.command("stats", cls=Command)

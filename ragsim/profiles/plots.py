@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragsim.figures import check_plot_path, new_figure, save_figure
+from ragsim.figures import check_plot_path, new_figure, plain, save_figure
 from ragsim.profiles.profile import Profile
 
 
@@ -25,7 +25,7 @@ def plot_prefill(profile: Profile, path: Path | str) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("new (uncached) tokens")
     ax.set_ylabel("prefill time (s)")
-    ax.set_title(f"T(cached, new): {profile.name} ({profile.kind})")
+    ax.set_title(plain(f"T(cached, new): {profile.name} ({profile.kind})"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncols=2)
     fig.tight_layout()

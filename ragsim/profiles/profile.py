@@ -8,7 +8,8 @@ A profile is one JSON file::
      "obtained": {"kind": "derived", "formula": ..., "constants": ..., "sources": ...}
               or {"kind": "measured", "date": ..., "device": ..., "libraries": ..., ...},
      "kv_capacity_bytes": ...,        # GPU memory left for KV once weights and activations fit
-     "overhead_s": ...,               # fixed cost of one engine iteration
+     "overhead_s": ...,               # fixed cost of one engine iteration, already inside
+                                      # every grid point (a record, at most the cheapest)
      "prefill": {"cached_tokens": [...], "new_tokens": [...], "seconds": [[...]]},
      "batched_prefill": {"model": "equivalent_request", "padding": "none",
                          "per_extra_request_s": ..., "heldout_median_error": ...,
@@ -349,6 +350,17 @@ class Profile:
         tp = _number(data, "tensor_parallel", source, integer=True, minimum=1)
         prefill = _grid(data["prefill"], name=name, x_name="cached_tokens",
                         y_name="new_tokens", source=source, field="prefill")
+        overhead_s = _number(data, "overhead_s", source)
+        cheapest_s = min(min(row) for row in prefill.values)
+        if overhead_s > cheapest_s * (1 + 1e-9):
+            # the grids are what the simulator reads, and every point of them already pays
+            # the overhead (derived: overhead + roofline; measured: wall times): a larger
+            # value would change nothing, so it is a mistake, not a setting
+            raise ProfileError(
+                f"is {overhead_s:.4g} s, more than the cheapest prefill iteration of the grid "
+                f"({cheapest_s:.4g} s): it records the fixed cost every grid point already "
+                "includes, so it cannot exceed one; change the grids to change costs",
+                file=source, field="overhead_s")
         return cls(
             name=name,
             hardware=_object(data, "hardware", source),
@@ -361,7 +373,7 @@ class Profile:
             # no KV room: no request could ever run (a profile of a model that does not fit)
             kv_capacity_bytes=int(_number(data, "kv_capacity_bytes", source, integer=True,
                                           minimum=1, maximum=2**60)),
-            overhead_s=_number(data, "overhead_s", source),
+            overhead_s=overhead_s,
             prefill=prefill,
             batched_prefill=_batched(data["batched_prefill"], prefill, int(version), source),
             decode=_grid(data["decode"], name=name, x_name="batch_sizes",
@@ -492,13 +504,12 @@ def shipped_profile_names() -> list[str]:
 
 def load_profile(name_or_path: str) -> Profile:
     """A shipped profile by name (``a10g-mistral-7b``) or a JSON file by path."""
+    from ragsim.user_files import parse_json, read_user_text
+
     path = Path(name_or_path)
-    if path.exists():
+    if path.exists() or path.is_symlink():
         source = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"not readable as JSON text: {exc}", file=source) from exc
+        text = read_user_text(path, what="profile", error=ProfileError)
     elif name_or_path in shipped_profile_names():
         text = (_data_folder() / f"{name_or_path}.json").read_text()
         source = name_or_path
@@ -506,10 +517,7 @@ def load_profile(name_or_path: str) -> Profile:
         raise ProfileError(
             f"no such file, and not a shipped profile; shipped: {shipped_profile_names()}",
             file=name_or_path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"not valid JSON: {exc}", file=source) from exc
+    data = parse_json(text, source=source, error=ProfileError)
     return Profile.from_dict(data, source=source)
 
 

@@ -19,7 +19,6 @@ interpolated in log(entries) between the measured sizes and held flat past both 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -131,20 +130,16 @@ def shipped_path():
 
 def load_answer_latency(name_or_path: str = DEFAULT) -> AnswerLatency:
     """The shipped profile (``default``) or a JSON file by path."""
+    from ragsim.user_files import parse_json, read_user_text
+
     if name_or_path == DEFAULT:
         text, source = shipped_path().read_text(encoding="utf-8"), DEFAULT
     else:
         path = Path(name_or_path)
         source = str(path)
-        if not path.is_file():
+        if not path.exists():
             raise ProfileError(f"no such file (or '{DEFAULT}': the shipped profile)",
                                file=source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"not readable as JSON text: {exc}", file=source) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"not valid JSON: {exc}", file=source) from exc
+        text = read_user_text(path, what="answer-latency profile", error=ProfileError)
+    data = parse_json(text, source=source, error=ProfileError)
     return from_dict(data, source=source)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from dataclasses import dataclass
@@ -408,21 +407,30 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     return config
 
 
+CONFIG_TOP_KEYS = ("format", "version", "run")
+
+
 def load_config_file(path: str | Path) -> dict:
-    """The ``[run]`` table of a configuration file, checked for format and version."""
-    path = Path(path)
+    """The ``[run]`` table of a configuration file, checked for format and version. Keys
+    beside ``format``, ``version`` and ``[run]`` are refused, as a sweep file refuses them (a
+    setting written above ``[run]`` would otherwise be dropped without a word)."""
+    from ragsim.user_files import read_user_toml
+
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError("no such file", file=source) from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"not valid TOML: {exc}", file=source) from exc
+    data = read_user_toml(path, what="configuration", error=ConfigError)
+    unknown = sorted(set(data) - set(CONFIG_TOP_KEYS))
+    if unknown:
+        hint = ("; settings go in the [run] table" if any(k in _FIELDS for k in unknown)
+                else "")
+        raise ConfigError(f"unknown key; a configuration has {', '.join(CONFIG_TOP_KEYS)}"
+                          f"{hint}", file=source, field=unknown[0])
     if data.get("format", "ragsim.config") != "ragsim.config":
         raise ConfigError(f"not a ragsim configuration (format {data.get('format')!r})",
                           file=source, field="format")
-    if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
-        raise ConfigError(f"unsupported version {data.get('version')!r} (this ragsim reads "
+    version = data.get("version", CONFIG_VERSION)
+    # true == 1 and 1.0 == 1 in Python: the version is the integer itself
+    if type(version) is not int or version != CONFIG_VERSION:
+        raise ConfigError(f"unsupported version {version!r} (this ragsim reads "
                           f"{CONFIG_VERSION})", file=source, field="version")
     run = data.get("run")
     if not isinstance(run, dict):

@@ -74,6 +74,7 @@ cdef class Engine:
     cdef public object iterations
     cdef public object iterations_decode
     cdef public object iterations_mixed
+    cdef public object prefills_over_budget
     cdef public object iterations_prefill
     cdef public object kv
     cdef public object lost_bytes

@@ -223,6 +223,9 @@ class Engine:
         self.iterations_prefill = 0
         self.iterations_decode = 0
         self.iterations_mixed = 0  # steps that prefilled and decoded together
+        # prefill-first: requests whose new tokens alone exceed max_batched_tokens; each ran
+        # alone in its iteration (the budget cannot split a prompt), said in the summary
+        self.prefills_over_budget = 0
         self.busy_s = 0.0
         self.swap_in_s = 0.0
         self.scheduler_s = 0.0  # wall time spent choosing batches
@@ -404,8 +407,10 @@ class Engine:
                     continue
                 break
             _, compute = self._lengths(job)
-            if batch and compute > budget and not chunked:
-                break  # a single request larger than the budget still runs alone
+            if compute > budget and not chunked:
+                if batch:
+                    break
+                self.prefills_over_budget += 1  # larger than the budget: it runs alone
             pool.take(key, now)
             self._start(job)
             # the policy core's time for this job: ordering, lookup, admission, eviction

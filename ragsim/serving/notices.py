@@ -101,11 +101,26 @@ def second_system_prompt(trace_info: dict, system_prompt_tokens: int) -> str | N
             "before them: both are counted (leave it at 0 to count the trace's prompt once)")
 
 
+def over_budget(count: int, max_batched_tokens: int) -> str | None:
+    """Prefill-first iterations that computed more than the token budget: one request whose new
+    tokens alone exceed it runs alone (the budget cannot split a prompt), so a budget below the
+    prompts stops batching rather than capping an iteration's tokens."""
+    if not count:
+        return None
+    return (f"{count:,} prefill(s) computed more new tokens than max_batched_tokens "
+            f"({max_batched_tokens:,}) allows: a prompt larger than the budget runs alone in "
+            "its iteration (vLLM v0.3 refuses a budget below its longest prompt; the mixed "
+            "scheduler splits prompts into chunks instead)")
+
+
 def run_warnings(*, arrival_s: np.ndarray, finish_s: np.ndarray, completed: int,
                  simulated_s: float, extrapolations: int, profile: str,
                  retrieval_turned_off: bool, trace_info: dict,
-                 system_prompt_tokens: int = 0) -> list[str]:
+                 system_prompt_tokens: int = 0, prefills_over_budget: int = 0,
+                 max_batched_tokens: int = 0, repeated_documents: int = 0) -> list[str]:
     found = [
+        over_budget(prefills_over_budget, max_batched_tokens),
+        repeated(repeated_documents),
         overload(arrival_s, finish_s, completed, simulated_s),
         extrapolated(extrapolations, profile),
         no_retrieval() if retrieval_turned_off else None,
@@ -116,9 +131,37 @@ def run_warnings(*, arrival_s: np.ndarray, finish_s: np.ndarray, completed: int,
     return [w for w in found if w is not None]
 
 
+def repeated(count: int) -> str | None:
+    """Requests that list a document more than once (real logs do: RAGPulse has 64). The rule
+    (docs/traces.md): the prompt holds the document each time it is listed, so the knowledge
+    tree holds the second copy as a node of its own below the first (its KV follows the first
+    copy's), and every token is counted once per copy, hits and computing alike."""
+    if not count:
+        return None
+    return (f"{count:,} request(s) list a document more than once: each copy is part of the "
+            "prompt (a node of its own in the knowledge tree, below the first), as the trace "
+            "says; deduplicate the lists first if the service did")
+
+
+def repeated_documents(doc_offsets: np.ndarray, doc_ids: np.ndarray,
+                       top_k: int | None = None) -> int:
+    """How many requests (CSR lists, cut to their first ``top_k``) name a document twice."""
+    doc_offsets, doc_ids = np.asarray(doc_offsets), np.asarray(doc_ids)
+    rows = np.repeat(np.arange(len(doc_offsets) - 1), np.diff(doc_offsets))
+    if top_k is not None:
+        keep = np.arange(len(doc_ids)) - doc_offsets[rows] < top_k
+        rows, doc_ids = rows[keep], doc_ids[keep]
+    if len(doc_ids) < 2:
+        return 0
+    order = np.lexsort((doc_ids, rows))
+    same = (rows[order][1:] == rows[order][:-1]) & (doc_ids[order][1:] == doc_ids[order][:-1])
+    return len(np.unique(rows[order][1:][same]))
+
+
 def replay_warnings(*, extrapolations: int, profile: str | None, trace_info: dict,
-                    system_prompt_tokens: int = 0) -> list[str]:
+                    system_prompt_tokens: int = 0, repeated_documents: int = 0) -> list[str]:
     """The checks that apply to a replay (no time, so no overload)."""
     found = [extrapolated(extrapolations, profile or "?"), synthetic_length(trace_info),
-             second_system_prompt(trace_info, system_prompt_tokens)]
+             second_system_prompt(trace_info, system_prompt_tokens),
+             repeated(repeated_documents)]
     return [w for w in found if w is not None]

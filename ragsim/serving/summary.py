@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.cache.hit_rates import hit_rate_fields
-from ragsim.serving.notices import run_warnings
+from ragsim.serving.notices import repeated_documents, run_warnings
 
 if TYPE_CHECKING:
     from ragsim.serving.pipeline import Pipeline
@@ -181,5 +181,9 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         simulated_s=simulated_s, extrapolations=summary["cost_extrapolations"],
         profile=sim.profile.name, retrieval_turned_off=sim.retrieval_turned_off,
         trace_info=sim.trace.info or {},
-        system_prompt_tokens=sim.config.system_prompt_tokens)
+        system_prompt_tokens=sim.config.system_prompt_tokens,
+        prefills_over_budget=engine.prefills_over_budget,
+        max_batched_tokens=sim.config.max_batched_tokens,
+        repeated_documents=repeated_documents(sim.trace.doc_offsets, sim.trace.doc_ids,
+                                              sim.config.top_k))
     return summary

@@ -20,7 +20,7 @@ from ragsim.cache.reuse import engine_reuse_columns
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, KnowledgeTree, check_frequency_scope
 from ragsim.profiles.profile import Profile
 from ragsim.serving.gc_pause import cyclic_gc_paused
-from ragsim.serving.notices import replay_warnings
+from ragsim.serving.notices import repeated_documents, replay_warnings
 from ragsim.traces.schema import Trace
 
 Progress = Callable[[int], None]  # called with the number of requests done so far
@@ -336,5 +336,6 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
     summary["warnings"] = replay_warnings(
         extrapolations=summary["cost_extrapolations"],
         profile=profile.name if profile is not None else None, trace_info=trace.info or {},
-        system_prompt_tokens=config.system_prompt_tokens)
+        system_prompt_tokens=config.system_prompt_tokens,
+        repeated_documents=repeated_documents(trace.doc_offsets, trace.doc_ids))
     return ReplayResult(config=config, columns=records, summary=summary)

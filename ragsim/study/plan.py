@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import operator
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,12 +70,9 @@ def load_prices(path: Path | None) -> dict:
     """The price table: the defaults, or a TOML file with the same two keys."""
     if path is None:
         return DEFAULT_PRICES
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RagsimInputError("no such file", file=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RagsimInputError(f"not valid TOML: {exc}", file=str(path)) from None
+    from ragsim.user_files import read_user_toml
+
+    data = read_user_toml(path, what="price table")
     gpus = data.get("gpu_usd_per_h")
     if not isinstance(gpus, dict) or not all(
             isinstance(v, int | float) and v >= 0 for v in gpus.values()):
@@ -159,14 +155,14 @@ def choose(table, slo: Slo, options: list[GpuOption], rate_rps: float, prices: d
 
 def margin_figure(curve: list[dict], slo: Slo, best: dict):
     """The winner's SLO metric against the offered rate, with the SLO's bound."""
-    from ragsim.figures import new_figure
+    from ragsim.figures import new_figure, plain
     from ragsim.study.plot import label
 
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     xs = [p["rate_rps"] for p in curve]
     ax.plot(xs, [p[slo.metric] for p in curve], marker="o",
-            label=f"{best['replicas']} x {best['profile']}, "
+            label=f"{best['replicas']} x {plain(best['profile'])}, "
                   f"{best['host_cache_bytes_per_replica'] / GiB:g} GiB host")
     ax.axhline(slo.bound, color="red", linestyle="--", label=f"SLO {slo}")
     ax.set_xlabel(label("rate_rps"))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.errors import RagsimInputError
+from ragsim.figures import plain
 from ragsim.study.results import POINTS_DIR
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def label(column: str) -> str:
     if unit is not None:
         stem = column[: -len(next(s for s, u in _UNITS if column.endswith(s)))]
     words = [_WORDS.get(w, w) for w in stem.split("_")]
-    text = " ".join(w for w in words if w)
+    text = plain(" ".join(w for w in words if w))
     return f"{text} ({unit})" if unit else text
 
 
@@ -189,7 +190,7 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
     for value, curve in groups:
         curve = curve.sort_values(x)
         xs = curve[x].to_numpy(dtype=float) / scale(x)
-        name = None if by is None else f"{by} = {_shown(value)}"
+        name = None if by is None else f"{plain(by)} = {_shown(value)}"
         ys = {k: curve[k].to_numpy(dtype=float) / scale(y) for k in ("mean", "lo", "hi")}
         (line,) = ax.plot(xs, ys["mean"], marker="o", label=name)
         ax.fill_between(xs, ys["lo"], ys["hi"], alpha=0.2, color=line.get_color(), linewidth=0)
@@ -220,9 +221,10 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
 
 
 def _shown(value) -> str:
+    """A curve's value as its legend shows it (a path with ``$`` drawn as written)."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    return str(value)
+    return plain(value)
 
 
 def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
@@ -248,7 +250,7 @@ def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
         data = np.sort(np.concatenate(values))
         ys = np.arange(1, len(data) + 1) / len(data)
         ax.step(data, ys, where="post",
-                label=None if by is None else f"{by} = {_shown(value)}")
+                label=None if by is None else f"{plain(by)} = {_shown(value)}")
     ax.set_xlabel(label(column))
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"{label(column)} CDF", fontsize=10)

@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,21 +123,20 @@ def _normalise(table: dict, where: str, mode: str, source: str) -> dict:
 
 
 def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[str] = (),
-               seeds: str | None = None) -> Sweep:
+               seeds: str | None = None, approve: Callable[[int], None] | None = None
+               ) -> Sweep:
     """Read and check a sweep file (or none), add the command line's ``--set KEY=VALUE``,
     ``--axis KEY=V1,V2`` and ``--seeds 0,1,2`` (which win over the file), expand the points and
-    check each one's configuration."""
+    check each one's configuration. ``approve(count)`` sees the number of points before they
+    are expanded and may refuse (a grid of a million points takes minutes just to check)."""
     data: dict = {}
     source = "command line"
     if path is not None:
         path = Path(path)
         source = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise RagsimInputError("no such file", file=source) from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise RagsimInputError(f"not valid TOML: {exc}", file=source) from None
+        from ragsim.user_files import read_user_toml
+
+        data = read_user_toml(path, what="sweep file")
     if settings:
         data["base"] = {**data.get("base", {}), **dict(
             _flag(text, "--set", split=False) for text in settings)}
@@ -147,7 +147,7 @@ def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[
         data["seeds"] = [_value(v.strip(), "--seeds") for v in seeds.split(",")]
     if not data:
         raise RagsimInputError("give a sweep file, or --set/--axis", field="SWEEP_FILE")
-    return parse_sweep(data, source)
+    return parse_sweep(data, source, approve=approve)
 
 
 def _flag(text: str, flag: str, *, split: bool) -> tuple[str, object]:
@@ -166,18 +166,20 @@ def _value(text: str, flag: str) -> object:
         raise RagsimInputError("an empty value", field=flag)
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 
-def parse_sweep(data: dict, source: str) -> Sweep:
+def parse_sweep(data: dict, source: str, *, approve: Callable[[int], None] | None = None
+                ) -> Sweep:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise _fail(source, unknown[0],
                     f"unknown key; a sweep file has {', '.join(sorted(_TOP_KEYS))}")
     if data.get("format", SWEEP_FORMAT) != SWEEP_FORMAT:
         raise _fail(source, "format", f"not a ragsim sweep (format {data['format']!r})")
-    if data.get("version", SWEEP_VERSION) != SWEEP_VERSION:
+    version = data.get("version", SWEEP_VERSION)
+    if type(version) is not int or version != SWEEP_VERSION:  # not true, not 1.0
         raise _fail(source, "version", f"unsupported version {data['version']!r} (this ragsim "
                     f"reads {SWEEP_VERSION})")
     base = data.get("base", {})
@@ -220,10 +222,20 @@ def parse_sweep(data: dict, source: str) -> Sweep:
         seeds = [base.get("seed", 0)]
     sweep = Sweep(source=source, mode=mode, base=base, axes=axes, listed=listed,
                   seeds=list(seeds) if seeds is not None else [])
+    if approve is not None:
+        approve(point_count(sweep))
     sweep.points = _expand(sweep)
     for point in sweep.points:
         check_point(sweep, point)
     return sweep
+
+
+def point_count(sweep: Sweep) -> int:
+    """How many points the sweep expands into, counted without expanding them."""
+    count = max(len(sweep.listed), 1) * max(len(sweep.seeds), 1)
+    for values in sweep.axes.values():
+        count *= len(values)
+    return count
 
 
 def _expand(sweep: Sweep) -> list[Point]:

@@ -8,6 +8,7 @@ points the table already holds. A folder holding points of another sweep is refu
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ragsim.study.executors import run_local, run_ray
 from ragsim.study.point import PointOutcome
 from ragsim.study.results import (
     POINTS_DIR,
+    RESULTS_FILE,
     SWEEP_FILE,
     read_results,
     result_row,
@@ -54,7 +56,8 @@ def run_sweep(sweep: Sweep, out_dir: Path, *, executor: str = "local", jobs: int
     """Run the points of ``sweep`` that ``out_dir`` does not hold yet; ``on_progress(done,
     total)`` after each. A Ctrl-C (or SIGTERM turned into one) propagates after the table
     holds every point that ended."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with _disk_said(out_dir, "the folder", None, 0):
+        out_dir.mkdir(parents=True, exist_ok=True)
     order = {p.point_id: i for i, p in enumerate(sweep.points)}
     existing = read_results(out_dir)
     foreign = sorted(set(existing["point_id"]) - set(order))
@@ -63,20 +66,33 @@ def run_sweep(sweep: Sweep, out_dir: Path, *, executor: str = "local", jobs: int
             f"holds {len(foreign)} point(s) of another sweep (e.g. {foreign[0]}); give a new "
             "folder, or the same sweep file to resume", file=str(out_dir), field="--out")
     rows = {r["point_id"]: _clean(r) for r in existing.to_dict("records")}
-    write_text_atomically(out_dir / SWEEP_FILE, sweep.to_toml())
+    with _disk_said(out_dir, SWEEP_FILE, None, len(rows)):
+        write_text_atomically(out_dir / SWEEP_FILE, sweep.to_toml())
     todo = [p for p in sweep.points if p.point_id not in rows]
     outcome = SweepOutcome(total=len(sweep.points), skipped=len(sweep.points) - len(todo))
     if on_progress is not None:
         on_progress(outcome.skipped, outcome.total)
     by_id = {p.point_id: p for p in todo}
-    for result in _outcomes(sweep.mode, todo, executor, jobs, address, keep_requests):
+    results = _outcomes(sweep.mode, todo, executor, jobs, address, keep_requests)
+    with contextlib.closing(results):  # a refusal below stops the points still running
+        return _store_each(sweep, out_dir, results, by_id, rows, order, outcome, on_progress)
+
+
+def _store_each(sweep: Sweep, out_dir: Path, results: Iterator[PointOutcome],
+                by_id: dict[str, Point], rows: dict, order: dict[str, int],
+                outcome: SweepOutcome, on_progress) -> SweepOutcome:
+    """Store each point as it ends (its files, then the whole table), or stop the sweep."""
+    for result in results:
         point = by_id[result.point_id]
         if result.finished:
-            _store(out_dir, point, result)
-            rows[point.point_id] = result_row(point.point_id, sweep.mode, point.swept,
-                                              result.summary, point.settings)
-            write_results_table(out_dir, sorted(rows.values(),
-                                                key=lambda r: order[r["point_id"]]))
+            with _disk_said(out_dir, "the point's files and results.parquet", point,
+                            len(rows)):
+                _store(out_dir, point, result)
+                table = {**rows, point.point_id: result_row(
+                    point.point_id, sweep.mode, point.swept, result.summary, point.settings)}
+                write_results_table(out_dir, sorted(table.values(),
+                                                    key=lambda r: order[r["point_id"]]))
+            rows.update(table)
             outcome.finished += 1
         elif result.exit_code in INTERRUPTED_EXIT_CODES:
             raise PointInterrupted
@@ -89,6 +105,22 @@ def run_sweep(sweep: Sweep, out_dir: Path, *, executor: str = "local", jobs: int
         if on_progress is not None:
             on_progress(outcome.skipped + outcome.finished + len(outcome.failed), outcome.total)
     return outcome
+
+
+@contextlib.contextmanager
+def _disk_said(out_dir: Path, what: str, point: Point | None, kept: int):
+    """A write of the sweep's own files that fails (a full disk) ends the sweep in one line:
+    what was lost (the point that had just finished) and what is kept (the table as it was,
+    every file written whole or not at all), and that the same command resumes."""
+    try:
+        yield
+    except OSError as exc:
+        lost = (f"point {point.point_id} ({_describe(point)}) finished but its result was "
+                "lost; " if point is not None else "")
+        raise RagsimInputError(
+            f"could not write {what} ({exc.strerror or exc}): {lost}the {kept:,} point(s) "
+            f"finished before are kept in {RESULTS_FILE}; free space and run the same command "
+            "to resume", file=str(out_dir), field="--out") from None
 
 
 def _outcomes(mode: str, points: list[Point], executor: str, jobs: int, address: str | None,

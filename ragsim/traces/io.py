@@ -26,6 +26,7 @@ from ragsim.traces.validate import (
     check_version,
     trace_from_tables,
 )
+from ragsim.user_files import MAX_LINE_BYTES, is_regular_file, open_user_file, parse_json
 
 REQUESTS_FILE = "requests.parquet"
 DOCUMENTS_FILE = "documents.parquet"
@@ -36,10 +37,17 @@ def write_trace(trace: Trace, directory: str | os.PathLike) -> Path:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     set_id = new_set_id().encode()  # the two files are one trace: a cut write is told apart
-    for name, table in ((REQUESTS_FILE, trace.requests_table()),
-                        (DOCUMENTS_FILE, trace.documents_table())):
-        table = table.replace_schema_metadata({**table.schema.metadata, SET_ID_KEY: set_id})
-        write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
+    written: list[Path] = []
+    try:
+        for name, table in ((REQUESTS_FILE, trace.requests_table()),
+                            (DOCUMENTS_FILE, trace.documents_table())):
+            table = table.replace_schema_metadata({**table.schema.metadata, SET_ID_KEY: set_id})
+            write_atomically(out / name, lambda tmp, table=table: pq.write_table(table, tmp))
+            written.append(out / name)
+    except OSError:  # a write a full disk cut short leaves no half of a trace
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
     return out
 
 
@@ -60,11 +68,15 @@ def read_trace(path: str | os.PathLike) -> Trace:
         f = p / name
         if not f.exists():
             raise TraceError(f"missing {name}", file=str(p))
+        if not is_regular_file(f):  # a FIFO would block the reader, a device never end
+            raise TraceError("not a regular file; give the trace's Parquet file", file=str(f))
         try:
             tables[name] = pq.read_table(f)
         except (pa.ArrowInvalid, OSError) as exc:
             raise TraceError(f"not a readable Parquet file: {exc}", file=str(f)) from exc
         check_version(tables[name].schema, str(f))
+    if tables[REQUESTS_FILE].num_rows == 0:  # as an empty JSONL file is: nothing to run
+        raise TraceError("no requests in the table", file=str(p / REQUESTS_FILE))
     ids = {name: (tables[name].schema.metadata or {}).get(SET_ID_KEY) for name in tables}
     if None not in ids.values() and len(set(ids.values())) > 1:
         raise TraceError(f"{REQUESTS_FILE} and {DOCUMENTS_FILE} come from two different writes "
@@ -147,9 +159,20 @@ _COMPRESSED_OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 
 
 def _lines(handle, path: Path) -> Iterable[bytes]:
-    """The file's lines; a corrupt compressed stream ends with the file named, not a traceback."""
+    """The file's lines, none longer than MAX_LINE_BYTES (a file of one endless line, or a
+    compressed bomb, is refused at the bound, not read into memory); a corrupt compressed
+    stream ends with the file named, not a traceback."""
+    line_no = 0
     try:
-        yield from handle
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB: is this "
+                                 "a JSON-lines file?", file=str(path), row=line_no)
+            yield raw
     except (lzma.LZMAError, EOFError, OSError) as exc:
         raise TraceError(f"cannot read (corrupt or truncated compressed file?): {exc}",
                          file=str(path)) from exc
@@ -157,15 +180,18 @@ def _lines(handle, path: Path) -> Iterable[bytes]:
 
 def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file, streamed; every problem
-    (unreadable file, bytes that are not UTF-8, bad JSON, a line that is not an object) names
-    the file and line. The one JSONL reader: traces and ``trace build``'s corpora use it.
-    A ``.xz``, ``.gz`` or ``.bz2`` file is decompressed as it is read (public traces ship
-    compressed: Mooncake's, in tests/data)."""
+    (not a regular file, unreadable, bytes that are not UTF-8, bad or too deeply nested JSON, a
+    line that is not an object) names the file and line. The one JSONL reader: traces and
+    ``trace build``'s corpora use it. A ``.xz``, ``.gz`` or ``.bz2`` file is decompressed as it
+    is read (public traces ship compressed: Mooncake's, in tests/data)."""
+    raw_file = open_user_file(path, error=TraceError)
+    opener = _COMPRESSED_OPENERS.get(Path(path).suffix.lower())
     try:
-        handle = _COMPRESSED_OPENERS.get(path.suffix.lower(), open)(path, "rb")
+        handle = opener(raw_file, "rb") if opener is not None else raw_file
     except OSError as exc:
+        raw_file.close()
         raise TraceError(f"cannot open: {exc}", file=str(path)) from exc
-    with handle:
+    with raw_file, handle:
         for line_no, raw in enumerate(_lines(handle, path), start=1):
             if not raw.strip():
                 continue
@@ -175,10 +201,7 @@ def iter_json_objects(path: Path) -> Iterable[tuple[int, dict]]:
                 bad = raw[exc.start:exc.start + 1]
                 raise TraceError(f"not UTF-8 text (byte {exc.start}: {bad!r})", file=str(path),
                                  row=line_no) from exc
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"not valid JSON: {exc}", file=str(path), row=line_no) from exc
+            obj = parse_json(text, source=str(path), error=TraceError, row=line_no)
             if not isinstance(obj, dict):
                 raise TraceError("each line must be a JSON object", file=str(path), row=line_no)
             yield line_no, obj
@@ -325,6 +348,12 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
     src = str(p)
     builder = TraceBuilder(src)
     last_ms = 0.0
+    # Mooncake's hash ids are chained by prefix: a block's id covers every block before it, so
+    # an id always follows the same id (or starts the list). One that does not is counted:
+    # the knowledge tree still keys blocks by their prefix (the same id under two prefixes is
+    # two nodes), but the file is not what the format says, so the import says so
+    before: dict[int, tuple[int | None, int]] = {}
+    unchained_rows, first_unchained = 0, None
     for row, obj in iter_json_objects(p):
         ts = _seconds(obj.get("timestamp"), src, row, "timestamp", "milliseconds")
         if ts < last_ms:
@@ -342,9 +371,24 @@ def read_mooncake(path: str | os.PathLike) -> Trace:
                              f"cover input_length {input_length}", file=src, row=row,
                              field="input_length")
         sizes = [MOONCAKE_BLOCK_TOKENS] * (len(blocks) - 1) + [last]
+        unchained = None
+        previous = None
+        for block in blocks:
+            seen = before.setdefault(block, (previous, row))
+            if seen[0] != previous and unchained is None:
+                unchained = (f"row {row}: block {block} follows {previous}, at row {seen[1]} "
+                             f"it followed {seen[0]}")
+            previous = block
+        if unchained is not None:
+            unchained_rows += 1
+            first_unchained = first_unchained or unchained
         builder.add(row, ts / 1000.0, 0, output_length, blocks, sizes)
     if not builder.doc_lists:
         raise TraceError("no requests in file", file=src)
     # prefix blocks of conversations, not retrieved documents: no vector search chose them
-    return builder.build({"source": "mooncake", "file": p.name,
-                          "block_tokens": MOONCAKE_BLOCK_TOKENS, "retrieval": False})
+    info = {"source": "mooncake", "file": p.name, "block_tokens": MOONCAKE_BLOCK_TOKENS,
+            "retrieval": False}
+    if unchained_rows:
+        info["unchained_block_rows"] = unchained_rows
+        info["first_unchained_block"] = first_unchained
+    return builder.build(info)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragsim.figures import check_plot_path, new_figure, save_figure
+from ragsim.figures import check_plot_path, new_figure, plain, save_figure
 from ragsim.traces.skew import MARKER_FRACTION, TraceSkew
 
 MAX_POINTS_PER_LINE = 2000  # a million-document curve drawn in full makes a 100 MB SVG
@@ -43,10 +43,10 @@ def plot_skew(skews: Sequence[TraceSkew], path: Path | str) -> list[str]:
     for skew in drawn:
         keep = _log_thinned(skew.n_documents_retrieved, MAX_POINTS_PER_LINE)
         share_ax.plot(skew.rank_fraction[keep], skew.cumulative_share[keep],
-                      label=f"{skew.name} (top 3%: {skew.top_3pct_share:.0%})")
+                      label=f"{plain(skew.name)} (top 3%: {skew.top_3pct_share:.0%})")
         # the CDF has one point per distinct size: integers, so short enough to draw in full
         size_ax.plot(skew.size_tokens, skew.size_cdf, drawstyle="steps-post",
-                     label=f"{skew.name} (median {skew.median_doc_tokens:,.0f} tokens)")
+                     label=f"{plain(skew.name)} (median {skew.median_doc_tokens:,.0f} tokens)")
 
     share_ax.axvline(MARKER_FRACTION, color="grey", alpha=0.35, linestyle="--", linewidth=1)
     share_ax.set_xscale("log")

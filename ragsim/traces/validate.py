@@ -5,8 +5,6 @@ Rows are numbered from 0 in Parquet tables and from 1 (the line number) in JSONL
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -210,8 +208,7 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
     session_id = None
     if "session_id" in requests.column_names:
         session_id = _check_session_ids(requests.column("session_id").combine_chunks(), src)
-    info_raw = (requests.schema.metadata or {}).get(INFO_KEY)
-    info = json.loads(info_raw) if info_raw else {}
+    info = _trace_info(requests, src)
     return Trace(
         request_id=request_id,
         arrival_s=arrival_s,
@@ -231,6 +228,21 @@ def trace_from_tables(requests: pa.Table, documents: pa.Table, *, requests_sourc
         document_text=document_text,
         info=info,
     )
+
+
+def _trace_info(requests: pa.Table, src: str) -> dict:
+    """The trace's description (``ragsim.trace_info``): a JSON object, or none at all."""
+    from ragsim.user_files import parse_json
+
+    raw = (requests.schema.metadata or {}).get(INFO_KEY)
+    if not raw:
+        return {}
+    field = INFO_KEY.decode()
+    info = parse_json(raw, source=src, error=TraceError, field=field)
+    if not isinstance(info, dict):
+        raise TraceError(f"the trace's description must be a JSON object, found "
+                         f"{type(info).__name__}", file=src, field=field)
+    return info
 
 
 def _check_known(ids: np.ndarray, offsets: np.ndarray, known: np.ndarray, src: str, field: str,
@@ -255,11 +267,23 @@ def _check_stages(column: pa.Array, known: np.ndarray, src: str) -> pa.Array:
             and pa.types.is_integer(inner.value_type)):
         raise TraceError(f"must be a list of lists of integers, found {column.type}", file=src,
                          field="stages")
+    # a request's whole entry may be null (no stages recorded for it); a null inside it is a
+    # broken list, which flattening would drop without a word
     flat_stage_lists = pc.list_flatten(column)
-    flat_ids = pc.list_flatten(flat_stage_lists).to_numpy(zero_copy_only=False)
+    stage_parent = pc.list_parent_indices(column).to_numpy()
+    if flat_stage_lists.null_count:
+        bad = _first_bad(flat_stage_lists.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing stage list (null) inside the stages", file=src,
+                         row=int(stage_parent[bad]), field="stages")
+    ids = pc.list_flatten(flat_stage_lists)
+    if ids.null_count:
+        id_parent = pc.list_parent_indices(flat_stage_lists).to_numpy()
+        bad = _first_bad(ids.is_null().to_numpy(zero_copy_only=False))
+        raise TraceError("missing id (null) inside a stage list", file=src,
+                         row=int(stage_parent[id_parent[bad]]), field="stages")
+    flat_ids = ids.to_numpy(zero_copy_only=False)
     if len(flat_ids):
         # map each id back to its request for the error message
-        stage_parent = pc.list_parent_indices(column).to_numpy()
         id_parent = pc.list_parent_indices(flat_stage_lists).to_numpy()
         request_of_id = stage_parent[id_parent]
         pos = np.minimum(np.searchsorted(known, flat_ids), len(known) - 1)
@@ -346,7 +370,12 @@ def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> p
     if row is not None:
         raise TraceError(f"{times_len[row]} time(s) for {stages_len[row]} stage(s)", file=src,
                          row=row, field=field)
-    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(column)
+    if flat.null_count:
+        bad = _first_bad(flat.is_null().to_numpy(zero_copy_only=False))
+        row = int(pc.list_parent_indices(column).to_numpy()[bad])
+        raise TraceError("missing time (null) inside the list", file=src, row=row, field=field)
+    values = flat.to_numpy(zero_copy_only=False)
     bad = _first_bad(~np.isfinite(values) | (values < 0))
     if bad is not None:
         row = int(pc.list_parent_indices(column).to_numpy()[bad])

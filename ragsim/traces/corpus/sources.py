@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from ragsim.errors import TraceError
 from ragsim.traces.io import iter_json_objects
+from ragsim.user_files import is_regular_file
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ def _records(path: str | Path, columns: tuple[str, ...]) -> list[tuple[int, dict
     p = Path(path)
     if not p.exists():
         raise TraceError("no such file", file=str(p))
+    if not is_regular_file(p):  # a FIFO would block the reader, a device never end
+        raise TraceError("not a regular file; give a .jsonl or .parquet file", file=str(p))
     if p.suffix == ".jsonl":
         return list(iter_json_objects(p))
     if p.suffix == ".parquet":
