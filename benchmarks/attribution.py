@@ -3,6 +3,7 @@
     python benchmarks/attribution.py --trace mmlu --requests 2000            # the ladder
     python benchmarks/attribution.py --trace mmlu --requests 2000 --table orders
     python benchmarks/attribution.py --trace mmlu --requests 2000 --table systems
+    python benchmarks/attribution.py --trace mmlu --requests 2000 --table speculation
     ... --seeds 5 --sensitivity      # (the defaults) intervals over 5 seeds, ranges repriced
 
 1. **The ladder** (default): from a baseline (the GPU radix tree with LRU and FCFS, no host
@@ -13,7 +14,10 @@
 2. **Orders** (``--table orders``): ragcache with each pool order, FCFS, cache-aware
    (OrderPriority), SJF (fewest tokens to compute) and LPM (most tokens cached), under the same
    window, where a queue builds.
-3. **Systems** (``--table systems``): the paper's 2024 baselines (vllm, vllm-apc, sglang,
+3. **Speculation** (``--table speculation``): ragcache never speculating, speculating as the
+   paper does (dynamic), and an oracle bound: every search stage already finds the final list
+   (``stage_converge_p`` 1), so every speculative prefill is right and none is wasted.
+4. **Systems** (``--table systems``): the paper's 2024 baselines (vllm, vllm-apc, sglang,
    sglang-lpm) and today's engines with host tiers (vllm-offload, sglang-hicache) against
    ragcache, each on the same GPU memory and, where it has a host tier, the same host memory.
 
@@ -211,6 +215,25 @@ def systems(runs: Runs, sensitivity: bool) -> None:
                   f"{hit} |", flush=True)
 
 
+SPECULATION = (("never", dict(speculate=False)), ("dynamic (the paper's)", dict()),
+               ("oracle bound: every stage final", dict(stage_converge_p=1.0)))
+
+
+def speculation(runs: Runs, sensitivity: bool) -> None:
+    for load, rate in zip(("moderate load", "saturation"), LOADS[runs.name], strict=True):
+        header(f"Speculation (ragcache), {load}", runs, rate)
+        print("| speculation | TTFT mean s | TTFT gain over never | throughput req/s | "
+              "token hit rate |")
+        print("|---" * 5 + "|")
+        never = None
+        for name, settings in SPECULATION:
+            result = runs.run({"system": "ragcache", **settings}, rate)
+            never = never or result
+            ttft, thr, hit = cells(result)
+            cell = "-" if result is never else gain(never, result, "ttft_mean_s", sensitivity)
+            print(f"| {name} | {ttft} | {cell} | {thr} | {hit} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="mmlu", choices=list(LOADS))
@@ -220,13 +243,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--sensitivity", action=argparse.BooleanOptionalAction, default=True,
                         help="reprice the first seed and give each gain's range (default on)")
-    parser.add_argument("--table", choices=("ladder", "orders", "systems"), default="ladder")
+    parser.add_argument("--table", choices=("ladder", "orders", "systems", "speculation"),
+                        default="ladder")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.requests < 1:
         sys.exit("error: --seeds and --requests must be >= 1")
     runs = Runs(args.trace, args.requests, list(range(args.seed, args.seed + args.seeds)),
                 args.sensitivity)
-    {"ladder": ladder, "orders": orders, "systems": systems}[args.table](runs, args.sensitivity)
+    tables = {"ladder": ladder, "orders": orders, "systems": systems, "speculation": speculation}
+    tables[args.table](runs, args.sensitivity)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,14 @@ def test_orders_and_systems_tables_are_the_runs_they_name():
     assert hicache[1] == "192"  # the same host memory as ragcache
     assert mean_of(hicache[2]) == round(cli_mean("ttft_mean_s", "--system", "sglang-hicache",
                                                  "--rate", "1"), 3)
+
+
+def test_speculation_table_spans_never_to_an_oracle():
+    out = script("--table", "speculation")
+    never = rows(out, "never")
+    assert len(never) == 2 and len(rows(out, "oracle bound: every stage final")) == 2
+    assert mean_of(never[0][1]) == round(cli_mean("ttft_mean_s", "--no-speculate", "--rate",
+                                                  "1"), 3)
+    oracle = rows(out, "oracle bound: every stage final")[0]
+    assert mean_of(oracle[1]) == round(cli_mean("ttft_mean_s", "--stage-converge-p", "1",
+                                                "--rate", "1"), 3)

@@ -102,3 +102,13 @@ def test_config_order_and_reorder_say_one_thing():
     # a recorded configuration reruns as it ran
     c = build_config({"order": "lpm"})
     assert build_config({}, base=c.to_dict()) == c
+
+
+def test_order_is_sweepable(tmp_path, monkeypatch):
+    import ragsim
+
+    monkeypatch.chdir(tmp_path)
+    table = ragsim.sweep({"base": {"trace": "mmlu", "n_requests": 40, "rate_rps": 4.0},
+                          "axes": {"order": ["fcfs", "sjf", "lpm"]}, "seeds": [0]}, jobs=1)
+    assert list(table["order"]) == ["fcfs", "sjf", "lpm"]
+    assert list(table["reorder"]) == [False, True, True]

@@ -154,8 +154,8 @@ def run(
     host_mem: Annotated[str | None, _opt(CACHE, "Host memory for cached KV, e.g. 192GiB.")
                         ] = None,
     host_write: Annotated[str | None, _opt(
-        CACHE, "When KV is copied to host: back (when the GPU evicts it: RAGCache) or through "
-        "(when computed: SGLang HiCache, vLLM's CPU offloading).")] = None,
+        CACHE, "KV to host: back (on GPU eviction: RAGCache) or through (when computed: "
+        "HiCache, vLLM offloading).")] = None,
     gpu_mem: Annotated[str | None, _opt(
         CACHE, "GPU memory for KV (cache and running requests), e.g. 20GiB.")] = None,
     cache_depth: Annotated[int | None, _opt(CACHE, "Cache only the first k' documents (top-k').")
@@ -168,9 +168,8 @@ def run(
     reorder: Annotated[bool | None, _opt(
         SCHEDULER, "Cache-aware reordering.", "--reorder/--no-reorder")] = None,
     order: Annotated[str | None, _opt(
-        SCHEDULER, "Which waiting request is prefilled next: fcfs, cache-aware (the paper's "
-        "cached/computed priority), sjf (fewest tokens to compute), lpm (most tokens cached); "
-        "any but fcfs reorders, under the same window.")] = None,
+        SCHEDULER, "Prefill first: fcfs, cache-aware (paper), sjf (least to compute) or lpm "
+        "(most cached).")] = None,
     reorder_window: Annotated[float | None, _opt(
         SCHEDULER, "Reordering window, seconds: the oldest waiting request is passed over "
         "for at most this long.", "--reorder-window")] = None,
