@@ -112,3 +112,13 @@ def test_order_is_sweepable(tmp_path, monkeypatch):
                           "axes": {"order": ["fcfs", "sjf", "lpm"]}, "seeds": [0]}, jobs=1)
     assert list(table["order"]) == ["fcfs", "sjf", "lpm"]
     assert list(table["reorder"]) == [False, True, True]
+
+
+def test_replace_keeps_order_and_reorder_together():
+    # what --backend vllm does to ragcache (reorder off) must not leave cache-aware behind
+    c = build_config({}).replace(reorder=False)
+    assert (c.order, c.reorder) == ("fcfs", False)
+    c = build_config({"system": "sglang"}).replace(order="lpm")
+    assert (c.order, c.reorder) == ("lpm", True)
+    lpm = build_config({"system": "sglang-lpm"})
+    assert lpm.replace(reorder=True).order == "lpm"  # no change, the preset's order stays

@@ -173,6 +173,12 @@ class SimConfig:
         return tomli_w.dumps({"format": "ragsim.config", "version": CONFIG_VERSION, "run": run})
 
     def replace(self, **changes) -> SimConfig:
+        """A copy with ``changes``; changing ``reorder`` alone sets the order it means
+        (cache-aware or fcfs), changing ``order`` alone sets ``reorder``."""
+        if "reorder" in changes and "order" not in changes and changes["reorder"] != self.reorder:
+            changes["order"] = "cache-aware" if changes["reorder"] else "fcfs"
+        elif "order" in changes and "reorder" not in changes and changes["order"] in ORDERS:
+            changes["reorder"] = changes["order"] != "fcfs"
         return validate(dataclasses.replace(self, **changes))
 
 
