@@ -382,6 +382,9 @@ def backend_terms(config: SimConfig, backend: str, *, device: str = "cpu",
             raise ConfigError(f"{name} = {_toml(getattr(config, name))} is not how --backend "
                               f"vllm runs ({name} = {_toml(value)}): {why[name]}",
                               file=source, field=name)
+    if "order" in given and config.order != "fcfs":  # the order is the reordering's choice
+        raise ConfigError(f"order = {_toml(config.order)} is not how --backend vllm runs "
+                          f"(order = \"fcfs\"): {why['reorder']}", file=source, field="order")
     smallest = smallest_block_tokens(on_cpu)
     if config.cache and "prefix_block_tokens" in given and config.prefix_block_tokens % smallest:
         raise ConfigError(f"vLLM {'on a CPU ' if on_cpu else ''}pages KV in blocks of a "

@@ -57,9 +57,18 @@ def test_help_has_no_type_label_after_flags(args):
 def test_run_help_shows_the_effective_defaults():
     # the paper's setup, by hand: 192 GiB host memory for RAGCache, none for the baselines;
     # PGDSF for RAGCache, LRU for the others; vLLM APC reuses 16-token blocks
-    assert "[default: 192 GiB; vllm, vllm-apc, sglang: 0 B]" in help_line(["run"], "--host-mem")
-    assert "[default: pgdsf; vllm, vllm-apc, sglang: lru]" in help_line(["run"], "--policy")
-    assert "[default: 1; vllm-apc: 16]" in help_line(["run"], "--block-tokens")
+    assert "[default: 192 GiB; vllm, vllm-apc, sglang, sglang-lpm: 0 B]" in help_line(
+        ["run"], "--host-mem")
+    assert "[default: pgdsf; vllm, vllm-apc, sglang, sglang-lpm, sglang-hicache," in help_line(
+        ["run"], "--policy")  # the line wraps before the rest
+    from ragsim.cli.run import effective_defaults
+
+    shown = effective_defaults()
+    assert shown["policy"] == ("pgdsf; vllm, vllm-apc, sglang, sglang-lpm, sglang-hicache, "
+                               "vllm-offload: lru")
+    assert shown["order"] == ("cache-aware; vllm, vllm-apc, sglang, sglang-hicache, "
+                              "vllm-offload: fcfs; sglang-lpm: lpm")
+    assert "[default: 1; vllm-apc, vllm-offload: 16]" in help_line(["run"], "--block-tokens")
     assert "[default: on; vllm: off]" in help_line(["run"], "--cache")
     assert "[default: mmlu]" in help_line(["run"], "--trace")
     assert "[default: ragcache]" in help_line(["run"], "--system")
@@ -75,7 +84,9 @@ def test_every_run_setting_shows_a_default():
     options = re.findall(r"│ (--[a-z0-9-]+)", result.stdout)
     assert len(options) > 35, result.stdout
     without = [o for o in options if "[default:" not in help_line(["run"], o)]
-    assert sorted(without) == ["--config", "--force", "--help", "--json", "--out"]
+    # switches off by default that set no configuration field, as --json
+    assert sorted(without) == ["--config", "--force", "--help", "--json", "--out",
+                               "--sensitivity"]
 
 
 def test_replay_help_shows_its_own_memory_defaults():

@@ -31,6 +31,9 @@ configs = st.fixed_dictionaries({
     "scope": st.sampled_from(FREQUENCY_SCOPES),
     # seconds between consecutive requests (0: same instant); the window is WINDOW_S
     "gaps": st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=60, max_size=60),
+    # the host tier's rules: RAGCache's write-back, vLLM's and HiCache's write-through
+    "host_write": st.sampled_from(["back", "through"]),
+    "host_evicts_gpu_copies": st.booleans(),
 })
 WINDOW_S = 2.0
 
@@ -44,7 +47,9 @@ def make_tree(config: dict) -> KnowledgeTree:
                          system_prompt_tokens=config["system"],
                          max_cached_depth=config["depth"],
                          frequency_scope=config.get("scope", "lifetime"),
-                         frequency_window_s=window)
+                         frequency_window_s=window,
+                         host_write=config.get("host_write", "back"),
+                         host_evicts_gpu_copies=config.get("host_evicts_gpu_copies", True))
 
 
 def times_of(config: dict, n: int) -> list[float]:

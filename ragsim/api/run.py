@@ -36,9 +36,10 @@ FIELD_OF_OPTION = {
     "cv": "cv", "system": "system", "profile": "profile", "overlap_swap": "overlap_swap",
     "batch_kv_sharing": "batch_kv_sharing", "policy": "policy",
     "frequency_scope": "frequency_scope", "frequency_window": "frequency_window_s",
-    "cache": "cache", "host_mem": "host_cache_bytes", "gpu_mem": "gpu_kv_bytes",
+    "cache": "cache", "host_mem": "host_cache_bytes", "host_write": "host_write",
+    "gpu_mem": "gpu_kv_bytes",
     "cache_depth": "max_cached_depth", "block_tokens": "prefix_block_tokens",
-    "system_prompt_tokens": "system_prompt_tokens", "reorder": "reorder",
+    "system_prompt_tokens": "system_prompt_tokens", "reorder": "reorder", "order": "order",
     "reorder_window": "reorder_window_s", "reorder_window_start": "reorder_window_start",
     "speculate": "speculate", "max_batch_size": "max_batch_size",
     "max_prefill_bs": "max_prefill_bs", "max_batched_tokens": "max_batched_tokens",
@@ -183,16 +184,17 @@ class RunSetup:
         return (self.config_file, c.trace, c.profile, c.answer_profile)
 
     def execute(self, on_progress: Callable[[int, float], None] | None = None,
-                on_start: Callable[[int], None] | None = None) -> Run:
+                on_start: Callable[[int], None] | None = None, *, costs=None) -> Run:
         """Load the costs and the trace, then run. ``on_start(n_requests)`` is called once the
-        trace is known, ``on_progress(done, now_s)`` as requests end."""
+        trace is known, ``on_progress(done, now_s)`` as requests end. ``costs``: a Profile to
+        price the run with instead of the configuration's (a sensitivity reprices so)."""
         from ragsim.backends import runner
         from ragsim.extras import require_answers, require_extra
         from ragsim.profiles.profile import load_profile
         from ragsim.traces import resolve_trace
 
         config = self.config
-        costs = load_profile(config.profile)
+        costs = costs if costs is not None else load_profile(config.profile)
         if config.answer_cache:  # a bad latency profile is refused before the run
             from ragsim.serving.answer_latency import load_answer_latency
 
@@ -243,6 +245,12 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
     fields = fields_of_options(options)
     resolved, terms = resolved_config(fields, base=base, config_file=config_file,
                                       backend=backend, device=device)
+    if backend != "sim" and resolved.host_write != "back":
+        # a real engine applies the tree's moves before an iteration; a write-through copy of
+        # KV the iteration has yet to compute has no order there yet
+        raise RagsimInputError("host_write through (sglang-hicache, vllm-offload) is simulated "
+                               f"only: use {label('backend')} sim, or {label('host_write')} back",
+                               field=label("host_write"))
     setup = RunSetup(resolved, backend=backend, device=device, threads=threads, terms=terms,
                      config_file=config_file)
     if terms:
@@ -322,15 +330,25 @@ def run_problem(summary: dict, out_dir: Path | None = None) -> tuple[int, str] |
 
 
 def simulate(config=None, *, backend: str = "sim", device: str = "cpu", threads: int = 0,
-             progress: bool = False, **options) -> Run:
+             progress: bool = False, seeds: int = 1, sensitivity: bool = False,
+             **options) -> Run:
     """Simulate the RAG serving stack end to end (``backend="torch"`` or ``"vllm"``: serve it
     for real), as ``ragsim run`` does.
 
     ``options`` are ``ragsim run``'s with the same names in snake case (``trace``,
     ``system``, ``policy``, ``rate``, ``requests``, ``gpu_mem``, ``host_mem``, ``seed``, ...;
     sizes as text, ``"32GiB"``, or bytes); ``config`` a TOML path, a SimConfig or a ``[run]``
-    dict that they override. ``progress=True`` shows a progress bar on stderr."""
+    dict that they override. ``progress=True`` shows a progress bar on stderr.
+
+    ``seeds=N`` (N >= 2) runs seeds ``seed .. seed+N-1`` and adds each summary metric's mean
+    and 95% interval over them (``mean``, ``ci95``); ``sensitivity=True`` reprices the run
+    under its profile's measured error, +-20% compute and copies at half the bandwidth
+    (``sensitivity``: each metric's range): see :mod:`ragsim.api.uncertainty`."""
     setup = setup_run(config, backend=backend, device=device, threads=threads, **options)
+    if seeds != 1 or sensitivity:
+        from ragsim.api.uncertainty import run_with_uncertainty
+
+        return run_with_uncertainty(setup, seeds=seeds, sensitivity=sensitivity)
     if not progress:
         return setup.execute()
     from ragsim.progress import progress_bar

@@ -24,6 +24,19 @@ queue times the window). ``start="arrival"`` is the literal rule, kept for the a
 
 With ``reorder=False`` the pool is plain FCFS. The driver hands the pool the function that tells
 a request's cached and computation lengths.
+
+**Orders** (``order``): what a decision maximises over the scanned requests, each under the same
+window, so that a comparison of orders measures the order and nothing else:
+
+* ``cache-aware``: the paper's ``OrderPriority`` (cached / to compute);
+* ``sjf``: shortest job first, the fewest tokens to compute (the uncached prompt) first, a
+  baseline that prefers short recomputation alone (Figure 10's second insight without the first);
+* ``lpm``: longest prefix match, the most cached tokens first (SGLang's ``lpm`` schedule
+  policy: ``python/sglang/srt/managers/router/scheduler.py`` sorts the queue by ``-len(
+  prefix_indices)``), the first insight alone;
+* ``fcfs``: arrival order (what ``reorder=False`` is).
+
+Ties keep the older request under every order.
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ LengthsOf = Callable[[object], tuple[int, int]]  # item -> (cached tokens, token
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_SCAN_LIMIT = 256
 WINDOW_STARTS = ("head", "arrival")
+ORDERS = ("fcfs", "cache-aware", "sjf", "lpm")
 
 
 def order_priority(cached_tokens: int, computation_tokens: int) -> float:
@@ -47,6 +61,21 @@ def order_priority(cached_tokens: int, computation_tokens: int) -> float:
     if computation_tokens <= 0:
         return float("inf")
     return cached_tokens / computation_tokens
+
+
+def shortest_job_priority(cached_tokens: int, computation_tokens: int) -> float:
+    """SJF: the fewer tokens to compute, the higher (the cached length plays no part)."""
+    return -float(computation_tokens)
+
+
+def longest_prefix_priority(cached_tokens: int, computation_tokens: int) -> float:
+    """LPM: the more tokens cached, the higher (the length to compute plays no part)."""
+    return float(cached_tokens)
+
+
+# order -> priority of (cached, to compute); higher is served first
+PRIORITY_OF_ORDER = {"cache-aware": order_priority, "sjf": shortest_job_priority,
+                     "lpm": longest_prefix_priority}
 
 
 class RequestPool(Generic[Item]):
@@ -57,14 +86,24 @@ class RequestPool(Generic[Item]):
     """
 
     def __init__(self, *, reorder: bool, window_s: float = DEFAULT_WINDOW_S,
-                 start: str = "head", scan_limit: int = DEFAULT_SCAN_LIMIT) -> None:
+                 start: str = "head", scan_limit: int = DEFAULT_SCAN_LIMIT,
+                 order: str | None = None) -> None:
         if not window_s >= 0:
             raise ValueError("window_s must be >= 0")
         if start not in WINDOW_STARTS:
             raise ValueError(f"start must be one of {', '.join(WINDOW_STARTS)}")
         if scan_limit < 1:
             raise ValueError("scan_limit must be >= 1")
+        if order is None:  # reorder alone: the paper's order or FCFS
+            order = "cache-aware" if reorder else "fcfs"
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}")
+        if reorder != (order != "fcfs"):
+            raise ValueError(f"order {order} with reorder={reorder}: reordering is every "
+                             "order but fcfs")
         self.reorder = reorder
+        self.order = order
+        self._priority = PRIORITY_OF_ORDER.get(order)
         self.window_s = window_s
         self.start = start
         self.scan_limit = scan_limit
@@ -122,7 +161,8 @@ class RequestPool(Generic[Item]):
             key, (_, item) = next(iter(entries.items()))
             return key, item
         best_key = best_item = None
-        best_priority = -1.0
+        best_priority = -float("inf")
+        priority_of = self._priority
         first = True
         for scanned, (key, (_, item)) in enumerate(entries.items()):
             if skip is not None and skip(item):
@@ -132,7 +172,7 @@ class RequestPool(Generic[Item]):
             first = False
             if scanned >= self.scan_limit:
                 break
-            priority = order_priority(*lengths_of(item))
+            priority = priority_of(*lengths_of(item))
             if priority > best_priority:  # ties keep the older request
                 best_key, best_item, best_priority = key, item, priority
         return None if best_key is None else (best_key, best_item)

@@ -24,6 +24,16 @@ reservations (every unpinned GPU node can be evicted). ``fail_gpu`` models losin
 
 The root is the shared system prompt; it stays resident in GPU for the life of the tree.
 
+**When KV is written to host** (``host_write``): ``"back"`` (RAGCache; SGLang HiCache's
+``write_back``) copies a node the first time the GPU evicts it; ``"through"`` (HiCache's default
+``write_through``; vLLM's CPU offloading connector, which stores every computed block) copies it
+when it is computed, and a GPU eviction of a node without a host copy (the host could not take
+it) frees it without a copy, as HiCache's ``_evict_regular`` does. ``host_evicts_gpu_copies``
+False is HiCache's host eviction, which "only evicts the host value of evicted nodes": a host
+copy of a node still in GPU is not a candidate (the tree's host candidates are then host-only
+leaves); True (the default, and vLLM's CPU LRU, which knows nothing of GPU residency) lets the
+host drop such a copy.
+
 An engine that holds real KV per node asks the tree what moved: ``record_moves=True`` makes the
 tree log every residency change as a ``Move`` (see ``KnowledgeTree.drain_moves`` for the kinds
 and their order guarantees). Off, recording costs one flag test per change and no allocation.
@@ -63,6 +73,8 @@ ROOT_KEY = -1
 #   window:    retrievals in the last ``frequency_window_s`` seconds of trace time (a sliding
 #              window: a retrieval at t counts while now < t + window), kept on ghosts too.
 FREQUENCY_SCOPES = ("admission", "lifetime", "window")
+# when a node's KV is copied to host: on its first GPU eviction, or when it is computed
+HOST_WRITES = ("back", "through")
 # The default for every policy. RAGCache defines PGDSF's Frequency as the retrievals in a time
 # window "reset when the system starts or the cache is cleared", and a run has neither a
 # cache clear nor a stated window, so the count runs over the whole run: lifetime. One default
@@ -216,7 +228,8 @@ class NodePolicy:
 MOVE_KINDS = (
     "admit_gpu",  # (no, no) -> (yes, no): the request computed it; store its new KV in GPU
     "swap_in",  # (no, yes) -> (yes, yes): host hit, copy host -> GPU; the host copy stays
-    "swap_out",  # (yes, no) -> (yes, yes): copy GPU -> host (first departure; free_gpu follows)
+    "swap_out",  # (yes, no) -> (yes, yes): copy GPU -> host (first departure; free_gpu follows;
+    #              write-through: right after the node's admit_gpu, and it stays in GPU)
     "free_gpu",  # (yes, yes) -> (no, yes): free the GPU copy, the host copy remains
     "free_host",  # (yes, yes) -> (yes, no): free the host copy, the GPU copy stays
     "drop",  # (yes, no) or (no, yes) -> (no, no): free the only copy; the node is a ghost
@@ -300,6 +313,9 @@ class KnowledgeTree:
     _tracks_entry = cython.declare(cython.bint)
     frequency_scope = cython.declare(str, visibility="readonly")
     frequency_window_s = cython.declare(object, visibility="readonly")
+    host_write = cython.declare(str, visibility="readonly")
+    host_evicts_gpu_copies = cython.declare(cython.bint, visibility="readonly")
+    _write_through = cython.declare(cython.bint)
     # results of the last request served (``access`` packs them into an AccessResult)
     _r_alpha = cython.declare(cython.longlong)
     _r_beta = cython.declare(cython.longlong)
@@ -321,10 +337,14 @@ class KnowledgeTree:
         frequency_scope: str = DEFAULT_FREQUENCY_SCOPE,
         frequency_window_s: float | None = None,
         record_moves: bool = False,
+        host_write: str = "back",
+        host_evicts_gpu_copies: bool = True,
     ) -> None:
         if not isinstance(policy, NodePolicy):
             raise TypeError(f"the tree's policy must be a TreePolicy, not {type(policy).__name__}")
         check_frequency_scope(frequency_scope, frequency_window_s)
+        if host_write not in HOST_WRITES:
+            raise ValueError(f"host_write must be one of {', '.join(HOST_WRITES)}")
         if gpu_capacity_bytes < 0 or host_capacity_bytes < 0:
             raise ValueError("capacities must be >= 0")
         if kv_bytes_per_token <= 0:
@@ -363,6 +383,9 @@ class KnowledgeTree:
         self._uses_clock = bool(policy.uses_clock)
         self.frequency_scope = frequency_scope
         self.frequency_window_s = frequency_window_s
+        self.host_write = host_write
+        self._write_through = host_write == "through"
+        self.host_evicts_gpu_copies = bool(host_evicts_gpu_copies)
         self._forget_on_drop = frequency_scope == "admission"
         self._windowed = frequency_scope == "window"
         self._window_s = frequency_window_s if self._windowed else 0.0
@@ -625,6 +648,8 @@ class KnowledgeTree:
             parent.gpu_children += 1
             self._sync(n)
             self._sync(parent)
+            if self._write_through and depth >= n_cached:
+                self._write_to_host(n)
         self.swap_in_bytes += swap_in
         if not keep_pinned:
             self.release(path)
@@ -695,6 +720,9 @@ class KnowledgeTree:
           and host evictions that make room for a swap-out come before that ``swap_out``;
         * copy before free: a node's ``swap_out`` comes immediately before its ``free_gpu``
           (swap out only once: a node that still has a host copy gets only ``free_gpu``);
+          with ``host_write="through"`` a computed node's ``swap_out`` follows its
+          ``admit_gpu`` instead (its KV is copied once the prefill has computed it; the real
+          engines do not run write-through yet, ``ragsim.simulate`` refuses it for them);
         * ``drop`` frees a node's only copy; when a GPU node that the host cannot take is
           dropped, its host-only descendants' drops follow it;
         * ``admit_gpu`` means "the request computes this node's KV and the engine keeps it in
@@ -985,15 +1013,22 @@ class KnowledgeTree:
         ``moved``: its priority changed (a retrieval, a window expiry), not only its tier.
 
         GPU candidates: GPU nodes without GPU children. Host candidates: nodes with a host copy
-        that are in GPU (dropping the copy is always allowed) or have no cached children.
-        Pinned nodes stay candidates; eviction steps over them.
+        that are in GPU (dropping the copy is allowed unless ``host_evicts_gpu_copies`` is
+        off) or have no cached children. Pinned nodes stay candidates; eviction steps over them.
         """
         if n.depth == 0:
             return 0  # the root (system prompt) is never evicted
         self._heap_set(self._heap_gpu, n, n.in_gpu and n.gpu_children == 0, True, moved)
-        self._heap_set(self._heap_host, n,
-                       n.host_copy and (n.in_gpu or n.cached_children == 0), False, moved)
+        self._heap_set(self._heap_host, n, self._host_candidate(n), False, moved)
         return 0
+
+    @cython.cfunc
+    def _host_candidate(self, n: Node) -> cython.bint:
+        if not n.host_copy:
+            return False
+        if n.in_gpu:
+            return self.host_evicts_gpu_copies
+        return n.cached_children == 0
 
     @cython.cfunc
     def _victim(self, gpu: cython.bint) -> object:
@@ -1040,6 +1075,23 @@ class KnowledgeTree:
 
     @cython.cfunc
     @cython.exceptval(-1)
+    def _write_to_host(self, n: Node) -> cython.int:
+        """Write-through: copy a node just computed (in GPU, pinned) to host if host memory can
+        take it; if it cannot, the node has no host copy (HiCache's write returns nothing)."""
+        if n.host_copy or self.host_capacity_bytes == 0:
+            return 0
+        if not self._make_room(False, n.size_bytes):
+            return 0
+        n.host_copy = True
+        if self.record_moves:
+            self._note("swap_out", n)
+        self.host_used_bytes += n.size_bytes
+        self.swap_out_bytes += n.size_bytes
+        self._sync(n)
+        return 0
+
+    @cython.cfunc
+    @cython.exceptval(-1)
     def _evict_from_gpu(self, n: Node) -> cython.int:
         if self._uses_clock and n.priority_gpu > self.clock_gpu:
             self.clock_gpu = n.priority_gpu
@@ -1051,7 +1103,10 @@ class KnowledgeTree:
         self.gpu_used_bytes -= n.size_bytes
         parent.gpu_children -= 1
         self._sync(n)  # out of the GPU candidates before the host makes room
-        if not n.host_copy:
+        if not n.host_copy and self._write_through:
+            # write-through never copies on eviction: a node the host could not take is freed
+            self._drop(n)
+        elif not n.host_copy:
             # first departure from the GPU: copy to host if host memory can take it
             # its host priority stays what its last retrieval made it: a swap-out is not an
             # access, and stamping it with today's clock would make a node the GPU just gave
@@ -1154,8 +1209,9 @@ class KnowledgeTree:
                 # eviction candidates: exactly the nodes _sync's rules name, in each heap
                 assert (n.gpu_pos >= 0) == (n.in_gpu and n.gpu_children == 0), \
                     f"{n} in the GPU candidates: {n.gpu_pos}"
-                assert (n.host_pos >= 0) == (n.host_copy and (n.in_gpu or n.cached_children
-                                                              == 0)), \
+                host_candidate = n.host_copy and (
+                    self.host_evicts_gpu_copies if n.in_gpu else n.cached_children == 0)
+                assert (n.host_pos >= 0) == host_candidate, \
                     f"{n} in the host candidates: {n.host_pos}"
         assert self.root.in_gpu
         children = self.root.children.values() if self.root.children else ()

@@ -34,6 +34,7 @@ from ragsim.units import describe_bytes, format_bytes
 WORKLOAD, CACHE, SCHEDULER, RETRIEVAL, ENGINE, FAULTS, BACKEND, OUTPUT = (
     "Workload", "Cache", "Scheduler", "Retrieval", "Engine", "Faults", "Backend", "Output")
 ANSWERS = "Answer cache"
+UNCERTAINTY = "Uncertainty"
 
 
 # run's options -> configuration fields: the API's table (help shows each field's default)
@@ -85,6 +86,15 @@ def effective_defaults() -> dict[str, str]:
                                  *(f"{', '.join(s)}: {v}" for v, s in others.items())])
     shown["trace_drift_per_1k_requests"] = (f"{BUILTIN_DRIFT_PER_1K_REQUESTS:g} (synthetic "
                                             "traces)")
+    # a preset's order, or the one its reorder means (cache-aware or fcfs)
+    orders: dict[str, list[str]] = {}
+    for system, settings in SYSTEM_PRESETS.items():
+        reorder = settings.get("reorder", SimConfig.reorder)
+        order = settings.get("order") or ("cache-aware" if reorder else "fcfs")
+        orders.setdefault(order, []).append(system)
+    default_order = next(o for o, s in orders.items() if SimConfig.system in s)
+    shown["order"] = "; ".join([default_order, *(f"{', '.join(s)}: {o}" for o, s in
+                                                 orders.items() if o != default_order)])
     return shown
 
 
@@ -144,6 +154,9 @@ def run(
         CACHE, "Cross-request KV reuse (off: vLLM v0.3).", "--cache/--no-cache")] = None,
     host_mem: Annotated[str | None, _opt(CACHE, "Host memory for cached KV, e.g. 192GiB.")
                         ] = None,
+    host_write: Annotated[str | None, _opt(
+        CACHE, "KV to host: back (on GPU eviction: RAGCache) or through (when computed: "
+        "HiCache, vLLM offloading).")] = None,
     gpu_mem: Annotated[str | None, _opt(
         CACHE, "GPU memory for KV (cache and running requests), e.g. 20GiB.")] = None,
     cache_depth: Annotated[int | None, _opt(CACHE, "Cache only the first k' documents (top-k').")
@@ -155,6 +168,9 @@ def run(
     # scheduler
     reorder: Annotated[bool | None, _opt(
         SCHEDULER, "Cache-aware reordering.", "--reorder/--no-reorder")] = None,
+    order: Annotated[str | None, _opt(
+        SCHEDULER, "Prefill first: fcfs, cache-aware (paper), sjf (least to compute) or lpm "
+        "(most cached).")] = None,
     reorder_window: Annotated[float | None, _opt(
         SCHEDULER, "Reordering window, seconds: the oldest waiting request is passed over "
         "for at most this long.", "--reorder-window")] = None,
@@ -263,6 +279,14 @@ def run(
     threads: Annotated[int, _opt(
         BACKEND, "torch backend: CPU threads (0: as many as the profile was measured with).")
     ] = 0,
+    # uncertainty
+    seeds: Annotated[int, _opt(
+        UNCERTAINTY, "Run N seeds (--seed, --seed+1, ...): each metric's mean and 95% "
+        "interval (Student-t); the records are the first seed's.")] = 1,
+    sensitivity: Annotated[bool, _opt(
+        UNCERTAINTY, "Reprice the run under the profile's held-out error, +-20% compute and "
+        "half the copy bandwidth: each metric's range; one spanning >2x is flagged unstable.",
+        "--sensitivity")] = False,
     # output
     json_output: Annotated[bool, _opt(OUTPUT, "Print one JSON object.", "--json")] = False,
     out_dir: Annotated[Path | None, _opt(
@@ -288,12 +312,17 @@ def run(
     tasks = []  # the bar's task, added once the trace (and so its length) is known
     clock = "simulated s" if backend == "sim" else "s"
     with sigterm_like_ctrl_c() as signals:
-        with progress:
-            result = setup.execute(
-                on_start=lambda total: tasks.append(progress.add_task("run", total=total,
-                                                                      simulated="")),
-                on_progress=lambda done, now: progress.update(
-                    tasks[0], completed=done, simulated=f"{now:,.0f} {clock}"))
+        if seeds != 1 or sensitivity:  # several runs: no bar (each is one of them)
+            from ragsim.api.uncertainty import run_with_uncertainty
+
+            result = run_with_uncertainty(setup, seeds=seeds, sensitivity=sensitivity)
+        else:
+            with progress:
+                result = setup.execute(
+                    on_start=lambda total: tasks.append(progress.add_task("run", total=total,
+                                                                          simulated="")),
+                    on_progress=lambda done, now: progress.update(
+                        tasks[0], completed=done, simulated=f"{now:,.0f} {clock}"))
         signals.disarm()  # what ended is kept: a later SIGTERM cannot cut the writing
         summary = result.summary
         if summary["interrupted"]:
@@ -305,6 +334,7 @@ def run(
         print_json(summary)
     else:
         _print_run_summary(summary)
+        _print_uncertainty(summary)
     print_warnings(summary)
     if not_written is not None:  # after the summary: the run's figures are not lost too
         raise not_written
@@ -376,12 +406,44 @@ def _print_run_summary(s: dict) -> None:
     out.print(table)
 
 
+UNCERTAIN_ROWS = (("TTFT mean", "ttft_mean_s", ms), ("TTFT p99", "ttft_p99_s", ms),
+                  ("throughput (req/s)", "throughput_rps", lambda v: f"{v:.3f}"),
+                  ("token hit rate", "token_hit_rate", lambda v: f"{v:.1%}"))
+
+
+def _print_uncertainty(s: dict) -> None:
+    """Over seeds: mean [95% interval]; repriced: [min, max] (flagged when it spans > 2x)."""
+    if "ci95" not in s and "sensitivity" not in s:
+        return
+    table = Table(title="uncertainty", show_header=True)
+    table.add_column("metric", style="bold")
+    if "ci95" in s:
+        table.add_column(f"{len(s['seeds'])} seeds: mean [95% CI]", justify="right")
+    if "sensitivity" in s:
+        table.add_column(f"{len(s['sensitivity_perturbations'])} repricings: range",
+                         justify="right")
+    for label_text, key, shown in UNCERTAIN_ROWS:
+        cells = []
+        if "ci95" in s:
+            low, high = s["ci95"].get(key, (None, None))
+            cells.append("-" if low is None else
+                         f"{shown(s['mean'][key])} [{shown(low)}, {shown(high)}]")
+        if "sensitivity" in s:
+            low, high = s["sensitivity"].get(key, (None, None))
+            flag = " unstable" if key in s["sensitivity_unstable"] else ""
+            cells.append("-" if low is None else f"[{shown(low)}, {shown(high)}]{flag}")
+        table.add_row(label_text, *cells)
+    out.print(table)
+
+
 def systems(json_output: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the system presets of `ragsim run --system` and what each sets."""
     from ragsim.serving.config import SYSTEM_DESCRIPTIONS, SYSTEM_PRESETS
+    from ragsim.serving.system_sources import SYSTEM_SOURCES
 
     if json_output:
-        print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings}
+        print_json({name: {"description": SYSTEM_DESCRIPTIONS[name], "settings": settings,
+                           "follows": SYSTEM_SOURCES[name]}
                      for name, settings in SYSTEM_PRESETS.items()})
         return
     table = name_table("system", list(SYSTEM_PRESETS), "what it models", "settings",

@@ -301,6 +301,18 @@ class Profile:
         data["name"] = f"{self.name}@x{factor:.3f}"
         return Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
 
+    def scaled_copies(self, factor: float) -> Profile:
+        """This profile with host <-> GPU copies ``factor`` times slower (bandwidths divided by
+        it, latencies multiplied): what a run's result would be on a slower PCIe path."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be a finite number > 0, got {factor}")
+        data = self.to_dict()
+        for way in ("host_to_device", "device_to_host"):
+            data["transfers"][f"{way}_bytes_per_s"] /= factor
+            data["transfers"][f"{way}_latency_s"] *= factor
+        data["name"] = f"{self.name}@copy/{factor:g}"
+        return Profile.from_dict(data, source=f"{self.name} copies x{factor:g} slower")
+
     # -- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
         model = self.model.to_dict()

@@ -20,9 +20,9 @@ import tomli_w
 from ragsim import limits
 from ragsim.cache.answers.keys import NAME_RULE, valid_name
 from ragsim.cache.policies import POLICY_NAMES
-from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, WINDOW_STARTS
+from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, ORDERS, WINDOW_STARTS
 from ragsim.cache.routers import ROUTERS
-from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES
+from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES, HOST_WRITES
 from ragsim.errors import ConfigError, RagsimInputError
 from ragsim.redact import redact_url
 from ragsim.units import parse_bytes
@@ -70,12 +70,23 @@ class SimConfig:
     frequency_scope: str = DEFAULT_FREQUENCY_SCOPE
     frequency_window_s: float | None = None
     host_cache_bytes: int = 192 * GiB
+    # when KV is copied to host: "back", the first time the GPU evicts it (RAGCache, HiCache's
+    # write_back), or "through", when it is computed (HiCache's write_through, vLLM's CPU
+    # offloading connector); see ragsim/cache/tree.py
+    host_write: str = "back"
+    # may the host drop its copy of KV still in GPU? (HiCache: no, it evicts only the host
+    # copies of nodes the GPU evicted; vLLM's CPU LRU and RAGCache: yes)
+    host_evicts_gpu_copies: bool = True
     gpu_kv_bytes: int | None = None
     max_cached_depth: int | None = None
     prefix_block_tokens: int = 1  # hits count whole blocks only (vLLM's automatic prefix cache)
     system_prompt_tokens: int = 0
     # scheduler
     reorder: bool = True
+    # which waiting request a decision takes: fcfs | cache-aware (the paper's OrderPriority) |
+    # sjf (fewest tokens to compute) | lpm (most tokens cached); see ragsim/cache/reorder.py.
+    # None: from reorder (cache-aware if on, else fcfs); resolved, reorder = order != fcfs
+    order: str | None = None
     # seconds a request can be passed over; "head": counted from when it is the oldest waiting
     # request, "arrival": the paper's literal rule (see ragsim/cache/reorder.py)
     reorder_window_s: float = DEFAULT_WINDOW_S
@@ -174,6 +185,12 @@ class SimConfig:
         return tomli_w.dumps({"format": "ragsim.config", "version": CONFIG_VERSION, "run": run})
 
     def replace(self, **changes) -> SimConfig:
+        """A copy with ``changes``; changing ``reorder`` alone sets the order it means
+        (cache-aware or fcfs), changing ``order`` alone sets ``reorder``."""
+        if "reorder" in changes and "order" not in changes and changes["reorder"] != self.reorder:
+            changes["order"] = "cache-aware" if changes["reorder"] else "fcfs"
+        elif "order" in changes and "reorder" not in changes and changes["order"] in ORDERS:
+            changes["reorder"] = changes["order"] != "fcfs"
         return validate(dataclasses.replace(self, **changes))
 
 
@@ -189,11 +206,28 @@ SYSTEM_PRESETS: dict[str, dict] = {
                    speculate=False),
     "ragcache": dict(cache=True, policy="pgdsf", host_cache_bytes=192 * GiB, reorder=True,
                      speculate=True, host_replicas=32),
+    # today's engines with host tiers, and the paper-era SGLang's own scheduling; what each
+    # follows in its engine's source: ragsim/serving/system_sources.py (`ragsim systems --json`)
+    "sglang-lpm": dict(cache=True, policy="lru", host_cache_bytes=0, reorder=True, order="lpm",
+                       speculate=False, reorder_window_s=limits.MAX_DURATION_S),
+    "sglang-hicache": dict(cache=True, policy="lru", host_cache_bytes=192 * GiB,
+                           host_write="through", host_evicts_gpu_copies=False, reorder=False,
+                           speculate=False, overlap_swap=True),
+    "vllm-offload": dict(cache=True, policy="lru", host_cache_bytes=192 * GiB,
+                         host_write="through", reorder=False, speculate=False,
+                         prefix_block_tokens=16, batch_kv_sharing=True, overlap_swap=True),
 }
 SYSTEM_DESCRIPTIONS = {
     "vllm": "vLLM v0.3 (the paper's baseline): continuous batching, no cross-request KV reuse",
     "vllm-apc": "vLLM with automatic prefix caching: GPU blocks of 16 tokens, LRU",
-    "sglang": "SGLang: GPU radix tree over token prefixes, LRU, no host tier",
+    "sglang": "SGLang (2024, the paper's baseline): GPU radix tree over token prefixes, LRU, "
+              "no host tier, FCFS",
+    "sglang-lpm": "SGLang v0.1 (the paper's era) as its server scheduled: the sglang preset "
+                  "with longest-prefix-match order and no starvation bound",
+    "sglang-hicache": "SGLang with HiCache: radix tree in GPU + host, write-through, LRU in "
+                      "both tiers, layer-wise load-back overlapped with compute, FCFS",
+    "vllm-offload": "vLLM v1 prefix caching with its CPU offloading connector: blocks of 16 "
+                    "tokens stored to host as computed, LRU in both tiers",
     "ragcache": "RAGCache: knowledge tree in GPU + host, PGDSF, cache-aware reordering, "
                 "dynamic speculative pipelining, host replicas of the upper nodes",
 }
@@ -244,6 +278,7 @@ def build_config(overrides: dict, *, base: dict | None = None, source: str | Non
         raise ConfigError(f"unknown system {system!r}; known: {', '.join(SYSTEM_PRESETS)}",
                           file=source, field="system")
     values = {**preset(system), **given}
+    _resolve_order(values, given, source)
     for name in _BYTES_FIELDS:
         value = values.get(name)
         if value is not None and not isinstance(value, int):
@@ -261,6 +296,25 @@ def build_config(overrides: dict, *, base: dict | None = None, source: str | Non
         times = values["fail_gpu_at_s"]
         values["fail_gpu_at_s"] = tuple(times) if isinstance(times, list | tuple) else (times,)
     return validate(SimConfig(**values), source=source)
+
+
+def _resolve_order(values: dict, given: dict, source: str | None) -> None:
+    """``order`` and ``reorder`` say one thing: an order given sets reorder (every order but
+    fcfs reorders); reorder given alone sets the order (cache-aware or fcfs) over a preset's."""
+    order, reorder = given.get("order"), given.get("reorder")
+    if order is not None and isinstance(order, str) and isinstance(reorder, bool) \
+            and reorder != (order != "fcfs"):
+        raise ConfigError(f"order {order} {'reorders' if order != 'fcfs' else 'is FCFS'}: "
+                          f"it cannot go with reorder = {str(reorder).lower()}", file=source,
+                          field="order")
+    if order is None and isinstance(reorder, bool):
+        values["order"] = "cache-aware" if reorder else "fcfs"
+    order = values.get("order")
+    if order is None:
+        values["order"] = ("cache-aware" if values.get("reorder", SimConfig.reorder)
+                           else "fcfs")
+    elif isinstance(order, str) and order in ORDERS and "reorder" not in given:
+        values["reorder"] = order != "fcfs"
 
 
 def _check(ok: bool, name: str, message: str, source: str | None) -> None:
@@ -313,6 +367,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.policy in POLICY_NAMES and c.policy != "belady", "policy",
            f"must be one of {', '.join(p for p in POLICY_NAMES if p != 'belady')} "
            "(Belady needs the future, which an online simulator does not have)", source)
+    _check(c.host_write in HOST_WRITES, "host_write", f"must be one of {', '.join(HOST_WRITES)}",
+           source)
     _check(c.frequency_scope in FREQUENCY_SCOPES, "frequency_scope",
            f"must be one of {', '.join(FREQUENCY_SCOPES)}", source)
     _check(c.frequency_scope != "window" or c.frequency_window_s is not None,
@@ -359,6 +415,10 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.search_latency == "fixed" or c.stage_source in ("auto", "trace"), "search_latency",
            "measured stage times describe the trace's own stages: use stage_source auto or "
            "trace", source)
+    _check(c.order is None or c.order in ORDERS, "order",
+           f"must be one of {', '.join(ORDERS)}", source)
+    _check(c.order is None or c.reorder == (c.order != "fcfs"), "order",
+           f"order {c.order} does not go with reorder = {str(c.reorder).lower()}", source)
     _check(c.reorder_window_s >= 0, "reorder_window_s", "must be >= 0", source)
     _check(c.reorder_window_start in WINDOW_STARTS, "reorder_window_start",
            f"must be one of {', '.join(WINDOW_STARTS)}", source)

@@ -112,11 +112,12 @@ class Pipeline(EngineHooks):
             max_cached_depth=config.max_cached_depth if config.cache else 0,
             frequency_scope=config.frequency_scope,
             frequency_window_s=config.frequency_window_s,
-            record_moves=record_moves)
+            record_moves=record_moves, host_write=config.host_write,
+            host_evicts_gpu_copies=config.host_evicts_gpu_copies)
         self.pool: RequestPool[Job] = RequestPool(
             reorder=config.reorder, window_s=config.reorder_window_s,
             start=config.reorder_window_start,
-            scan_limit=config.reorder_scan)
+            scan_limit=config.reorder_scan, order=config.order)
         self.engine = Engine(
             self.env, tree=self.tree, pool=self.pool, hooks=self,
             iterations=iterations(self.tree), kv_bytes_per_token=kv,
