@@ -173,10 +173,9 @@ def test_import_ragsim_stays_light():
 def test_the_api_takes_every_option_ragsim_run_has():
     import inspect
 
+    import ragsim
     from ragsim.api.run import EXECUTION_OPTIONS, RUN_OPTIONS
     from ragsim.cli.run import run
-
-    import ragsim
 
     flags = set(inspect.signature(run).parameters) - {"config_file", "json_output", "out_dir",
                                                        "force"}
