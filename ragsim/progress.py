@@ -33,6 +33,13 @@ def counted_bar(label: str, enabled: bool = True, *extra_columns
                    *extra_columns, TimeElapsedColumn(), console=Console(stderr=True),
                    transient=True, disable=not enabled)
     task = bar.add_task(label, total=None)
+    with bar:
+        yield resetting_advance(bar, task)
+
+
+def resetting_advance(bar: Progress, task) -> Callable[[int, int], None]:
+    """``(done, total)`` for ``bar``'s ``task``: the first call (the parts a resumed job found
+    done) resets the bar, so that its speed and time left count only the parts run now."""
     started = False
 
     def advance(done: int, total: int) -> None:
@@ -43,5 +50,4 @@ def counted_bar(label: str, enabled: bool = True, *extra_columns
         else:
             bar.update(task, completed=done)
 
-    with bar:
-        yield advance
+    return advance

@@ -47,9 +47,10 @@ def test_session_routing_is_sticky_by_a_stable_hash_and_round_robin_without_one(
 
 
 def test_random_routing_is_seeded():
-    picks = [RandomRouter(5, seed=3).choose(request(i, [1], [1])) for i in range(1)]
-    again = [RandomRouter(5, seed=3).choose(request(i, [1], [1])) for i in range(1)]
-    assert picks == again
+    one, two, other = RandomRouter(5, seed=3), RandomRouter(5, seed=3), RandomRouter(5, seed=4)
+    picks = [one.choose(request(i, [1], [1])) for i in range(50)]
+    assert picks == [two.choose(request(i, [1], [1])) for i in range(50)]
+    assert picks != [other.choose(request(i, [1], [1])) for i in range(50)]
     spread = RandomRouter(5, seed=3)
     counts = np.bincount([spread.choose(request(i, [1], [1])) for i in range(5000)], minlength=5)
     assert counts.min() > 850  # 1,000 each expected; 850 is more than 5 sigma below

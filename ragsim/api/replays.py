@@ -9,15 +9,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragsim.api.options import as_bytes, generator_settings, label
+from ragsim.api.run import Result
 from ragsim.errors import RagsimInputError
 from ragsim.limits import REPLAY_BYTES_PER_REQUEST, memory_problem
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from ragsim.profiles.profile import Profile
     from ragsim.sim.replay import ReplayConfig, ReplayResult
@@ -142,33 +141,12 @@ REPLAY_OPTIONS = tuple(inspect.signature(setup_replay).parameters)
 
 
 @dataclass
-class Replay:
-    """A finished (or interrupted) replay: what ``ragsim replay --json`` prints."""
+class Replay(Result):
+    """A finished (or interrupted) replay: what ``ragsim replay --json`` prints and ``--out``
+    writes (``requests.parquet``, ``summary.json``)."""
 
     result: ReplayResult
-    trace_requests: int  # the trace's requests (a Ctrl-C may have replayed fewer)
-
-    @property
-    def summary(self) -> dict:
-        return self.result.summary
-
-    @property
-    def requests(self) -> pd.DataFrame:
-        """One row per replayed request (``requests.parquet``)."""
-        return self.result.records
-
-    @property
-    def config(self) -> ReplayConfig:
-        return self.result.config
-
-    def save(self, out_dir: str | Path, *, force: bool = False) -> Path:
-        """Write ``requests.parquet`` and ``summary.json`` (what ``--out`` writes)."""
-        from ragsim.outputs import RUN_FILES, claim_output_dir, save_run_result
-
-        out_dir = Path(out_dir)
-        claim_output_dir(out_dir, writes=RUN_FILES, force=force, flag=label("out_dir"))
-        save_run_result(out_dir, self.requests, self.summary, flag=label("out_dir"))
-        return out_dir
+    trace_requests: int = 0  # the trace's requests (a Ctrl-C may have replayed fewer)
 
 
 def replay(trace: str = "mmlu", *, progress: bool = False, **options) -> Replay:

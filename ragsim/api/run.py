@@ -269,14 +269,15 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
 
 
 @dataclass
-class Run:
-    """A finished (or stopped) run: what ``ragsim run --json`` prints and ``--out`` writes."""
+class Result:
+    """What a run or a replay hands back: its summary, its per-request records and its
+    configuration, and ``save`` writing them as ``--out`` does."""
 
-    result: RunResult
+    result: object
 
     @property
     def summary(self) -> dict:
-        """The summary ``ragsim run --json`` prints (with the configuration it ran)."""
+        """The summary the command's ``--json`` prints (with the configuration it ran)."""
         return self.result.summary
 
     @property
@@ -285,25 +286,39 @@ class Run:
         return self.result.records
 
     @property
-    def config(self) -> SimConfig:
-        """The full configuration that ran (the run decides what the config left to the trace)."""
+    def config(self):
+        """The full configuration that ran."""
         return self.result.config
+
+    def _config_toml(self) -> str | None:
+        return None
+
+    def save(self, out_dir: str | Path, *, force: bool = False) -> Path:
+        """Write what ``--out`` writes, as one result set; an earlier result there is replaced
+        only with ``force``."""
+        from ragsim.outputs import RUN_FILES, claim_output_dir, save_run_result
+
+        out_dir = Path(out_dir)
+        claim_output_dir(out_dir, writes=RUN_FILES, force=force, flag=label("out_dir"))
+        save_run_result(out_dir, self.requests, self.summary, self._config_toml(),
+                        flag=label("out_dir"))
+        return out_dir
+
+
+@dataclass
+class Run(Result):
+    """A finished (or stopped) run: what ``ragsim run --json`` prints and ``--out`` writes
+    (``requests.parquet``, ``summary.json``, ``config.toml``)."""
+
+    result: RunResult
+
+    def _config_toml(self) -> str:
+        return self.config.to_toml()
 
     @property
     def problem(self) -> tuple[int, str] | None:
         """``(exit code, message)`` when the run did not end as asked (None when it did)."""
         return run_problem(self.summary)
-
-    def save(self, out_dir: str | Path, *, force: bool = False) -> Path:
-        """Write ``requests.parquet``, ``summary.json`` and ``config.toml`` (what ``--out``
-        writes) as one result set; an earlier result there is replaced only with ``force``."""
-        from ragsim.outputs import RUN_FILES, claim_output_dir, save_run_result
-
-        out_dir = Path(out_dir)
-        claim_output_dir(out_dir, writes=RUN_FILES, force=force, flag=label("out_dir"))
-        save_run_result(out_dir, self.requests, self.summary, self.config.to_toml(),
-                        flag=label("out_dir"))
-        return out_dir
 
     def _repr_html_(self) -> str:  # a notebook shows the headline numbers
         s = self.summary
@@ -358,4 +373,4 @@ def simulate(config=None, *, backend: str = "sim", device: str = "cpu", threads:
                              on_start=start)
 
 
-__all__ = ["Run", "RunSetup", "run_problem", "setup_run", "simulate"]
+__all__ = ["Result", "Run", "RunSetup", "run_problem", "setup_run", "simulate"]

@@ -78,6 +78,7 @@ def sweep(
     from rich.progress import TimeRemainingColumn
 
     from ragsim.api.study import check_sweep_options
+    from ragsim.progress import resetting_advance
     from ragsim.study.executors import default_jobs
     from ragsim.study.results import RESULTS_FILE
     from ragsim.study.spec import load_sweep
@@ -98,7 +99,7 @@ def sweep(
             with progress:
                 outcome = run_sweep(spec, out_dir, executor=executor, jobs=jobs,
                                     address=address, keep_requests=requests_files,
-                                    on_progress=_advance(progress, task))
+                                    on_progress=resetting_advance(progress, task))
         except KeyboardInterrupt:
             signals.disarm()
             from ragsim.study.results import read_results
@@ -151,22 +152,6 @@ def plot(
                       log_x=log_x, log_y=log_y)
     save_figure(fig, out_file)
     err.print(f"wrote {out_file}", highlight=False)
-
-
-def _advance(progress, task):
-    """The sweep's ``(done, total)`` callback for a bar whose time left counts only the points
-    run now: the first call (the points a resumed sweep found done) resets the bar's speed."""
-    started = False
-
-    def advance(done: int, total: int) -> None:
-        nonlocal started
-        if not started:
-            progress.reset(task, total=total, completed=done)
-            started = True
-        else:
-            progress.update(task, completed=done)
-
-    return advance
 
 
 def _read_table(sweep_dir: Path):
