@@ -96,10 +96,14 @@ def sockets_of(pid: int) -> set[int]:
 
 
 def command_of(pid: int) -> str:
+    """The program's own name and its first arguments, short enough to print: the name comes
+    first and whole, since the directory above it (a virtual environment's, say) can be
+    longer than any fixed cut."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return "?"
+    return " ".join([Path(argv[0]).name, *argv[1:]])[:80]
 
 
 def environment_of(pid: int) -> dict[str, str]:
