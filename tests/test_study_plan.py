@@ -82,3 +82,30 @@ def test_bad_plans_exit_2(args, message):
     result = runner.invoke(app, ["plan", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_an_interrupted_plan_json_leaves_the_previous_one(tmp_path, monkeypatch):
+    """plan.json is written whole or not at all: a write cut half-way (a full disk) keeps the
+    previous plan, never half of a new one."""
+    import pathlib
+
+    from ragsim.api import plan
+
+    (tmp_path / "prices.toml").write_text(PRICES)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "plan.json").write_text('{"previous": true}\n')
+    real_write_text = pathlib.Path.write_text
+
+    def cut(self, text, *args, **kwargs):
+        if self.suffix == ".json" and "plan" in self.name:
+            real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(28, "No space left on device")
+        return real_write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", cut)
+    with pytest.raises(OSError):
+        plan(trace="mmlu", rate=1.0, slo="ttft_p90_s<=5", requests=100, replicas=[1],
+             host_mem=[0], prices=str(tmp_path / "prices.toml"), jobs=1, out_dir=out)
+    assert json.loads((out / "plan.json").read_text()) == {"previous": True}
+    assert [p.name for p in out.iterdir() if p.name.endswith(".json")] == ["plan.json"]

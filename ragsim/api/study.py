@@ -176,7 +176,10 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
               "prices": price_table, "best": best, "margin_curve": curve,
               "candidates": candidates, "results_dir": str(folder)}
     if out is not None:
-        (out / "plan.json").write_text(json.dumps(result, indent=2) + "\n")
+        from ragsim.atomic import write_text_atomically
+
+        # whole or not at all: a plan.json cut by a full disk or a signal must not look finished
+        write_text_atomically(out / "plan.json", json.dumps(result, indent=2) + "\n")
     if plot_file is not None and curve:
         from ragsim.figures import save_figure
 
