@@ -37,7 +37,8 @@ class ValidateCommand(Command):
                 "hidden": "the profile's model", "threads": "the engine's",
                 "policy": "the system's", "gpu_mem": "the profile's KV capacity",
                 "host_mem": "the system's", "config_file": "none",
-                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run"}
+                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run",
+                "search_latency": "the configuration's (fixed)"}
 
 
 @friendly_errors
@@ -87,6 +88,14 @@ def validate(
         help="The simulator's iterations: prefill-first or mixed (chunked prefill). Default: "
         "the engine's own (torch: prefill-first; vLLM: mixed, as vLLM >= 0.4 schedules).")
     ] = None,
+    search_latency: Annotated[str | None, typer.Option(
+        "--search-latency", help="fixed (the modelled search_s) or trace: the simulation "
+        "waits the trace's measured stage times; on a trace built with its text the real run "
+        "searches its staged faiss index on the search workers.")] = None,
+    replay_decisions: Annotated[bool, typer.Option(
+        "--replay-decisions", help="Price the real run's own iterations (its admission, "
+        "batch and speculation decisions) with the simulator's costs: the TTFT error split "
+        "into cost_model_error and decision_error (--backend torch).")] = False,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -116,7 +125,8 @@ def validate(
             layers=layers, hidden=hidden, threads=threads, device=device, config=config_file,
             policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
-            scheduler=scheduler, reference_profile=reference_profile, on_note=on_note,
+            scheduler=scheduler, reference_profile=reference_profile,
+            search_latency=search_latency, replay_decisions=replay_decisions, on_note=on_note,
             on_profile_phase=on_phase)
     finally:
         if phases.live.is_started:

@@ -33,6 +33,7 @@ import simpy.rt
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.realrun.vllm.engine import (
@@ -138,7 +139,7 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
         kv_connector=TREE_CONNECTOR if config.system == "ragcache" else None)
 
 
-class VllmRun(Pipeline):
+class VllmRun(RealSearchDriving, Pipeline):
     """The pipeline on a wall clock, every request served by vLLM's engine."""
 
     # with each generated token, the log-probabilities of this many most likely tokens
@@ -184,6 +185,9 @@ class VllmRun(Pipeline):
         self.logprobs: dict[int, list[dict[int, float]]] = {}  # with ``logprobs_top``
         self.steps = 0
         self.step_s = 0.0
+        # the trace's staged faiss search on the search workers, as the torch run has it
+        # (``search_latency = "trace"`` on a trace built with text), else the modelled times
+        self.start_real_search()
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -284,7 +288,10 @@ class VllmRun(Pipeline):
         before = self._probe() if self.speed_probes else None
         self.env.process(self._serve())
         self.env.sync()  # the clock starts now, not when the engine was built
-        result = super().run()
+        try:
+            result = super().run()
+        finally:
+            self.stop_real_search()
         self._fix_records(result)
         result.summary.update(self._vllm_fields(result))
         if self.connector is not None:
@@ -342,6 +349,7 @@ class VllmRun(Pipeline):
                   "iterations_prefill": 0, "iterations_decode": 0,
                   "gpu_busy_fraction": self.step_s / elapsed if elapsed > 0 else 0.0,
                   "token_ids": self.tokens.report.as_dict(),
+                  "search": self.search_fields(),
                   "vllm_counters": _counters(self.llm)}
         not_vllms = "iterations, scheduler decisions" if self.connector is not None \
             else "iterations, scheduler decisions, evictions"
