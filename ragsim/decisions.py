@@ -13,6 +13,11 @@ iteration starts when the one before it ended, or when its last job entered the 
 replayed end of the prefill that gave it its first token (or its search's end, when a kept
 speculation waited for it).
 
+A vLLM run's steps are its own scheduler's: each ``step()`` is recorded as the chunks it
+scheduled (a request's computed tokens so far, cached ones included, and the tokens it took)
+and its decodes (``VllmRun``), and priced as the simulator prices a mixed step; a request's
+first token comes with the step whose chunk finished its prompt.
+
 The replay and the real run share every decision and differ only in costs, so
 
 * ``cost_model_error`` = (replayed mean TTFT - real mean TTFT) / real mean TTFT, and
@@ -44,7 +49,10 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False) -> fl
     if decision["kind"] == "decode":
         return decode_step_s(profile, decision["size"], decision["context_tokens"])
     jobs = decision["jobs"]
-    compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs])
+    compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs]) \
+        if jobs else 0.0
+    if decision["kind"] == "mixed" and decision["size"]:  # as ``PredictedIterations.mixed``
+        compute += decode_step_s(profile, decision["size"], decision["context_tokens"])
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return max(compute, copy) if overlap_swap else compute + copy
@@ -76,10 +84,14 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
         start = decision["start_s"] if not np.isfinite(replayed_end) else max(replayed_end,
                                                                                  ready)
         replayed_end = start + price(decision)
-        if decision["kind"] == "prefill":
-            for _, request, *_ in decision["jobs"]:
-                if decision["end_s"] <= first_token[request] + _SAME_TIME_S:
-                    served[request] = replayed_end
+        # a vLLM step: the chunks that finished their prompts (vLLM stamps the first token
+        # inside the step); a prefill: every job, unless the request's first token came
+        # before the prefill ended (a later attempt's)
+        completing = decision.get("completing")
+        for key, request, *_ in decision.get("jobs", ()):
+            if key in completing if completing is not None \
+                    else decision["end_s"] <= first_token[request] + _SAME_TIME_S:
+                served[request] = replayed_end
     for request, replayed in served.items():
         if np.isfinite(first_token[request]):
             ttft[request] = max(replayed, search_end[request]) - arrival[request]

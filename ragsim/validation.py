@@ -221,7 +221,7 @@ def replay_decisions(real, profile: Profile) -> np.ndarray | None:
     prices (``ragsim.decisions.replay``); None when the run kept no decisions (a simulated
     'real' side, or an engine whose steps ragsim does not see)."""
     kept = getattr(real, "decisions", None)
-    if not kept:
+    if not kept or not kept["iterations"]:
         return None
     from ragsim.decisions import priced_s, replay
 
@@ -615,6 +615,7 @@ def load_row(report: dict) -> dict:
             "cost_model_error": report.get("cost_model_error"),
             "decision_error": report.get("decision_error"),
             "search_mean_error": report.get("search_mean_error"),
+            "search_mode": report.get("search_mode"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
             "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
             "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(

@@ -100,3 +100,49 @@ def test_a_real_runs_replay_at_its_measured_durations_gives_it_back_no_later():
     # every request's first token came from a logged prefill (or its search's end)
     served = {j[1] for d in kept["iterations"] if d["kind"] == "prefill" for j in d["jobs"]}
     assert served == set(range(trace.n_requests))
+
+
+@pytest.fixture(scope="module")
+def text_trace(tmp_path_factory):
+    from text_trace import text_trace_dir
+
+    yield from text_trace_dir(tmp_path_factory)
+
+
+def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path):
+    """``validate --search-latency trace --replay-decisions`` on a trace built with its text:
+    the real run searches the staged faiss index on the search workers (every stage of every
+    request, the recorded lists), the search is a component with its own error, and the TTFT
+    mean error splits into the cost model's and the decisions' shares, which add up to it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    out = tmp_path / "v"
+    result = CliRunner().invoke(app, [
+        "validate", "--backend", "torch", "--trace", str(text_trace), "--requests", "16",
+        "--search-latency", "trace", "--replay-decisions", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    search = report["real"]["search"]
+    assert search["mode"] == "faiss" and report["search_mode"] == "faiss"
+    assert search["stages_run"] == 2 * 16 and search["final_lists_differing"] == 0
+    assert report["search_mean_error"] is not None and report["search_mean_error"] > -1
+    assert report["cost_model_error"] + report["decision_error"] == pytest.approx(
+        report["ttft_mean_error"])
+    assert report["decisions"]["replayed_ttft_mean_s"] > 0
+    ran = (out / "config.toml").read_text()
+    assert 'search_latency = "trace"' in ran
+
+
+def test_replay_decisions_needs_a_real_engine(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "--backend", "sim", "--requests", "5",
+                                      "--replay-decisions", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2
+    assert "--replay-decisions" in result.output and "--backend sim" in result.output

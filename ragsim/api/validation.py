@@ -287,10 +287,10 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         raise RagsimInputError(f"{label('loads')} has its own sequential point (idle)",
                                field=label("sequential"))
     points = v.parse_loads(loads) if loads is not None else None
-    if replay_decisions and backend != "torch":
-        raise RagsimInputError(f"{label('replay_decisions')} replays the torch engine's "
-                               f"iterations; --backend {backend} keeps none (vLLM's steps are "
-                               "its own scheduler's)", field=label("replay_decisions"))
+    if replay_decisions and backend == "sim":
+        raise RagsimInputError(f"{label('replay_decisions')} replays a real engine's "
+                               "iterations: --backend sim runs none", field=label(
+                                   "replay_decisions"))
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
     resolved, terms = _config(config, trace=trace, system=system, rate=rate,
