@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # One short run on a CUDA machine: what only a GPU can show.
 #
-#   benchmarks/gpu_validate.sh OUT_DIR [REQUESTS]
+#   benchmarks/gpu_validate.sh OUT_DIR [REQUESTS] [TRACE]
+#
+# Fails fast (exit 3, before any GPU time is spent) when torch sees no CUDA device or a package
+# is missing. The protocol is the CPU one (benchmarks/validate_at_rest.sh, docs/validation.md):
+# raw errors are the verdict, the speed probe a diagnostic beside them.
 #
 # 1. measures `ragsim profile --device cuda` for Mistral-7B in fp16 (the architecture of the
 #    derived h200-mistral-7b profile; the quick plan) and compares it with the derived profile
 #    at a few points (derived_vs_measured.json);
-# 2. runs `ragsim validate --backend torch --device cuda` on that measured profile at idle,
-#    ~50%, ~90% of the measured capacity and overload (REQUESTS requests each, default 120).
-#
+# 2. runs `ragsim validate --backend torch --device cuda` on that measured profile for ragcache
+#    at overload, 90%, 50% of the measured capacity and idle (REQUESTS requests each, default
+#    300), with --replay-decisions (the TTFT error split into cost model and decisions) and,
+#    on a trace built with its text (TRACE), --search-latency trace (its faiss search run for
+#    real on both sides' terms);
 # 3. checks --overlap-swap on CUDA (layer-wise copies on their own stream);
-# 4. where vLLM's CUDA build is installed, profiles vLLM and validates its three systems
-#    (vllm, vllm-apc, and ragcache: the knowledge tree inside vLLM as its host tier).
-#
-# Everything lands in OUT_DIR with the machine's description (machine.txt), so the numbers can
-# be committed with their date and device. Runs from the repository root without installing
-# (the policy core is Cython pure-Python code, importable uncompiled); the Python packages
-# ragsim needs must already be there (torch with CUDA, transformers, numpy, pandas, pyarrow,
-# scipy, matplotlib, simpy, typer, rich, tomli-w, Cython): a missing one is named and the script
-# stops (exit 3) before it spends GPU time.
+# 4. where vLLM's CUDA build is installed, profiles vLLM and validates its three systems (vllm,
+#    vllm-apc, and ragcache: the knowledge tree inside vLLM as its host tier) on the same loads,
+#    each printing one JSON object whose `loads` rows carry the raw ttft_mean_error,
+#    ttft_p90_abs_error, throughput_error and hit_agreement; validate sets vLLM's terms itself
+#    (no --config) and says what it set.
 set -euo pipefail
 
-OUT=${1:?usage: benchmarks/gpu_validate.sh OUT_DIR [REQUESTS]}
-REQUESTS=${2:-120}
+OUT=${1:?usage: benchmarks/gpu_validate.sh OUT_DIR [REQUESTS] [TRACE]}
+REQUESTS=${2:-300}
+TRACE=${3:-mmlu}  # a trace built with its text searches for real (--search-latency trace)
+LOADS=over,90,50,idle
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
@@ -81,8 +85,10 @@ EOF
 
 echo "== validate on CUDA =="
 time "$PY" -m ragsim validate --backend torch --device cuda --profile "$PROFILE" \
-  --trace mmlu --system ragcache --requests "$REQUESTS" --loads idle,50,90,over \
-  --out "$OUT/validate" 2>&1 | tee "$OUT/validate.txt"
+  --trace "$TRACE" --system ragcache --requests "$REQUESTS" --loads "$LOADS" \
+  --search-latency trace --replay-decisions --json --out "$OUT/validate" \
+  > "$OUT/validate.json" 2> "$OUT/validate.txt"
+cat "$OUT/validate.json"
 
 echo "== --overlap-swap on CUDA: layer-wise copies on their own stream =="
 # tight GPU memory, room on the host: host hits every few requests; the same run with and without
@@ -105,16 +111,14 @@ if "$PY" -c "import vllm, vllm.engine" >/dev/null 2>&1; then
   VPROFILE="$OUT/cuda-vllm-mistral-7b.json"
   "$PY" -m ragsim profile --engine vllm --model mistral-7b --device cuda --dtype fp16 --quick \
     --block-tokens 16 --out "$VPROFILE" 2>&1 | tee "$OUT/profile-vllm.txt" || true
-  # ragcache: the knowledge tree as vLLM's host tier (a KV connector); vLLM schedules FCFS and
-  # prefills the final list only, and its prefix cache shares blocks within a batch
-  printf '[run]\nspeculate = false\nreorder = false\nprefix_block_tokens = 16\nbatch_kv_sharing = true\n' \
-    > "$OUT/ragcache-vllm.toml"
+  # validate gives both sides vLLM's terms by itself (no speculation, FCFS, its block, batch
+  # KV sharing, the mixed scheduler) and prints what it set
   for system in vllm vllm-apc ragcache; do
-    config=()
-    [ "$system" = ragcache ] && config=(--config "$OUT/ragcache-vllm.toml")
-    "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" --trace mmlu \
-      --system "$system" "${config[@]}" --requests "$REQUESTS" --loads idle,50,90,over \
-      --out "$OUT/validate-vllm-$system" 2>&1 | tee "$OUT/validate-vllm-$system.txt" || true
+    "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" \
+      --trace "$TRACE" --system "$system" --requests "$REQUESTS" --loads "$LOADS" \
+      --search-latency trace --replay-decisions --json --out "$OUT/validate-vllm-$system" \
+      > "$OUT/validate-vllm-$system.json" 2> "$OUT/validate-vllm-$system.txt" || true
+    cat "$OUT/validate-vllm-$system.json"
   done
 else
   echo "vLLM is not installed here: the vLLM lane is skipped (nothing can be installed on it)"

@@ -204,6 +204,50 @@ def beyond_profile_time_share(real_summary: dict) -> float | None:
     return past / measured if measured else None
 
 
+def search_error(joined: pd.DataFrame, real_summary: dict) -> dict:
+    """The search as a component of its own: its mean time in both runs, its relative error
+    and how the real side searched (``faiss``: the trace's staged index run for real on the
+    search workers; ``modelled``: the stage times were waited, so both sides wait the same
+    times and its error is zero by construction)."""
+    real_s = float(joined["search_s_real"].mean())
+    sim_s = float(joined["search_s_sim"].mean())
+    search = real_summary.get("search") or {}
+    return {"search_mode": search.get("mode", "modelled"),
+            "search_mean_error": (sim_s - real_s) / real_s if real_s > 0 else None}
+
+
+def replay_decisions(real, profile: Profile) -> np.ndarray | None:
+    """Per request of the real run, its TTFT under the run's own decisions at the simulator's
+    prices (``ragsim.decisions.replay``); None when the run kept no decisions (a simulated
+    'real' side, or an engine whose steps ragsim does not see)."""
+    kept = getattr(real, "decisions", None)
+    if not kept or not kept["iterations"]:
+        return None
+    from ragsim.decisions import priced_s, replay
+
+    overlap = bool(real.config.overlap_swap)
+    return replay(kept["iterations"], kept["submitted_s"], real.columns,
+                  lambda decision: priced_s(decision, profile, overlap))
+
+
+def search_note(trace: Trace, config: SimConfig, backend: str) -> tuple[str, bool] | None:
+    """What ``--search-latency`` means for this validation, in one line (warning: the search
+    is modelled on both sides after all), or None with the fixed latency."""
+    if config.search_latency != "trace":
+        return None
+    if backend == "sim":
+        return ("search: both sides simulate the trace's measured stage times", False)
+    from ragsim.realrun.search import _why_not
+
+    why = _why_not(trace)
+    if why is not None:
+        return (f"search: the real run waits the trace's measured stage times, as the "
+                f"simulation does ({why}): its error is zero by construction", True)
+    return (f"search: the real run searches the trace's staged faiss index on "
+            f"{config.search_workers} worker(s); the simulation waits the trace's measured "
+            "stage times", False)
+
+
 def dominant_component(components: dict[str, dict]) -> str | None:
     """The component whose error is largest in absolute terms (None when none is known)."""
     known = {name: abs(c["error_s"]) for name, c in components.items()
@@ -262,13 +306,16 @@ def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool
 
 
 def compare(real, sim, *, backend: str, load: str | None = None,
-            sim_speed_adjusted=None, terms: dict[str, tuple] | None = None) -> dict:
+            sim_speed_adjusted=None, terms: dict[str, tuple] | None = None,
+            replayed_ttft: np.ndarray | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
     the simulation priced at the machine's speed during the run (``speed_adjusted``).
     ``terms``: what ``backend_terms`` changed, recorded as ``backend_terms`` (field -> the
-    value both sides ran with; the full configuration is the runs' own)."""
+    value both sides ran with; the full configuration is the runs' own). ``replayed_ttft``
+    (``replay_decisions``) splits the TTFT mean error into ``cost_model_error`` and
+    ``decision_error``."""
     joined, dropped = join_runs(real.columns, sim.columns)
     if joined.empty:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
@@ -296,9 +343,17 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         **tost_log_ratio(ttft_sim, ttft_real),
         "components": components,
         "dominant_component": dominant_component(components),
+        **search_error(joined, real.summary),
+        "cost_model_error": None, "decision_error": None,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }
+    if replayed_ttft is not None:
+        from ragsim.decisions import split_error
+
+        report["decisions"] = split_error(joined, replayed_ttft, real.columns["request_id"])
+        report["cost_model_error"] = report["decisions"]["cost_model_error"]
+        report["decision_error"] = report["decisions"]["decision_error"]
     if config.arrival == "sequential":  # compared without the decisions that race with time
         report["sequential_without"] = sorted(TIME_DRIVEN)
     report["checks"] = checks(report, sequential=config.arrival == "sequential",
@@ -557,6 +612,10 @@ def load_row(report: dict) -> dict:
             "real_throughput_rps": report["real"]["throughput_rps"],
             "sim_throughput_rps": report["sim"]["throughput_rps"],
             "dominant_component": report["dominant_component"],
+            "cost_model_error": report.get("cost_model_error"),
+            "decision_error": report.get("decision_error"),
+            "search_mean_error": report.get("search_mean_error"),
+            "search_mode": report.get("search_mode"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
             "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
             "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(

@@ -183,3 +183,21 @@ def test_the_api_takes_every_option_ragsim_run_has():
     extra = {"seeds", "sensitivity"}
     assert extra <= set(inspect.signature(ragsim.simulate).parameters)
     assert flags == set(RUN_OPTIONS) | set(EXECUTION_OPTIONS) | extra
+
+
+def test_the_api_takes_every_option_ragsim_validate_has():
+    """``ragsim.validate`` takes each of the command's options (--search-latency and
+    --replay-decisions among them), under the command's own names, less the CLI's printing."""
+    import inspect
+
+    from ragsim.api.validation import setup_validation
+    from ragsim.cli.validate import validate
+
+    flags = set(inspect.signature(validate).parameters) - {"json_output", "out_dir", "check",
+                                                            "config_file"}
+    api = set(inspect.signature(setup_validation).parameters) - {"out_dir", "on_note",
+                                                                 "on_profile_phase", "config"}
+    assert flags == api
+    assert {"search_latency", "replay_decisions"} <= api
+    with pytest.raises(ragsim.RagsimInputError, match="replay_decisions"):
+        ragsim.validate("never-written", backend="sim", replay_decisions=True)

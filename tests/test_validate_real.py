@@ -7,17 +7,21 @@ back in and dropped), with a profile measured minutes earlier in this session (`
 * **Hit agreement is exact**: one request at a time, the real run and the simulation make the
   same cache decisions (the policy core's, not timing's), so every request's cached tokens per
   tier must be equal: 1.0, no margin.
-* **TTFT errors within the targets plus a stated noise margin, at the machine's speed.** The
-  targets are 10% (mean) and 25% (p90 of per-request |error|). A shared two-core machine's speed
-  moves by more than that within a minute: the same 530-token prefill measured 50, 43 and 33 ms
-  in three runs seconds apart (docs/validation.md), and the profile is measured minutes before
-  the run. So the real run times the profile's own grid points right before and after itself
-  (``machine_speed``), and the errors checked are those against the simulation priced at that
-  speed (``speed_adjusted``), plus margins for what drifts within the run (``MEAN_MARGIN``,
-  ``P90_MARGIN``). A run during which the machine's speed moved by more than 10% is measured
-  again (up to ``ATTEMPTS`` times); if none is steady, the last is held to wider margins. The
-  test fails when the model is wrong (a prefill priced at half its cost, a pipeline that
-  forgets the search), not when the machine had a slow minute.
+* **Raw TTFT errors within the targets plus a stated noise margin.** The targets are 10%
+  (mean) and 25% (p90 of per-request |error|). The errors checked are the raw ones (the
+  simulation priced by the profile as measured); the machine-speed probe is printed beside them
+  and only decides whether an attempt is measured again (a run during which the machine's speed
+  moved by more than 10%: at most ``ATTEMPTS``), never what passes. The margins
+  (``MEAN_MARGIN``, ``P90_MARGIN``) were measured on this project's shared 2-core machine with
+  other engineers' jobs running (2026-12-02 17:23-17:32 UTC, load average 2.4 rising to 5.6;
+  the machine 1.3-1.7x slower than when the profile was measured minutes before, each system's
+  first two attempts unsteady): raw mean errors ragcache -23.1%, sglang -18.7%, vllm -24.5%,
+  p90 |errors| 37.4%, 28.5%, 32.9%, iterations predicted 0.56-0.62 of their measured time. So
+  the bounds (25% mean, 50% p90) hold under such a load with little room; a heavier load can
+  fail the test, and then says more about the neighbours than about the model (rerun at
+  rest). A machine at rest should meet the targets themselves; the margins are what a busy neighbour
+  adds, not what the model is allowed to miss. The test fails when the model is wrong (a
+  prefill priced at half its cost, a pipeline that forgets the search: errors of 50% and more).
 """
 
 from __future__ import annotations
@@ -36,11 +40,11 @@ pytestmark = pytest.mark.slow  # minutes of real time: CI runs them (pytest -m s
 
 TARGET_MEAN_ABS_ERROR = 0.10
 TARGET_P90_ABS_ERROR = 0.25
-# margins on top of the targets: the mean's for drift within a run the probes call steady; the
-# p90's also for per-request jitter, which no speed factor removes (a request whose prefill
-# met a slow millisecond); wider when no attempt was steady
-MEAN_MARGIN = {True: 0.15, False: 0.25}
-P90_MARGIN = {True: 0.25, False: 0.35}
+# margins on top of the targets for the raw errors on a shared machine (measured: the module
+# docstring): the mean's for a neighbour's load, the p90's also for per-request jitter (a
+# request whose prefill met a slow millisecond)
+MEAN_MARGIN = 0.15
+P90_MARGIN = 0.25
 ATTEMPTS = 3
 REQUESTS = 200
 
@@ -85,19 +89,17 @@ def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, s
         assert report["hit_agreement"] == 1.0  # every attempt: decisions never depend on time
         if report["machine_speed"]["steady"]:
             break
-    steady = report["machine_speed"]["steady"]
     if system != "vllm":  # vllm: no cache; the others must have reused and moved KV
         assert report["real"]["token_hit_rate"] > 0
         moves = report["real"]["engine_moves"]
         assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
-    adjusted = report["speed_adjusted"]
-    assert adjusted["hit_agreement"] == 1.0
     said = {"attempts": attempt + 1, "machine_speed": report["machine_speed"],
             "raw": (report["ttft_mean_error"], report["ttft_p90_abs_error"]),
-            "adjusted": (adjusted["ttft_mean_error"], adjusted["ttft_p90_abs_error"]),
             "iteration_time_ratio": report["iteration_time_ratio"]}
-    assert abs(adjusted["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + MEAN_MARGIN[steady], said
-    assert adjusted["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + P90_MARGIN[steady], said
+    print(f"{system}: raw TTFT mean error {report['ttft_mean_error']:+.1%}, p90 |error| "
+          f"{report['ttft_p90_abs_error']:.1%} ({said})")
+    assert abs(report["ttft_mean_error"]) <= TARGET_MEAN_ABS_ERROR + MEAN_MARGIN, said
+    assert report["ttft_p90_abs_error"] <= TARGET_P90_ABS_ERROR + P90_MARGIN, said
     assert 0.5 < report["iteration_time_ratio"] < 2.0
     # the policy core's decision time per request (the paper: < 1 ms)
     assert report["real"]["decision_p50_ms"] < 1.0

@@ -260,3 +260,64 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     assert saved.engine.startswith("vLLM ") and saved.engine == made.engine
     assert len(saved.obtained["raw"]["batches"]) == 2
     assert all(v > 0 for row in saved.prefill.values for v in row)
+
+
+@pytest.fixture(scope="module")
+def text_trace(tmp_path_factory):
+    from text_trace import text_trace_dir
+
+    yield from text_trace_dir(tmp_path_factory)
+
+
+def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, tmp_path):
+    """``validate --backend vllm --loads over,50 --search-latency trace --replay-decisions``:
+    the interface's rows carry the raw errors; vLLM's run searches the trace's staged faiss
+    index on the search workers, as the torch run does; every step vLLM's scheduler took is
+    recorded as its chunks and decodes, each request's prompt is scheduled exactly once in
+    whole (its cached tokens, then chunks that add up to its prompt), and the TTFT mean error
+    splits into the cost model's and the decisions' shares, which add up to it."""
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+    from ragsim.profiles.profile import load_profile
+    from ragsim.realrun.vllm.harness import VllmRun
+    from ragsim.serving.config import build_config
+    from ragsim.traces import read_trace
+
+    out = tmp_path / "loads"
+    result = CliRunner().invoke(app, [
+        "validate", "--backend", "vllm", "--system", "vllm-apc", "--trace", str(text_trace),
+        "--requests", "16", "--loads", "over,50", "--search-latency", "trace",
+        "--replay-decisions", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    combined = json.loads(result.stdout)
+    assert [row["load"] for row in combined["loads"]] == ["over", "50"]
+    for row in combined["loads"]:
+        for name in ("ttft_mean_error", "ttft_p90_abs_error", "throughput_error",
+                     "hit_agreement", "cost_model_error", "decision_error"):
+            assert row[name] is not None, name
+        assert row["search_mode"] == "faiss"
+        assert row["cost_model_error"] + row["decision_error"] == pytest.approx(
+            row["ttft_mean_error"])
+    report = json.loads((out / "load-over" / "validation.json").read_text())
+    assert report["real"]["search"]["stages_run"] == 2 * 16
+
+    trace = read_trace(text_trace)
+    profile = load_profile("cpu-vllm-mistral-7b-l2-h256")
+    config = build_config({"trace": "built", "system": "vllm-apc", "profile": profile.name,
+                           "rate_rps": 50.0, "prefix_block_tokens": BLOCK, "scheduler": "mixed"})
+    run = VllmRun(trace, config, profile, speed_probes=False)
+    ran = run.run()
+    steps = ran.decisions["iterations"]
+    assert steps and all(step["kind"] == "mixed" for step in steps)
+    taken: dict[int, list[tuple[int, int]]] = {}
+    for step in steps:
+        for _key, request, computed, take, _loaded in step["jobs"]:
+            taken.setdefault(request, []).append((computed, take))
+    for request, chunks in taken.items():
+        prompt = len(run.prompts[request])
+        assert chunks[0][0] == ran.columns["cached_tokens"][request]  # the hit, then chunks
+        assert chunks[0][0] + sum(take for _, take in chunks) == prompt
+    assert sorted(taken) == list(range(trace.n_requests))
+    completing = [key for step in steps for key in step["completing"]]
+    assert len(completing) == len(set(completing)) == trace.n_requests

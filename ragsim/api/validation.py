@@ -23,7 +23,8 @@ DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU c
 _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
                     "policy": "policy", "gpu_kv_bytes": "gpu_mem",
-                    "host_cache_bytes": "host_mem", "scheduler": "scheduler"}
+                    "host_cache_bytes": "host_mem", "scheduler": "scheduler",
+                    "search_latency": "search_latency"}
 
 # how the verdict names each target
 _METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
@@ -41,7 +42,8 @@ def _no_progress(label_: str, total: int) -> tuple:
 
 def _config(config_file: str | Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem, host_mem,
-            scheduler: str | None = None, backend: str = "torch", device: str = "cpu"):
+            scheduler: str | None = None, backend: str = "torch", device: str = "cpu",
+            search_latency: str | None = None):
     """The run's configuration (a config file under this command's options) on the terms
     the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
     its engine's settings and the mixed scheduler), and what those terms changed (field ->
@@ -52,7 +54,7 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
     base = load_config_file(config_file) if config_file is not None else None
     flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
              "seed": seed, "policy": policy.lower() if policy else None,
-             "scheduler": scheduler,
+             "scheduler": scheduler, "search_latency": search_latency,
              "gpu_kv_bytes": as_bytes(gpu_mem, "gpu_mem") if gpu_mem else None,
              "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None}
     source = str(config_file) if config_file is not None else None
@@ -190,6 +192,7 @@ class ValidationSetup:
     reference: object = None
     points: list[str] | None = None
     notes: list[tuple[str, bool]] = field(default_factory=list)
+    replay_decisions: bool = False  # split the TTFT error into cost model and decisions
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -206,8 +209,10 @@ class ValidationSetup:
                                        threads=self.threads, reference_profile=self.reference,
                                        progress=lambda ended, _now: done(ended))
             adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
+            replayed = v.replay_decisions(real, costs) if self.replay_decisions else None
             report = v.compare(real, sim, backend=backend, load=load,
-                               sim_speed_adjusted=adjusted, terms=terms)
+                               sim_speed_adjusted=adjusted, terms=terms,
+                               replayed_ttft=replayed)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = bool(real.summary.get("interrupted"))
             _write_pair(folder, real, sim, report, backend)
@@ -247,6 +252,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      profile: str | None = None, profile_now: bool = False,
                      sequential: bool = False, loads: str | None = None, seed: int = 0,
                      scheduler: str | None = None, reference_profile: str | None = None,
+                     search_latency: str | None = None, replay_decisions: bool = False,
                      on_note: Note | None = None, on_profile_phase=None) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
@@ -281,17 +287,24 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         raise RagsimInputError(f"{label('loads')} has its own sequential point (idle)",
                                field=label("sequential"))
     points = v.parse_loads(loads) if loads is not None else None
+    if replay_decisions and backend == "sim":
+        raise RagsimInputError(f"{label('replay_decisions')} replays a real engine's "
+                               "iterations: --backend sim runs none", field=label(
+                                   "replay_decisions"))
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
     resolved, terms = _config(config, trace=trace, system=system, rate=rate,
                               requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
-                              device=device)
+                              device=device, search_latency=search_latency)
     if terms:
         note(v.terms_note(terms, backend))
     from ragsim.traces import resolve_trace
 
     data = resolve_trace(resolved.trace, seed=resolved.seed, n_requests=resolved.n_requests)
+    searching = v.search_note(data, resolved, backend)
+    if searching is not None:
+        note(*searching)
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
                           device=device, threads=threads, seed=seed,
                           needs=lambda kv_bytes: v.run_needs(data, resolved, kv_bytes),
@@ -315,7 +328,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              + (f" (profile {reference.name})" if reference else "") + ", not a real run",
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
-                           reference, points, notes)
+                           reference, points, notes, replay_decisions)
 
 
 def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:

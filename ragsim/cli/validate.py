@@ -37,7 +37,8 @@ class ValidateCommand(Command):
                 "hidden": "the profile's model", "threads": "the engine's",
                 "policy": "the system's", "gpu_mem": "the profile's KV capacity",
                 "host_mem": "the system's", "config_file": "none",
-                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run"}
+                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run",
+                "search_latency": "the configuration's (fixed)"}
 
 
 @friendly_errors
@@ -87,6 +88,14 @@ def validate(
         help="The simulator's iterations: prefill-first or mixed (chunked prefill). Default: "
         "the engine's own (torch: prefill-first; vLLM: mixed, as vLLM >= 0.4 schedules).")
     ] = None,
+    search_latency: Annotated[str | None, typer.Option(
+        "--search-latency", help="fixed (the modelled search_s) or trace: the simulation "
+        "waits the trace's measured stage times; on a trace built with its text the real run "
+        "searches its staged faiss index on the search workers.")] = None,
+    replay_decisions: Annotated[bool, typer.Option(
+        "--replay-decisions", help="Price the real run's own iterations (its admission, "
+        "batch and speculation decisions) with the simulator's costs: the TTFT error split "
+        "into cost_model_error and decision_error (torch, vllm).")] = False,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -116,7 +125,8 @@ def validate(
             layers=layers, hidden=hidden, threads=threads, device=device, config=config_file,
             policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
-            scheduler=scheduler, reference_profile=reference_profile, on_note=on_note,
+            scheduler=scheduler, reference_profile=reference_profile,
+            search_latency=search_latency, replay_decisions=replay_decisions, on_note=on_note,
             on_profile_phase=on_phase)
     finally:
         if phases.live.is_started:
@@ -186,6 +196,12 @@ def _print_report(r: dict) -> None:
         table.add_row(label, value, f"{c['sense']} {c['target']:.0%}", _mark(c["passed"]))
     for q in (50, 90, 99):
         table.add_row(f"TTFT p{q} error", _pct(r[f"ttft_p{q}_error"]), "", "")
+    if r.get("search_mode") == "faiss":  # searched for real: an error of its own
+        table.add_row("search mean error (real faiss search)", _pct(r["search_mean_error"]),
+                      "", "")
+    if r.get("cost_model_error") is not None:
+        table.add_row("TTFT mean error: cost model / decisions",
+                      f"{_pct(r['cost_model_error'])} / {_pct(r['decision_error'])}", "", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
@@ -266,6 +282,18 @@ def _print_loads(combined: dict) -> None:
             f"{row['adjusted_ttft_p90_abs_error']:.1%}",
             _pct(row["adjusted_throughput_error"]))
     out.print(table)
+    split = [row for row in combined["loads"] if row.get("cost_model_error") is not None]
+    if split:
+        out.print("TTFT mean error split (--replay-decisions), cost model / decisions: "
+                  + "; ".join(f"{row['load']} {_pct(row['cost_model_error'])} / "
+                              f"{_pct(row['decision_error'])}" for row in split),
+                  highlight=False)
+    searched = [row for row in combined["loads"] if row.get("search_mean_error") is not None
+                and row.get("search_mode") == "faiss"]
+    if searched:
+        out.print("search mean error (real faiss search): " + "; ".join(
+            f"{row['load']} {_pct(row['search_mean_error'])}" for row in searched),
+            highlight=False)
     out.print("[dim]speed: the machine's time for the profile's own grid points during the run, "
               "over the profile's (* moved by more than 10% during the run); at speed: errors "
               "against the simulation priced at that speed[/]", highlight=False)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
 import numpy as np
 import simpy
@@ -29,7 +28,7 @@ from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.answers.stage import real_answer_stage
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
-from ragsim.realrun.search import RealSearch
+from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import probe_speed
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.serving.config import SimConfig
@@ -39,7 +38,6 @@ from ragsim.traces.schema import Trace
 
 # a CPU-only machine holds the model's weights in fp32: past this, --backend torch refuses
 CPU_MODEL_LIMIT_BYTES = 4 * 2**30
-SEARCH_POLL_S = 0.0005  # how often the clock looks at a running search stage
 
 
 def model_bytes(profile: Profile) -> int:
@@ -51,7 +49,7 @@ def model_bytes(profile: Profile) -> int:
     return 4 * params
 
 
-class RealRun(Pipeline):
+class RealRun(RealSearchDriving, Pipeline):
     """The pipeline on a wall clock with a real engine."""
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
@@ -89,13 +87,8 @@ class RealRun(Pipeline):
 
         super().__init__(trace, config, profile, env=env, iterations=iterations,
                          record_moves=True, progress=progress, answers=real_answer_stage)
-        self.real_search: RealSearch | None = None
-        self.search_not_real = "--search-latency fixed: the modelled stage times are waited"
-        if not self.retrieval:
-            self.search_not_real = "no retrieval behind the trace"
-        elif self.config.search_latency == "trace":
-            self.real_search, self.search_not_real = RealSearch.for_trace(
-                trace, self.config.search_workers)
+        self.start_real_search()
+        self.submitted_s: dict[int, float] = {}  # job -> when it entered the request pool
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -108,38 +101,9 @@ class RealRun(Pipeline):
         self.model.decode(done.batch, [1, 2])
         self.model.sync()
 
-    # ------------------------------------------------------------------ real search
-    def _whole_search(self, i: int) -> simpy.Event:
-        if self.real_search is None:
-            return super()._whole_search(i)
-        return self._when_done(self.real_search.run_all(i, self.search.n_stages(i)))
-
-    def _search_stage(self, i: int, stage: int) -> simpy.Event:
-        if self.real_search is None:
-            return super()._search_stage(i, stage)
-        return self._when_done(self.real_search.run_stage(i, stage))
-
-    def _stages_known_ahead(self) -> bool:
-        return self.real_search is None  # a real search's lists are known when it has them
-
-    def _stage_list(self, i: int, stage: int) -> list | None:
-        if self.real_search is None:
-            return super()._stage_list(i, stage)
-        return list(self.real_search.stage_list(i))
-
-    def _when_done(self, future: Future) -> simpy.Event:
-        """An event that fires once a search worker finished ``future``: the clock polls it
-        (a worker thread cannot wake a SimPy environment), so a stage that ends during a
-        forward pass is seen right after it, as an engine loop would see it."""
-        done = self.env.event()
-        self.env.process(self._poll(future, done))
-        return done
-
-    def _poll(self, future: Future, done: simpy.Event):
-        while not future.done():
-            yield self.env.timeout(SEARCH_POLL_S)
-        future.result()  # a worker's error surfaces here, not silently
-        done.succeed()
+    def _submit(self, job) -> None:
+        self.submitted_s[job.key] = self.env.now  # a decision's earliest start, for replays
+        super()._submit(job)
 
     def run(self) -> RunResult:
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
@@ -147,9 +111,11 @@ class RealRun(Pipeline):
         try:
             result = super().run()
         finally:
-            if self.real_search is not None:
-                self.real_search.close()
+            self.stop_real_search()
         result.summary.update(self._real_fields())
+        if self.iterations is not None:  # for ``validate --replay-decisions``
+            result.decisions = {"iterations": self.iterations.decisions,
+                                "submitted_s": self.submitted_s}
         if before is not None:
             after = probe_speed(self.model, self.profile)
             result.summary.update(speed_ratio_before=before.ratio, speed_ratio_after=after.ratio,
@@ -173,10 +139,7 @@ class RealRun(Pipeline):
             fields["engine_store_gpu_bytes"] = it.store.gpu_bytes
             fields["engine_store_host_bytes"] = it.store.host_bytes
             fields["token_ids"] = it.tokens.report.as_dict()
-        if self.real_search is not None:
-            fields["search"] = self.real_search.report.as_dict()
-        else:
-            fields["search"] = {"mode": "modelled", "why_not_real": self.search_not_real}
+        fields["search"] = self.search_fields()
         return fields
 
 

@@ -168,6 +168,9 @@ class TorchIterations:
         # every iteration as it ran: what the profile is compared with (``cost_model_errors``)
         self.log: list[tuple] = []  # ("prefill", cached list, new list, seconds, copy seconds)
         #                             ("decode", batch size, mean context, seconds, rebuilt)
+        # the same iterations as decisions (``ragsim.decisions``): when each started on the
+        # run's clock, which jobs it ran and what the simulator's costs need to price it
+        self.decisions: list[dict] = []
         self._pending: set = set()  # nodes admitted to GPU whose KV a prefill still computes
         self._deferred: list[tuple[str, Any]] = []  # moves on pending nodes, in order
         self._running: dict[Job, _Running] = {}
@@ -321,6 +324,9 @@ class TorchIterations:
 
     def prefill(self, jobs: list[Job]) -> Wait:
         started = perf_counter()
+        self.decisions.append({"kind": "prefill", "start_s": self.env.now,
+                               "jobs": [(j.key, j.request, j.alpha, j.beta, j.swap_in_bytes)
+                                        for j in jobs]})
         layerwise: list | None = [] if self.overlap_swap else None
         copy_s = self._apply_moves(layerwise)
         exposed_copy_s = copy_s  # the copy time the prefill waited for
@@ -351,6 +357,7 @@ class TorchIterations:
         compute_s = duration - exposed_copy_s
         self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
                          compute_s, copy_s))
+        self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.swap_in_s += copy_s
         self.times.moves_s += moves_s
         self.times.prefill_s += duration
@@ -481,6 +488,8 @@ class TorchIterations:
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
         started = perf_counter()
+        self.decisions.append({"kind": "decode", "start_s": self.env.now, "size": len(jobs),
+                               "context_tokens": mean_context_tokens})
         order = self._decode_order
         rebuilt = not (self._decode_batch is not None and len(order) == len(jobs)
                        and all(j in jobs for j in order))
@@ -504,6 +513,7 @@ class TorchIterations:
                                             logits[row].detach().to("cpu", copy=True))
         duration = perf_counter() - started
         self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt))
+        self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.decode_s += duration
         self.times.decode_steps += 1
         yield self.env.timeout(duration)

@@ -154,3 +154,68 @@ class RealSearch:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+POLL_S = 0.0005  # how often the clock looks at a running search stage
+
+
+class RealSearchDriving:
+    """A real run's pipeline searching for real (``RealSearch``) where the trace allows it and
+    the configuration asks (``search_latency = "trace"``): the pipeline's modelled search
+    events become events that fire when a worker finished the stage. Shared by the torch and
+    the vLLM drivers (``start_real_search`` sets ``real_search`` and ``search_not_real``), so
+    both sides of a validation search the same index on the same pool."""
+
+    real_search: RealSearch | None = None
+    search_not_real: str | None = None
+
+    def start_real_search(self) -> None:
+        self.real_search = None
+        self.search_not_real = "--search-latency fixed: the modelled stage times are waited"
+        if not self.retrieval:
+            self.search_not_real = "no retrieval behind the trace"
+        elif self.config.search_latency == "trace":
+            self.real_search, self.search_not_real = RealSearch.for_trace(
+                self.trace, self.config.search_workers)
+
+    def stop_real_search(self) -> None:
+        if self.real_search is not None:
+            self.real_search.close()
+
+    def search_fields(self) -> dict:
+        """The summary's ``search``: what the real search did, or why it was modelled."""
+        if self.real_search is not None:
+            return self.real_search.report.as_dict()
+        return {"mode": "modelled", "why_not_real": self.search_not_real}
+
+    def _whole_search(self, i: int):
+        if self.real_search is None:
+            return super()._whole_search(i)
+        return self._when_done(self.real_search.run_all(i, self.search.n_stages(i)))
+
+    def _search_stage(self, i: int, stage: int):
+        if self.real_search is None:
+            return super()._search_stage(i, stage)
+        return self._when_done(self.real_search.run_stage(i, stage))
+
+    def _stages_known_ahead(self) -> bool:
+        return self.real_search is None  # a real search's lists are known when it has them
+
+    def _stage_list(self, i: int, stage: int) -> list | None:
+        if self.real_search is None:
+            return super()._stage_list(i, stage)
+        return list(self.real_search.stage_list(i))
+
+    def _when_done(self, future: Future):
+        """An event that fires once a search worker finished ``future``: the clock polls it
+        (a worker thread cannot wake a SimPy environment), so a stage that ends during a
+        forward pass or an engine step is seen right after it, as an engine loop would."""
+        done = self.env.event()
+        self.env.process(self._poll(future, done))
+        return done
+
+    def _poll(self, future: Future, done):
+        while not future.done():
+            yield self.env.timeout(POLL_S)
+        future.result()  # a worker's error surfaces here, not silently
+        done.succeed()

@@ -33,6 +33,7 @@ import simpy.rt
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
 from ragsim.realrun.vllm.engine import (
@@ -138,7 +139,7 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
         kv_connector=TREE_CONNECTOR if config.system == "ragcache" else None)
 
 
-class VllmRun(Pipeline):
+class VllmRun(RealSearchDriving, Pipeline):
     """The pipeline on a wall clock, every request served by vLLM's engine."""
 
     # with each generated token, the log-probabilities of this many most likely tokens
@@ -184,7 +185,14 @@ class VllmRun(Pipeline):
         self.logprobs: dict[int, list[dict[int, float]]] = {}  # with ``logprobs_top``
         self.steps = 0
         self.step_s = 0.0
+        # the trace's staged faiss search on the search workers, as the torch run has it
+        # (``search_latency = "trace"`` on a trace built with text), else the modelled times
+        self.start_real_search()
         self._warm_up()
+        # each step as the decisions vLLM's scheduler made in it (``ragsim.decisions``)
+        self.decisions: list[dict] = []
+        self.submitted_s: dict[int, float] = {}  # job -> when it was added to vLLM
+        self._scheduled = _watch_scheduler(self.llm)
 
     def _warm_up(self) -> None:
         """Two requests through the engine before the clock starts (the first steps pay for
@@ -202,6 +210,7 @@ class VllmRun(Pipeline):
         job.context_tokens = len(ids)
         key = str(job.key)
         self._jobs[key] = job
+        self.submitted_s[job.key] = self.env.now
         prompt = [int(t) for t in ids]
         self.prompts[job.request] = prompt
         params = None
@@ -223,16 +232,54 @@ class VllmRun(Pipeline):
                 yield self._work
                 self._work = None
                 continue
+            if self._scheduled is not None:
+                self._scheduled.clear()
             started = time.monotonic()
             outputs = llm.step()
             ended = time.monotonic()
             self.steps += 1
             self.step_s += ended - started
+            self._record_step(self._env_time(started), self._env_time(ended))
             # the clock moves to the wall time the step ended at (it may have been late when
             # the step began): vLLM's timestamps of this step lie before it
             yield env.timeout(max(0.0, self._env_time(ended) - env.now))
             for output in outputs:
                 self._on_output(output)
+
+    def _record_step(self, start_s: float, end_s: float) -> None:
+        """The step just run as its scheduler's decisions: the prompt chunks it scheduled
+        (job key, request, tokens computed before, cached ones included, tokens taken, host
+        tier bytes loaded with a first chunk), which of them finished their prompt, and the
+        decodes (how many, their mean context)."""
+        if self._scheduled is None:
+            return
+        chunks, completing, contexts = [], [], []
+        for out in self._scheduled:
+            scheduled = out.num_scheduled_tokens
+            cached = out.scheduled_cached_reqs
+            before = [(new.req_id, new.num_computed_tokens) for new in out.scheduled_new_reqs]
+            before += list(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+            for req_id, computed in before:
+                # vLLM's scheduler knows a request by its id with a random suffix of its own
+                job = self._jobs.get(req_id) or self._jobs.get(req_id.rsplit("-", 1)[0])
+                take = int(scheduled.get(req_id, 0))
+                if job is None or take == 0:
+                    continue
+                prompt = job.context_tokens
+                if computed >= prompt:
+                    contexts.append(computed)
+                    continue
+                record = self.connector.records.get(job.request) \
+                    if self.connector is not None and computed > 0 else None
+                loaded = record.external * self.kv if record is not None else 0
+                chunks.append((job.key, job.request, int(computed), take, int(loaded)))
+                if computed + take >= prompt:
+                    completing.append(job.key)
+        if chunks or contexts:
+            self.decisions.append({
+                "kind": "mixed", "start_s": start_s, "end_s": end_s, "jobs": chunks,
+                "completing": completing, "size": len(contexts),
+                "context_tokens": float(np.mean(contexts)) if contexts else 0.0})
 
     def _env_time(self, monotonic_s: float) -> float:
         """A vLLM timestamp (its engine core's ``time.monotonic()``) on the run's clock."""
@@ -284,8 +331,13 @@ class VllmRun(Pipeline):
         before = self._probe() if self.speed_probes else None
         self.env.process(self._serve())
         self.env.sync()  # the clock starts now, not when the engine was built
-        result = super().run()
+        try:
+            result = super().run()
+        finally:
+            self.stop_real_search()
         self._fix_records(result)
+        if self._scheduled is not None:  # for ``validate --replay-decisions``
+            result.decisions = {"iterations": self.decisions, "submitted_s": self.submitted_s}
         result.summary.update(self._vllm_fields(result))
         if self.connector is not None:
             result.columns["tree_hit_tokens_gpu"] = self.r_tree_hit_gpu
@@ -342,6 +394,7 @@ class VllmRun(Pipeline):
                   "iterations_prefill": 0, "iterations_decode": 0,
                   "gpu_busy_fraction": self.step_s / elapsed if elapsed > 0 else 0.0,
                   "token_ids": self.tokens.report.as_dict(),
+                  "search": self.search_fields(),
                   "vllm_counters": _counters(self.llm)}
         not_vllms = "iterations, scheduler decisions" if self.connector is not None \
             else "iterations, scheduler decisions, evictions"
@@ -349,6 +402,26 @@ class VllmRun(Pipeline):
                               f"--backend vllm: ragsim's engine fields ({not_vllms}) are not "
                               "vLLM's; engine_steps and engine_step_s are"]
         return fields
+
+
+def _watch_scheduler(llm) -> list | None:
+    """A list that receives every ``SchedulerOutput`` vLLM's in-process scheduler returns (its
+    ``schedule`` wrapped, results passed on unchanged), or None where the engine core is not
+    in this process (its scheduler's decisions are then not seen)."""
+    core = getattr(getattr(llm, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, "schedule"):
+        return None
+    seen: list = []
+    schedule = scheduler.schedule
+
+    def watched(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    scheduler.schedule = watched
+    return seen
 
 
 def _counters(llm) -> dict:

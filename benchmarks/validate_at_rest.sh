@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Issue 27's protocol on this machine's CPU, to run AT REST (nothing else running: it measures
+# time; `uptime`'s load average is recorded before and after every validation).
+#
+#   benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]
+#
+# 1. builds a held-out trace from a corpus nobody tuned on (Python's own documentation topics,
+#    pydoc_data, split into passages; the gsm8k questions), with its text, so both sides can
+#    search its staged faiss index for real (--search-latency trace);
+# 2. torch engine: `validate --profile-now` (the quick plan reaching what the runs ask) for
+#    ragcache at over, 90, 50 and idle, REQUESTS requests a load (default 300), with
+#    --replay-decisions;
+# 3. vLLM's CPU engine (VLLM_PYTHON: the python of the vLLM lane's venv, default
+#    .venv-vllm/bin/python; skipped when absent): vllm, vllm-apc and ragcache on the same loads,
+#    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`;
+# 4. prints one markdown table of every load point (raw errors first; the speed probe, the cost
+#    model / decisions split and the search error beside them) into OUT_DIR/table.md, for
+#    docs/validation.md.
+#
+# Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
+# |throughput error| <= 10% at overload. Takes ~1.5 hours on two cores.
+set -euo pipefail
+
+OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
+REQUESTS=${2:-300}
+VPY=${3:-.venv-vllm/bin/python}
+PY=${PYTHON:-python3}
+LOADS=over,90,50,idle
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the build's embeddings are where the real runs' searches look for them
+export XDG_CACHE_HOME="$OUT/cache"
+
+load() { echo "$1 $(date -u +%H:%M:%S) $(uptime | sed 's/.*load average/load average/')" \
+  | tee -a "$OUT/load.txt"; }
+
+echo "== held-out trace (pydoc topics x gsm8k questions) =="
+if [ ! -d "$OUT/heldout" ]; then
+  "$PY" - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+from pydoc_data.topics import topics
+
+out = Path(sys.argv[1])
+rows, n = [], 0
+for name, text in sorted(topics.items()):
+    for k, part in enumerate(p.strip() for p in text.split("\n\n")):
+        if len(part) > 200:
+            rows.append({"id": f"{name}-{k}", "title": name, "text": part})
+(out / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+print(len(rows), "passages")
+EOF
+  "$PY" -m ragsim trace build --corpus "$OUT/corpus.jsonl" --questions gsm8k \
+    --requests 1500 --out "$OUT/heldout"
+fi
+TRACE="$OUT/heldout"
+
+echo "== torch engine: ragcache =="
+load "torch ragcache before"
+"$PY" -m ragsim validate --backend torch --profile-now --trace "$TRACE" --system ragcache \
+  --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions --json \
+  --out "$OUT/torch-ragcache" > "$OUT/torch-ragcache.json"
+load "torch ragcache after"
+
+RESULTS=(torch-ragcache)
+if [ -x "$VPY" ]; then
+  for system in vllm vllm-apc ragcache; do
+    echo "== vLLM engine: $system =="
+    load "vllm $system before"
+    "$VPY" -m ragsim validate --backend vllm --trace "$TRACE" --system "$system" \
+      --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions \
+      --json --out "$OUT/vllm-$system" > "$OUT/vllm-$system.json"
+    load "vllm $system after"
+    RESULTS+=("vllm-$system")
+  done
+else
+  echo "no vLLM venv at $VPY (bash .ci/run-vllm builds one): the vLLM rows are skipped"
+fi
+
+"$PY" - "$OUT" "${RESULTS[@]}" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out, names = Path(sys.argv[1]), sys.argv[2:]
+pct = lambda x: "-" if x is None else f"{x:+.1%}"
+share = lambda x: "-" if x is None else f"{x:.1%}"
+lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error | "
+         "throughput error | hit agreement | cost model / decisions | search error | "
+         "iteration time pred/meas | machine speed | largest component |", "|" + "---|" * 12]
+for name in names:
+    combined = json.loads((out / f"{name}.json").read_text())
+    for row in combined["loads"]:
+        report = json.loads((out / name / f"load-{row['load']}" / "validation.json").read_text())
+        rate = ("sequential" if row["arrival"] == "sequential" else "all at once"
+                if row["rate_rps"] >= 1e5 else f"{row['rate_rps']:.2f}")
+        ratio = report.get("iteration_time_ratio")
+        speed = row["machine_speed_factor"]
+        lines.append(
+            f"| {name} | {row['load']} | {rate} | {pct(row['ttft_mean_error'])} | "
+            f"{share(row['ttft_p90_abs_error'])} | {pct(row['throughput_error'])} | "
+            f"{row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} / "
+            f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'-' if speed is None else f'x{speed:.2f}'} | "
+            f"{row['dominant_component']} |")
+table = "\n".join(lines) + "\n\nload averages:\n\n" + (out / "load.txt").read_text()
+(out / "table.md").write_text(table)
+print(table)
+EOF

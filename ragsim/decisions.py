@@ -1,0 +1,119 @@
+"""The real run's decisions priced by the simulator's costs: which part of a TTFT error is the
+cost model's, which the decisions'.
+
+A validation's TTFT error mixes two causes. The simulator prices an iteration differently from
+what it took (the cost model), and it decides differently (admission, batching, speculation:
+when a real search stage ends a hair later than modelled, another batch forms, and a queue
+follows). ``replay`` separates them: it takes the real run's own sequence of iterations (each
+with the jobs it ran, in the order they ran, ``TorchIterations.decisions``), prices each with
+the simulator's cost functions (``serving.costs``: the same T(alpha, beta) grid, batched-prefill
+model, decode grid and host->GPU copy the simulation charges) and re-times the sequence: an
+iteration starts when the one before it ended, or when its last job entered the request pool
+(the real run's submission time), whichever is later. A request's replayed first token is the
+replayed end of the prefill that gave it its first token (or its search's end, when a kept
+speculation waited for it).
+
+A vLLM run's steps are its own scheduler's: each ``step()`` is recorded as the chunks it
+scheduled (a request's computed tokens so far, cached ones included, and the tokens it took)
+and its decodes (``VllmRun``), and priced as the simulator prices a mixed step; a request's
+first token comes with the step whose chunk finished its prompt.
+
+The replay and the real run share every decision and differ only in costs, so
+
+* ``cost_model_error`` = (replayed mean TTFT - real mean TTFT) / real mean TTFT, and
+* ``decision_error`` = the rest of the TTFT mean error (simulated - replayed, over the same
+  real mean): what the simulator's own decisions (and its search times) add.
+
+They are shares of the real mean TTFT and add up to the report's ``ttft_mean_error``, as the
+components' ``share_of_ttft`` do. What a real iteration spent outside the priced work (the
+engine's own scheduling between iterations) is in the cost model's share: the simulator charges
+nothing for it. The replay keeps the real run's submission times, so a decision the engine made
+because of real costs (which request waited for which batch) stays as it was: that is the point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ragsim.profiles.profile import Profile
+from ragsim.serving.costs import decode_step_s, prefill_compute_s
+
+# a first token at the end of an iteration is recorded at that end: compared with this slack
+_SAME_TIME_S = 1e-9
+
+
+def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False) -> float:
+    """What the simulator charges for one real iteration (``PredictedIterations``' prices)."""
+    if decision["kind"] == "decode":
+        return decode_step_s(profile, decision["size"], decision["context_tokens"])
+    jobs = decision["jobs"]
+    compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs]) \
+        if jobs else 0.0
+    if decision["kind"] == "mixed" and decision["size"]:  # as ``PredictedIterations.mixed``
+        compute += decode_step_s(profile, decision["size"], decision["context_tokens"])
+    swap_bytes = sum(j[4] for j in jobs)
+    copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
+    return max(compute, copy) if overlap_swap else compute + copy
+
+
+def measured_s(decision: dict) -> float:
+    """What the real iteration took (a replay at these prices gives the real run back, less
+    the time the engine spent between iterations)."""
+    return decision["end_s"] - decision["start_s"]
+
+
+def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[str, np.ndarray],
+           price: Callable[[dict], float]) -> np.ndarray:
+    """Per request (the run's rows): the TTFT the real run's decisions give when each
+    iteration costs ``price(decision)`` (``priced_s``: the simulator's prices; NaN where the
+    request did not complete); a request no prefill served (an answer cache hit) keeps its
+    real TTFT."""
+    first_token = np.asarray(columns["first_token_s"], float)
+    arrival = np.asarray(columns["arrival_s"], float)
+    search_end = np.asarray(columns["search_end_s"], float)
+    ttft = first_token - arrival  # replaced below for every request a prefill served
+    # request -> the replayed end of its prefill that ended last by its first token (that one
+    # gave it: a terminated speculation's earlier prefill did not)
+    served: dict[int, float] = {}
+    replayed_end = -np.inf
+    for decision in decisions:
+        ready = max((submitted_s.get(j[0], decision["start_s"])
+                     for j in decision.get("jobs", ())), default=-np.inf)
+        start = decision["start_s"] if not np.isfinite(replayed_end) else max(replayed_end,
+                                                                                 ready)
+        replayed_end = start + price(decision)
+        # a vLLM step: the chunks that finished their prompts (vLLM stamps the first token
+        # inside the step); a prefill: every job, unless the request's first token came
+        # before the prefill ended (a later attempt's)
+        completing = decision.get("completing")
+        for key, request, *_ in decision.get("jobs", ()):
+            if key in completing if completing is not None \
+                    else decision["end_s"] <= first_token[request] + _SAME_TIME_S:
+                served[request] = replayed_end
+    for request, replayed in served.items():
+        if np.isfinite(first_token[request]):
+            ttft[request] = max(replayed, search_end[request]) - arrival[request]
+    return ttft
+
+
+def split_error(joined, replayed_ttft: np.ndarray, request_ids: np.ndarray) -> dict:
+    """The TTFT mean error split into ``cost_model_error`` and ``decision_error`` (shares of
+    the real mean TTFT over the requests both runs completed; they add up to the TTFT mean
+    error), with the replay's own errors against the real run. ``replayed_ttft`` is aligned
+    with the real run's rows, whose ids are ``request_ids``."""
+    row_of = {int(r): k for k, r in enumerate(np.asarray(request_ids).tolist())}
+    rows = np.array([row_of[int(r)] for r in joined["request_id"].tolist()], dtype=np.int64)
+    real = joined["ttft_s_real"].to_numpy(float)
+    sim = joined["ttft_s_sim"].to_numpy(float)
+    replayed = replayed_ttft[rows]
+    real_mean = float(real.mean())
+    cost = (float(replayed.mean()) - real_mean) / real_mean
+    total = (float(sim.mean()) - real_mean) / real_mean
+    per_request = np.abs(replayed - real) / real
+    return {"cost_model_error": cost, "decision_error": total - cost,
+            "replayed_ttft_mean_s": float(replayed.mean()),
+            "replayed_ttft_p90_abs_error": float(np.percentile(per_request, 90)),
+            "replay_iterations_from": "the real run's iterations, priced by the simulator's "
+                                      "costs (ragsim.decisions)"}

@@ -1,0 +1,148 @@
+"""``validate --replay-decisions``: the real run's iterations re-timed at other prices.
+
+Hand-worked timelines check the re-timing (an iteration starts when the one before it ended or
+when its last job entered the pool; a request's first token is its last prefill's end, or its
+search's end when a kept speculation waited for it). A real run of the torch engine then checks
+the replay against the run itself: priced at the measured durations, the replay can only end
+each request's first token earlier (it drops the engine's time between iterations), and the
+split of a validation's TTFT error adds up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ragsim.decisions import measured_s, replay, split_error
+
+PRICES = {"prefill": 0.2, "decode": 0.1}
+
+
+def price(decision: dict) -> float:
+    return PRICES[decision["kind"]]
+
+
+def prefill(start: float, end: float, *jobs: tuple[int, int]) -> dict:
+    return {"kind": "prefill", "start_s": start, "end_s": end,
+            "jobs": [(key, request, 0, 100, 0) for key, request in jobs]}
+
+
+def decode(start: float, end: float) -> dict:
+    return {"kind": "decode", "start_s": start, "end_s": end, "size": 1, "context_tokens": 10}
+
+
+def columns(arrival, search_end, first_token) -> dict:
+    return {"arrival_s": np.array(arrival), "search_end_s": np.array(search_end),
+            "first_token_s": np.array(first_token)}
+
+
+def test_iterations_follow_each_other_or_wait_for_their_jobs():
+    decisions = [prefill(1.0, 1.5, (10, 0)), decode(1.5, 1.6), prefill(1.6, 2.0, (11, 1))]
+    cols = columns([0.9, 1.1], [1.0, 1.2], [1.5, 2.0])
+    # job 11 entered the pool at 1.2: its prefill follows the decode (ends 1.3) at 1.3
+    ttft = replay(decisions, {10: 1.0, 11: 1.2}, cols, price)
+    assert ttft == pytest.approx([1.2 - 0.9, 1.5 - 1.1])
+    # entered at 1.4: the replayed engine idles from 1.3 and starts it at 1.4
+    ttft = replay(decisions, {10: 1.0, 11: 1.4}, cols, price)
+    assert ttft == pytest.approx([1.2 - 0.9, 1.6 - 1.1])
+
+
+def test_a_kept_speculation_waits_for_its_search_and_a_terminated_one_gives_nothing():
+    # request 0: speculative job 10 prefilled (ends 1.3), its search ends at 1.8 and keeps it:
+    # first token at the search's end. Request 1: speculative job 11 prefilled and terminated,
+    # its final job 12 prefilled later gave the first token (at 2.2)
+    decisions = [prefill(1.0, 1.3, (10, 0), (11, 1)), prefill(1.9, 2.2, (12, 1))]
+    cols = columns([0.5, 0.6], [1.8, 1.85], [1.8, 2.2])
+    ttft = replay(decisions, {10: 1.0, 11: 1.0, 12: 1.85}, cols, price)
+    # replayed: 1.0-1.2 (request 0 waits for its search: 1.8); 1.85-2.05 for job 12
+    assert ttft == pytest.approx([1.8 - 0.5, 2.05 - 0.6])
+
+
+def test_a_request_no_prefill_served_keeps_its_real_ttft():
+    cols = columns([0.0, 0.0], [0.0, 0.0], [0.3, 0.01])  # request 1: an answer cache hit
+    ttft = replay([prefill(0.0, 0.3, (1, 0))], {1: 0.0}, cols, price)
+    assert ttft == pytest.approx([0.2, 0.01])
+
+
+def test_the_split_adds_up_to_the_ttft_mean_error():
+    joined = pd.DataFrame({"request_id": [7, 9], "ttft_s_real": [1.0, 3.0],
+                           "ttft_s_sim": [0.5, 2.5]})
+    split = split_error(joined, np.array([2.0, 0.8]), np.array([9, 7]))  # rows: 9, then 7
+    # replayed mean (0.8 + 2.0) / 2 = 1.4 against a real mean of 2.0: -30%; simulated 1.5: -25%
+    assert split["cost_model_error"] == pytest.approx(-0.3)
+    assert split["decision_error"] == pytest.approx(0.05)
+    assert split["cost_model_error"] + split["decision_error"] == pytest.approx(-0.25)
+
+
+def test_a_real_runs_replay_at_its_measured_durations_gives_it_back_no_later():
+    from ragsim.profiles.profile import load_profile
+    from ragsim.realrun.harness import RealRun
+    from ragsim.serving.config import build_config
+    from ragsim.traces import resolve_trace
+
+    profile = load_profile("cpu-mistral-7b-l2-h256")
+    trace = resolve_trace("mmlu", n_requests=12)
+    config = build_config({"trace": "mmlu", "system": "ragcache", "profile": profile.name,
+                           "rate_rps": 20.0, "n_requests": 12})
+    run = RealRun(trace, config, profile, speed_probes=False)
+    result = run.run()
+    kept = result.decisions
+    assert kept["iterations"] and {d["kind"] for d in kept["iterations"]} >= {"prefill",
+                                                                              "decode"}
+    cols = result.columns
+    real = cols["first_token_s"] - cols["arrival_s"]
+    again = replay(kept["iterations"], kept["submitted_s"], cols, measured_s)
+    done = cols["status"] == "completed"
+    assert done.all()
+    assert (again[done] <= real[done] + 1e-9).all()
+    assert (again[done] > 0).all()
+    # every request's first token came from a logged prefill (or its search's end)
+    served = {j[1] for d in kept["iterations"] if d["kind"] == "prefill" for j in d["jobs"]}
+    assert served == set(range(trace.n_requests))
+
+
+@pytest.fixture(scope="module")
+def text_trace(tmp_path_factory):
+    from text_trace import text_trace_dir
+
+    yield from text_trace_dir(tmp_path_factory)
+
+
+def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path):
+    """``validate --search-latency trace --replay-decisions`` on a trace built with its text:
+    the real run searches the staged faiss index on the search workers (every stage of every
+    request, the recorded lists), the search is a component with its own error, and the TTFT
+    mean error splits into the cost model's and the decisions' shares, which add up to it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    out = tmp_path / "v"
+    result = CliRunner().invoke(app, [
+        "validate", "--backend", "torch", "--trace", str(text_trace), "--requests", "16",
+        "--search-latency", "trace", "--replay-decisions", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    search = report["real"]["search"]
+    assert search["mode"] == "faiss" and report["search_mode"] == "faiss"
+    assert search["stages_run"] == 2 * 16 and search["final_lists_differing"] == 0
+    assert report["search_mean_error"] is not None and report["search_mean_error"] > -1
+    assert report["cost_model_error"] + report["decision_error"] == pytest.approx(
+        report["ttft_mean_error"])
+    assert report["decisions"]["replayed_ttft_mean_s"] > 0
+    ran = (out / "config.toml").read_text()
+    assert 'search_latency = "trace"' in ran
+
+
+def test_replay_decisions_needs_a_real_engine(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "--backend", "sim", "--requests", "5",
+                                      "--replay-decisions", "--out", str(tmp_path / "v")])
+    assert result.exit_code == 2
+    assert "--replay-decisions" in result.output and "--backend sim" in result.output
