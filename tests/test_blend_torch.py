@@ -382,3 +382,25 @@ def test_the_adapter_refuses_a_stored_document_of_another_length(model, context)
 def test_the_selection_pass_is_timed_per_token(model):
     s_per_token = blend_selection_s_per_token(model, context_tokens=(32, 64), repeats=1)
     assert s_per_token >= 0.0 and s_per_token < 1.0  # a number, not a wall-clock claim
+
+
+def test_the_speed_benchmark_runs_and_computes_what_each_rule_recomputes():
+    """benchmarks/blend_speed.py at a tiny size: two documents of 16 tokens and a query of
+    32 -- full computes 64 tokens, blend:0.15 32 + 2 x ceil(2.4) = 38, epic:4 32 + 2 x 4 = 40
+    (worked by hand); the ratios are printed, never asserted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "blend_speed.py"
+    result = subprocess.run([sys.executable, str(script), "--layers", "2", "--hidden", "128",
+                             "--shapes", "2x16", "--first", "4", "--repeats", "1",
+                             "--threads", "1", "--selection-tokens", "32,64"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| 2x16 |"))
+    cells = [c.strip() for c in row.strip("| ").split(" | ")]
+    assert cells[1:4] == ["64", "38", "40"]
+    assert all(c.endswith("x") for c in cells[7:9])
+    assert "blend_selection_s_per_token" in result.stdout
+    assert "not measured here" in result.stdout
