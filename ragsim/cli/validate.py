@@ -37,7 +37,8 @@ class ValidateCommand(Command):
                 "hidden": "the profile's model", "threads": "the engine's",
                 "policy": "the system's", "gpu_mem": "the profile's KV capacity",
                 "host_mem": "the system's", "config_file": "none",
-                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run"}
+                "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run",
+                "reuse": "prefix"}
 
 
 @friendly_errors
@@ -89,6 +90,9 @@ def validate(
     ] = None,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
+    reuse: Annotated[str | None, typer.Option(
+        help="Document KV reuse: prefix, blend:R or epic:K (see `ragsim run --help`).")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a target is missed (for CI); the verdict decides on the "
@@ -117,7 +121,7 @@ def validate(
             policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
             scheduler=scheduler, reference_profile=reference_profile, on_note=on_note,
-            on_profile_phase=on_phase)
+            on_profile_phase=on_phase, reuse=reuse)
     finally:
         if phases.live.is_started:
             phases.stop()
