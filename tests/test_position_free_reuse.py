@@ -248,25 +248,31 @@ requests = st.lists(
 DOC_TOKENS = {d: 1 + (d * 7) % 9 for d in range(10)}
 
 
-def serve_all(reuse: str, policy: str, gpu: int, host: int, reqs) -> tuple[list, KnowledgeTree]:
+def serve_all(reuse: str, policy: str, gpu: int, host: int, reqs, probe: bool = True
+              ) -> tuple[list, KnowledgeTree]:
     tree = KnowledgeTree(make_policy(policy), gpu_capacity_bytes=gpu, host_capacity_bytes=host,
                          kv_bytes_per_token=1, prefill_cost_s=PROFILE.prefill.at, reuse=reuse)
     held: list = []
     out = []
     for docs, query, keep in reqs:
         r = tree.access(docs, [DOC_TOKENS[d] for d in docs], query, keep_pinned=keep)
-        out.append(tuple(r[:6]) + (r.free_hit_tokens_gpu, r.free_hit_tokens_host,
-                                   r.free_recompute_tokens))
+        out.append((*r[:6], r.free_hit_tokens_gpu, r.free_hit_tokens_host,
+                    r.free_recompute_tokens))
         assert tree.gpu_used_bytes <= tree.gpu_capacity_bytes
         assert tree.host_used_bytes <= tree.host_capacity_bytes
         assert r.free_recompute_tokens <= r.free_hit_tokens_gpu + r.free_hit_tokens_host
         tree.check_invariants()
+        # what a running request may still reserve can really be freed (unpinned GPU nodes
+        # are evictable: a node read position-free pins its ancestors too)
+        if probe:  # (it evicts every unpinned node)
+            assert tree.reserve_gpu(tree.gpu_available_bytes)
+            tree.free_gpu(tree.reserved_gpu_bytes)
         if keep:
             held.append(r)
         if len(held) > 2:  # a running request ends: its path and the nodes it read go
             done = held.pop(0)
             tree.release(done.path)
-            tree.release(done.free_nodes)
+            tree.release_read(done.free_nodes)
             tree.check_invariants()
     return out, tree
 
@@ -280,8 +286,8 @@ def test_capacity_invariants_and_determinism(reqs, gpu, host, policy, reuse):
     again, _ = serve_all(reuse, policy, gpu, host, reqs)
     assert first == again
     # the exact prefix never shrinks for position-free hits: the prefix rule's hits come first
-    prefix, _ = serve_all("prefix", policy, 10**6, 0, reqs)
-    free, _ = serve_all(reuse, policy, 10**6, 0, reqs)
+    prefix, _ = serve_all("prefix", policy, 10**6, 0, reqs, probe=False)
+    free, _ = serve_all(reuse, policy, 10**6, 0, reqs, probe=False)
     for p, f in zip(prefix, free, strict=True):
         assert f[2] == p[2]  # unlimited memory: same exact-prefix GPU hits
         assert f[4] + f[6] + f[7] == p[4]  # recomputed documents: misses plus free hits

@@ -33,7 +33,7 @@ with the rule's recompute (CacheBlend, EPIC). A document's standalone KV is the 
 its first prefill* (LMCache's blending stores chunks as its prefills compute them): the store
 costs no memory of its own, its entries are the tree's nodes in the tree's tiers, evicted,
 pinned and swapped out once by the same rules and policy. A position-free hit pins the node it
-reads while the request runs and counts as a retrieval of it; its KV is copied into the
+reads (and its ancestors, which it keeps resident) while the request runs and counts as a retrieval of it; its KV is copied into the
 request's own path node at the new position (a host copy is read from host, it does not move),
 which is admitted as computed, as the engine holds the blended KV there. For PGDSF such a hit
 is a cost sample of what it saved: the request's cost per token times the share of the
@@ -277,7 +277,7 @@ class AccessResult(NamedTuple):
     free_hit_tokens_gpu: int = 0
     free_hit_tokens_host: int = 0
     free_recompute_tokens: int = 0  # of those, what the rule recomputes
-    free_nodes: list = []  # the nodes they were read from (pinned with the path)
+    free_nodes: list | tuple = ()  # the nodes they were read from (pinned with the path)
 
 
 @cython.final
@@ -734,7 +734,7 @@ class KnowledgeTree:
         if not keep_pinned:
             self.release(path)
             if free_nodes:
-                self.release(free_nodes)
+                self.release_read(free_nodes)
         self._r_free_gpu = free_gpu
         self._r_free_host = free_host
         self._r_free_recompute = free_recompute
@@ -790,14 +790,32 @@ class KnowledgeTree:
             if self._windowed:
                 self._retrievals.append((self._now_s, n))
             n.last_access = self._seq
-            n.pins += 1
-            if n.pins == 1 and n.in_gpu:
-                self.pinned_gpu_bytes += n.size_bytes
+            self._pin_chain(n, 1)
             hooks.on_access(n, False, saved, request_index, depth)
             n.priority_gpu = self.clock_gpu + n.value
             n.priority_host = self.clock_host + n.value
             self._sync(n, True)
         return 0
+
+    @cython.cfunc
+    @cython.exceptval(-1)
+    def _pin_chain(self, n: Node, delta: cython.int) -> cython.int:
+        """Pin (``delta`` 1) or unpin (-1) a node read position-free *and its ancestors*: a
+        pinned node keeps its parents resident (eviction takes only leaves), so they must count
+        as pinned too, or ``gpu_available_bytes`` would promise memory that cannot be freed."""
+        m: Node = n
+        while m.depth > 0:
+            m.pins += delta
+            if m.in_gpu and ((delta > 0 and m.pins == 1) or (delta < 0 and m.pins == 0)):
+                self.pinned_gpu_bytes += m.size_bytes if delta > 0 else -m.size_bytes
+            m = m.parent
+        return 0
+
+    def release_read(self, nodes: Sequence) -> None:
+        """Unpin the nodes a request read position-free (``AccessResult.free_nodes``), with
+        their ancestors, once it no longer needs their KV."""
+        for item in nodes:
+            self._pin_chain(item, -1)
 
     def holders(self, doc_id: int) -> list:
         """The store's nodes of document ``doc_id`` (every node of it, cached or not; empty

@@ -461,8 +461,19 @@ class Engine:
                 else:
                     kept.append(n)
             if len(kept) < len(free_nodes):
-                tree.release([n for n in free_nodes if n not in kept])
+                tree.release_read([n for n in free_nodes if n not in kept])
                 free_nodes = kept
+        swap_in_bytes = r.swap_in_bytes
+        if free_nodes:
+            # the nodes read stay pinned beside the request's own KV: if what is left cannot
+            # also hold its private KV, it reads none of them and computes those documents
+            in_gpu = sum(n.tokens for n in path if n.in_gpu)
+            if (job.footprint_tokens - in_gpu) * self.kv > tree.gpu_available_bytes:
+                tree.release_read(free_nodes)
+                missed = free_gpu + free_host
+                new, recomputed = new + missed, recomputed + missed
+                swap_in_bytes -= sum(n.size_bytes for n in free_nodes if not n.in_gpu)
+                free_nodes, free_gpu, free_host, free_recompute = [], 0, 0, 0
         u = engine_reuse(cached, new, hit_gpu, r.hit_tokens_host, recomputed, self.block,
                          free_gpu, free_host, free_recompute)
         job.free_nodes = free_nodes
@@ -492,7 +503,7 @@ class Engine:
         job.hit_gpu, job.hit_host = u.hit_tokens_gpu - own_gpu, u.hit_tokens_host - own_host
         job.self_hit_tokens = own_gpu + own_host
         job.recomputed = u.recomputed_tokens
-        job.swap_in_bytes = r.swap_in_bytes
+        job.swap_in_bytes = swap_in_bytes
         job.context_tokens = job.alpha + job.beta
         in_gpu = sum(n.tokens for n in path if n.in_gpu)
         private = job.footprint_tokens - in_gpu
@@ -676,7 +687,7 @@ class Engine:
             self.tree.release(job.path)
             job.path = None
         if job.free_nodes:
-            self.tree.release(job.free_nodes)
+            self.tree.release_read(job.free_nodes)
             job.free_nodes = []
         if job.reserved_bytes:
             self.tree.free_gpu(job.reserved_bytes)
