@@ -33,7 +33,8 @@ with the rule's recompute (CacheBlend, EPIC). A document's standalone KV is the 
 its first prefill* (LMCache's blending stores chunks as its prefills compute them): the store
 costs no memory of its own, its entries are the tree's nodes in the tree's tiers, evicted,
 pinned and swapped out once by the same rules and policy. A position-free hit pins the node it
-reads (and its ancestors, which it keeps resident) while the request runs and counts as a retrieval of it; its KV is copied into the
+reads (and its ancestors, which it keeps resident) while the request runs and counts as a
+retrieval of it; its KV is copied into the
 request's own path node at the new position (a host copy is read from host, it does not move),
 which is admitted as computed, as the engine holds the blended KV there. For PGDSF such a hit
 is a cost sample of what it saved: the request's cost per token times the share of the
