@@ -146,7 +146,12 @@ def engine_reuse_columns(cached_tokens: np.ndarray, new_tokens: np.ndarray,
                          recomputed_tokens: np.ndarray, block_tokens: int = 1,
                          free_hit_tokens_gpu=0, free_hit_tokens_host=0,
                          free_recompute_tokens=0) -> Reuse:
-    """``engine_reuse`` for every request at once (int64 columns in, new columns out)."""
+    """``engine_reuse`` for every request at once (int64 columns in, new columns out; the
+    position-free columns are zeros when not given)."""
+    zeros = np.zeros_like(cached_tokens)
+    free_hit_tokens_gpu = free_hit_tokens_gpu + zeros
+    free_hit_tokens_host = free_hit_tokens_host + zeros
+    free_recompute_tokens = free_recompute_tokens + zeros
     return _reuse(cached_tokens, new_tokens, hit_tokens_gpu, hit_tokens_host,
                   recomputed_tokens, block_tokens, np.minimum, np.maximum,
                   free_hit_tokens_gpu, free_hit_tokens_host, free_recompute_tokens)
