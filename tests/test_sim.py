@@ -521,10 +521,11 @@ def test_tokens_given_back_come_off_the_end_of_the_cached_prefix():
     are host tokens; with 40-token blocks nothing is reused: 10 host, 20 GPU, 5 system."""
     from ragsim.cache.reuse import engine_reuse
 
-    assert engine_reuse(35, 0, 20, 10, 0) == (34, 1, 20, 9, 1)
-    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=16) == (32, 3, 20, 7, 3)
-    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=40) == (0, 35, 0, 0, 30)
-    assert engine_reuse(35, 7, 20, 10, 4) == (35, 7, 20, 10, 4)  # a question: all reused
+    # (the last two fields, position-free hits and their recompute, are 0 without them)
+    assert engine_reuse(35, 0, 20, 10, 0) == (34, 1, 20, 9, 1, 0, 0)
+    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=16) == (32, 3, 20, 7, 3, 0, 0)
+    assert engine_reuse(35, 0, 20, 10, 0, block_tokens=40) == (0, 35, 0, 0, 30, 0, 0)
+    assert engine_reuse(35, 7, 20, 10, 4) == (35, 7, 20, 10, 4, 0, 0)  # a question: all reused
 
 
 @settings(max_examples=100, deadline=None)

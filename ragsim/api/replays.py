@@ -91,9 +91,10 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
                  profile: str = "a10g-mistral-7b", system_prompt_tokens: int = 0,
                  cache_depth: int | None = None, requests: int | None = None, seed: int = 0,
                  drift: float | None = None, replicas: int = 1,
-                 router: str = "round-robin") -> ReplaySetup:
+                 router: str = "round-robin", reuse: str = "prefix") -> ReplaySetup:
     """Check ``ragsim replay``'s options (the same names in snake case) and load the costs."""
     from ragsim.cache.policies import POLICY_NAMES
+    from ragsim.cache.reuse import parse_reuse
     from ragsim.profiles.models import resolve_model
     from ragsim.profiles.profile import load_profile
     from ragsim.sim.replay import ReplayConfig
@@ -112,6 +113,13 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
         raise RagsimInputError(f"cannot be replayed here: {problem}", field=label("requests"))
     _check_frequency_scope(frequency_scope, frequency_window)
     _check_fleet(replicas, router)
+    try:
+        rule = parse_reuse(reuse)
+    except ValueError as exc:
+        raise RagsimInputError(str(exc), field=label("reuse")) from None
+    if flat and rule.position_free:
+        raise RagsimInputError(f"{reuse} needs the tree: a flat cache (--flat) has no "
+                               "positions", field=label("reuse"))
     config = ReplayConfig(
         trace=trace, policy=policy.lower(), model=spec.name,
         kv_bytes_per_token=kv_bytes_per_token or spec.kv_bytes_per_token,
@@ -120,7 +128,7 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
         flat=flat, profile=profile, system_prompt_tokens=system_prompt_tokens,
         max_cached_depth=cache_depth, n_requests=requests, seed=seed,
         frequency_scope=frequency_scope, frequency_window_s=frequency_window,
-        replicas=replicas, router=router,
+        replicas=replicas, router=router, reuse=str(rule),
     )
     if config.policy not in POLICY_NAMES:
         raise RagsimInputError(f"unknown policy {policy!r}; choose one of "

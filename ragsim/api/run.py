@@ -38,7 +38,7 @@ FIELD_OF_OPTION = {
     "frequency_scope": "frequency_scope", "frequency_window": "frequency_window_s",
     "cache": "cache", "host_mem": "host_cache_bytes", "host_write": "host_write",
     "gpu_mem": "gpu_kv_bytes",
-    "cache_depth": "max_cached_depth", "block_tokens": "prefix_block_tokens",
+    "cache_depth": "max_cached_depth", "block_tokens": "prefix_block_tokens", "reuse": "reuse",
     "system_prompt_tokens": "system_prompt_tokens", "reorder": "reorder", "order": "order",
     "reorder_window": "reorder_window_s", "reorder_window_start": "reorder_window_start",
     "speculate": "speculate", "max_batch_size": "max_batch_size",
@@ -251,6 +251,11 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
         raise RagsimInputError("host_write through (sglang-hicache, vllm-offload) is simulated "
                                f"only: use {label('backend')} sim, or {label('host_write')} back",
                                field=label("host_write"))
+    if backend != "sim" and resolved.reuse != "prefix":
+        # the real engines' blended prefill (RoPE shift, recompute) is not wired to run yet
+        raise RagsimInputError(f"reuse {resolved.reuse} is simulated only: use "
+                               f"{label('backend')} sim, or {label('reuse')} prefix",
+                               field=label("reuse"))
     setup = RunSetup(resolved, backend=backend, device=device, threads=threads, terms=terms,
                      config_file=config_file)
     if terms:

@@ -24,7 +24,7 @@ _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
                     "policy": "policy", "gpu_kv_bytes": "gpu_mem",
                     "host_cache_bytes": "host_mem", "scheduler": "scheduler",
-                    "search_latency": "search_latency"}
+                    "search_latency": "search_latency", "reuse": "reuse"}
 
 # how the verdict names each target
 _METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
@@ -43,7 +43,7 @@ def _no_progress(label_: str, total: int) -> tuple:
 def _config(config_file: str | Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem, host_mem,
             scheduler: str | None = None, backend: str = "torch", device: str = "cpu",
-            search_latency: str | None = None):
+            search_latency: str | None = None, reuse: str | None = None):
     """The run's configuration (a config file under this command's options) on the terms
     the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
     its engine's settings and the mixed scheduler), and what those terms changed (field ->
@@ -54,7 +54,7 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
     base = load_config_file(config_file) if config_file is not None else None
     flags = {"trace": trace, "system": system, "rate_rps": rate, "n_requests": requests,
              "seed": seed, "policy": policy.lower() if policy else None,
-             "scheduler": scheduler, "search_latency": search_latency,
+             "scheduler": scheduler, "search_latency": search_latency, "reuse": reuse,
              "gpu_kv_bytes": as_bytes(gpu_mem, "gpu_mem") if gpu_mem else None,
              "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None}
     source = str(config_file) if config_file is not None else None
@@ -253,7 +253,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      sequential: bool = False, loads: str | None = None, seed: int = 0,
                      scheduler: str | None = None, reference_profile: str | None = None,
                      search_latency: str | None = None, replay_decisions: bool = False,
-                     on_note: Note | None = None, on_profile_phase=None) -> ValidationSetup:
+                     on_note: Note | None = None, on_profile_phase=None,
+                     reuse: str | None = None) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
     chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress."""
@@ -296,7 +297,13 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     resolved, terms = _config(config, trace=trace, system=system, rate=rate,
                               requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
-                              device=device, search_latency=search_latency)
+                              device=device, search_latency=search_latency, reuse=reuse)
+    if resolved.reuse != "prefix":
+        # the simulator's side is checked above; the engines' blended prefill (RoPE shift,
+        # recompute) is not part of this build, so there is nothing real to compare with
+        raise RagsimInputError(f"reuse {resolved.reuse} is simulated only so far: the "
+                               f"{backend} engine has no blended prefill to validate against",
+                               field=label("reuse"))
     if terms:
         note(v.terms_note(terms, backend))
     from ragsim.traces import resolve_trace

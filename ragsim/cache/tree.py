@@ -24,6 +24,22 @@ reservations (every unpinned GPU node can be evicted). ``fail_gpu`` models losin
 
 The root is the shared system prompt; it stays resident in GPU for the life of the tree.
 
+**Position-free reuse** (``reuse``, a ``ragsim.cache.reuse.ReuseRule``: ``blend:R`` or
+``epic:K``; ``prefix``, the default, is RAGCache's tree alone). The tree then also keeps a
+document-KV store keyed by document id alone: every node of a document is listed under its id
+(``holders``). After the exact prefix match, each later document of the request is looked up
+there and, if any node holding it is cached (GPU first, then host), reused at its new position
+with the rule's recompute (CacheBlend, EPIC). A document's standalone KV is the KV *kept from
+its first prefill* (LMCache's blending stores chunks as its prefills compute them): the store
+costs no memory of its own, its entries are the tree's nodes in the tree's tiers, evicted,
+pinned and swapped out once by the same rules and policy. A position-free hit pins the node it
+reads (and its ancestors, which it keeps resident) while the request runs and counts as a
+retrieval of it; its KV is copied into the
+request's own path node at the new position (a host copy is read from host, it does not move),
+which is admitted as computed, as the engine holds the blended KV there. For PGDSF such a hit
+is a cost sample of what it saved: the request's cost per token times the share of the
+document it did not recompute (``on_access`` with ``is_cached`` False).
+
 **When KV is written to host** (``host_write``): ``"back"`` (RAGCache; SGLang HiCache's
 ``write_back``) copies a node the first time the GPU evicts it; ``"through"`` (HiCache's default
 ``write_through``; vLLM's CPU offloading connector, which stores every computed block) copies it
@@ -258,6 +274,11 @@ class AccessResult(NamedTuple):
     recomputed_tokens: int
     swap_in_bytes: int
     path: list  # nodes of the request's cacheable prefix, root excluded
+    # position-free reuse: documents after the exact prefix found elsewhere in the store
+    free_hit_tokens_gpu: int = 0
+    free_hit_tokens_host: int = 0
+    free_recompute_tokens: int = 0  # of those, what the rule recomputes
+    free_nodes: list | tuple = ()  # the nodes they were read from (pinned with the path)
 
 
 @cython.final
@@ -316,6 +337,13 @@ class KnowledgeTree:
     host_write = cython.declare(str, visibility="readonly")
     host_evicts_gpu_copies = cython.declare(cython.bint, visibility="readonly")
     _write_through = cython.declare(cython.bint)
+    reuse = cython.declare(object, visibility="readonly")  # a ReuseRule
+    _free = cython.declare(cython.bint)  # position-free reuse on
+    _holders = cython.declare(dict)  # document id -> its nodes, oldest first (the store)
+    _r_free_gpu = cython.declare(cython.longlong)
+    _r_free_host = cython.declare(cython.longlong)
+    _r_free_recompute = cython.declare(cython.longlong)
+    _r_free_nodes = cython.declare(list)
     # results of the last request served (``access`` packs them into an AccessResult)
     _r_alpha = cython.declare(cython.longlong)
     _r_beta = cython.declare(cython.longlong)
@@ -339,7 +367,10 @@ class KnowledgeTree:
         record_moves: bool = False,
         host_write: str = "back",
         host_evicts_gpu_copies: bool = True,
+        reuse: object = None,
     ) -> None:
+        from ragsim.cache.reuse import PREFIX, parse_reuse
+
         if not isinstance(policy, NodePolicy):
             raise TypeError(f"the tree's policy must be a TreePolicy, not {type(policy).__name__}")
         check_frequency_scope(frequency_scope, frequency_window_s)
@@ -404,6 +435,10 @@ class KnowledgeTree:
         self.node_count = 1
         self.record_moves = bool(record_moves)
         self._moves = [] if self.record_moves else None
+        self.reuse = PREFIX if reuse is None else parse_reuse(reuse)
+        self._free = self.reuse.position_free
+        self._holders = {}
+        self._r_free_nodes = []
 
     def __dealloc__(self) -> None:
         """Break the parent/children cycles so a discarded tree is freed at once.
@@ -489,8 +524,12 @@ class KnowledgeTree:
                 raise ValueError("the window frequency scope needs each access's time (now_s)")
             self._advance(now_s)
         path = self._serve(ids, tokens, 0, len(ids), query_tokens, request_index, keep_pinned)
+        if not self._free:
+            return AccessResult(self._r_alpha, self._r_beta, self._r_hit_gpu, self._r_hit_host,
+                                self._r_recomputed, self._r_swap_in, path)
         return AccessResult(self._r_alpha, self._r_beta, self._r_hit_gpu, self._r_hit_host,
-                            self._r_recomputed, self._r_swap_in, path)
+                            self._r_recomputed, self._r_swap_in, path, self._r_free_gpu,
+                            self._r_free_host, self._r_free_recompute, self._r_free_nodes)
 
     def access_many(self, doc_ids: list, doc_tokens: list,
                     doc_offsets: cython.const[cython.longlong][:],
@@ -504,9 +543,10 @@ class KnowledgeTree:
         requests' documents, from position ``doc_offsets[start]`` on, so that a caller going
         through a long trace in chunks keeps one chunk of Python ints alive, not the trace's.
         ``out`` (int64, shape (5, n_requests)) receives, per request: cached tokens, GPU-hit
-        tokens, host-hit tokens, recomputed tokens, swapped-in bytes. This is ``access`` in a
-        loop without per-request Python objects, for replay. ``arrival_s`` (per request) is
-        needed by the window frequency scope.
+        tokens, host-hit tokens, recomputed tokens, swapped-in bytes; with position-free reuse
+        (shape (8, n_requests)) also its position-free GPU and host hit tokens and the tokens
+        of them recomputed. This is ``access`` in a loop without per-request Python objects,
+        for replay. ``arrival_s`` (per request) is needed by the window frequency scope.
         """
         i: cython.Py_ssize_t
         base: cython.Py_ssize_t = doc_offsets[start]
@@ -514,6 +554,8 @@ class KnowledgeTree:
             raise ValueError("the window frequency scope needs the requests' arrival times")
         if len(doc_ids) < doc_offsets[stop] - base or len(doc_tokens) < len(doc_ids):
             raise ValueError("doc_ids and doc_tokens must hold the requests' documents")
+        if self._free and out.shape[0] < 8:
+            raise ValueError("position-free reuse reports 8 rows per request")
         for i in range(start, stop):
             if self._windowed:
                 self._advance(arrival_s[i])
@@ -524,6 +566,10 @@ class KnowledgeTree:
             out[2, i] = self._r_hit_host
             out[3, i] = self._r_recomputed
             out[4, i] = self._r_swap_in
+            if self._free:
+                out[5, i] = self._r_free_gpu
+                out[6, i] = self._r_free_host
+                out[7, i] = self._r_free_recompute
 
     @cython.ccall
     def _serve(self, doc_ids: list, doc_tokens: list, lo: cython.Py_ssize_t,
@@ -582,21 +628,53 @@ class KnowledgeTree:
                     child = _new_node(key, node, tokens, tokens * kv)
                     node.children[key] = child
                     self.node_count += 1
+                    if self._free:  # the store lists every node of a document
+                        holders = self._holders.get(key)
+                        if holders is None:
+                            self._holders[key] = [child]
+                        else:
+                            holders.append(child)
                 else:
                     child = found
             path.append(child)
             node = child
             i += 1
-        for i in range(lo + n_cached, hi):
-            recomputed += cython.cast(cython.longlong, doc_tokens[i])
+        free_nodes: list = []
+        free_depths: list = []
+        free_gpu: cython.longlong = 0
+        free_host: cython.longlong = 0
+        free_recompute: cython.longlong = 0
+        if self._free:
+            # 2b. every later document found at any position (the store), else computed
+            for i in range(lo + n_cached, hi):
+                tokens = doc_tokens[i]
+                found = self._holder(doc_ids[i])
+                if found is None:
+                    recomputed += tokens
+                    continue
+                n = found
+                if n.in_gpu:
+                    free_gpu += tokens
+                else:
+                    free_host += tokens
+                    swap_in += n.size_bytes
+                free_recompute += self.reuse.recompute_tokens(tokens)
+                free_nodes.append(n)
+                free_depths.append(i - lo + 1)
+        else:
+            for i in range(lo + n_cached, hi):
+                recomputed += cython.cast(cython.longlong, doc_tokens[i])
         alpha: cython.longlong = self.system_prompt_tokens + hit_gpu + hit_host
         beta: cython.longlong = recomputed + query_tokens
         cost_per_token: cython.double = 0.0
         n_path: cython.Py_ssize_t = len(path)
-        if self._use_cost and n_cached < n_path and beta > 0:
-            cost_per_token = self.prefill_cost_s(alpha, beta)
+        # what the engine computes: with position-free hits, also their recomputed tokens
+        cost_alpha: cython.longlong = alpha + free_gpu + free_host - free_recompute
+        cost_beta: cython.longlong = beta + free_recompute
+        if self._use_cost and (n_cached < n_path or free_nodes) and cost_beta > 0:
+            cost_per_token = self.prefill_cost_s(cost_alpha, cost_beta)
             if not self._cost_per_request:
-                cost_per_token /= beta
+                cost_per_token /= cost_beta
         # 3. policy update (Algorithm 1: UPDATE_NODE_IN_GPU for every node retrieved)
         hooks: NodePolicy = self._hooks
         depth: cython.Py_ssize_t
@@ -615,6 +693,9 @@ class KnowledgeTree:
                 n.priority_gpu = self.clock_gpu + n.value
                 n.priority_host = self.clock_host + n.value
                 self._sync(n, True)
+        if free_nodes:
+            self._touch_free(free_nodes, free_depths, doc_tokens, lo, cost_per_token,
+                             request_index)
         # 4. admission into GPU, top-down, stopping at the first node that cannot be placed
         parent: Node
         rest: cython.Py_ssize_t
@@ -653,6 +734,12 @@ class KnowledgeTree:
         self.swap_in_bytes += swap_in
         if not keep_pinned:
             self.release(path)
+            if free_nodes:
+                self.release_read(free_nodes)
+        self._r_free_gpu = free_gpu
+        self._r_free_host = free_host
+        self._r_free_recompute = free_recompute
+        self._r_free_nodes = free_nodes
         self._r_alpha = alpha
         self._r_beta = beta
         self._r_hit_gpu = hit_gpu
@@ -660,6 +747,81 @@ class KnowledgeTree:
         self._r_recomputed = recomputed
         self._r_swap_in = swap_in
         return path
+
+    @cython.cfunc
+    def _holder(self, key: object) -> object:
+        """The store's node for document ``key`` to read: a GPU one if any, else a host one
+        (the oldest of each: a deterministic choice), else None."""
+        holders = self._holders.get(key)
+        if holders is None:
+            return None
+        n: Node
+        host: object = None
+        for item in cython.cast(list, holders):
+            n = item
+            if n.in_gpu:
+                return n
+            if host is None and n.host_copy:
+                host = n
+        return host
+
+    @cython.cfunc
+    @cython.exceptval(-1)
+    def _touch_free(self, free_nodes: list, free_depths: list, doc_tokens: list,
+                    lo: cython.Py_ssize_t, cost_per_token: cython.double,
+                    request_index: cython.longlong) -> cython.int:
+        """A retrieval of every node read position-free: counted, pinned, and for PGDSF a
+        cost sample of what it saved (the request's cost per token, times the share of the
+        document not recomputed)."""
+        hooks: NodePolicy = self._hooks
+        n: Node
+        k: cython.Py_ssize_t
+        tokens: cython.longlong
+        saved: cython.double
+        depth: cython.Py_ssize_t
+        for k in range(len(free_nodes)):
+            n = cython.cast(Node, free_nodes[k])
+            depth = free_depths[k]
+            tokens = doc_tokens[lo + depth - 1]
+            saved = cost_per_token
+            if tokens > 0:
+                saved = cost_per_token * (tokens - self.reuse.recompute_tokens(tokens)) / tokens
+            self._seq += 1
+            n.frequency += 1
+            if self._windowed:
+                self._retrievals.append((self._now_s, n))
+            n.last_access = self._seq
+            self._pin_chain(n, 1)
+            hooks.on_access(n, False, saved, request_index, depth)
+            n.priority_gpu = self.clock_gpu + n.value
+            n.priority_host = self.clock_host + n.value
+            self._sync(n, True)
+        return 0
+
+    @cython.cfunc
+    @cython.exceptval(-1)
+    def _pin_chain(self, n: Node, delta: cython.int) -> cython.int:
+        """Pin (``delta`` 1) or unpin (-1) a node read position-free *and its ancestors*: a
+        pinned node keeps its parents resident (eviction takes only leaves), so they must count
+        as pinned too, or ``gpu_available_bytes`` would promise memory that cannot be freed."""
+        m: Node = n
+        while m.depth > 0:
+            m.pins += delta
+            if m.in_gpu and ((delta > 0 and m.pins == 1) or (delta < 0 and m.pins == 0)):
+                self.pinned_gpu_bytes += m.size_bytes if delta > 0 else -m.size_bytes
+            m = m.parent
+        return 0
+
+    def release_read(self, nodes: Sequence) -> None:
+        """Unpin the nodes a request read position-free (``AccessResult.free_nodes``), with
+        their ancestors, once it no longer needs their KV."""
+        for item in nodes:
+            self._pin_chain(item, -1)
+
+    def holders(self, doc_id: int) -> list:
+        """The store's nodes of document ``doc_id`` (every node of it, cached or not; empty
+        unless position-free reuse is on)."""
+        return list(self._holders.get(doc_id, ()))
 
     @cython.ccall
     def _advance(self, now_s: cython.double) -> cython.void:
@@ -1224,6 +1386,10 @@ class KnowledgeTree:
         assert host_bytes == self.host_used_bytes, (host_bytes, self.host_used_bytes)
         assert self.gpu_used_bytes <= self.gpu_capacity_bytes
         assert self.host_used_bytes <= self.host_capacity_bytes
+        if self._free:  # the store lists exactly the tree's nodes, each under its document
+            listed = [n for nodes in self._holders.values() for n in nodes]
+            assert len(listed) == len(set(listed)) == self.node_count - 1, "store out of step"
+            assert all(n.key == key for key, nodes in self._holders.items() for n in nodes)
         self._check_heaps()
         self._check_frequencies()
 

@@ -76,6 +76,9 @@ def replay(
     router: Annotated[str, typer.Option(
         help="Which replica takes a request: round-robin, random, session (sticky by session "
              "id) or prefix-affinity (SGLang's cache-aware router).")] = "round-robin",
+    reuse: Annotated[str, typer.Option(
+        help="Document KV reuse: prefix, blend:R (any position, R recomputed: CacheBlend) or "
+             "epic:K (first K recomputed).")] = "prefix",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write requests.parquet and "
                                                  "summary.json here.")] = None,
@@ -138,6 +141,9 @@ def _print_replay_summary(s: dict) -> None:
         ("  in host", f"{s['token_hit_rate_host']:.2%}"),
         ("requests with a hit", f"{s['request_hit_rate']:.2%}"),
         ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        *([("position-free hits / recomputed", f"{s['position_free_hit_tokens']:,} / "
+                                               f"{s['blend_recomputed_tokens']:,}")]
+          if "position_free_hit_tokens" in s else []),
         ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
                              f"{format_bytes(s['swap_out_bytes'])}"),
         ("evictions GPU / host", f"{s['evictions_gpu']:,} / {s['evictions_host']:,}"),

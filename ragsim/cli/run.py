@@ -159,6 +159,9 @@ def run(
         "HiCache, vLLM offloading).")] = None,
     gpu_mem: Annotated[str | None, _opt(
         CACHE, "GPU memory for KV (cache and running requests), e.g. 20GiB.")] = None,
+    reuse: Annotated[str | None, _opt(
+        CACHE, "Document KV reuse: prefix, blend:R (any position, R recomputed: CacheBlend) or "
+        "epic:K (first K recomputed).")] = None,
     cache_depth: Annotated[int | None, _opt(CACHE, "Cache only the first k' documents (top-k').")
                            ] = None,
     block_tokens: Annotated[int | None, _opt(
@@ -381,6 +384,9 @@ def _print_run_summary(s: dict) -> None:
         ("swapped in / out", f"{format_bytes(s['swap_in_bytes'])} / "
                              f"{format_bytes(s['swap_out_bytes'])}"),
         ("recomputed tokens", f"{s['recomputed_tokens']:,}"),
+        *([("position-free hits / recomputed", f"{s['position_free_hit_tokens']:,} / "
+                                               f"{s['blend_recomputed_tokens']:,}")]
+          if "position_free_hit_tokens" in s else []),
         ("speculations (kept) / wasted", f"{s['speculations_started']:,} "
                                          f"({s['speculation_kept']:,}) / "
                                          f"{s['speculation_wasted_s']:,.1f} GPU s"),

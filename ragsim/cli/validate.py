@@ -38,7 +38,7 @@ class ValidateCommand(Command):
                 "policy": "the system's", "gpu_mem": "the profile's KV capacity",
                 "host_mem": "the system's", "config_file": "none",
                 "profile": f"{DEFAULT_TORCH_CPU_PROFILE} (on a CPU)", "loads": "one run",
-                "search_latency": "the configuration's (fixed)"}
+                "search_latency": "the configuration's (fixed)", "reuse": "prefix"}
 
 
 @friendly_errors
@@ -98,6 +98,9 @@ def validate(
         "into cost_model_error and decision_error (torch, vllm).")] = False,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
+    reuse: Annotated[str | None, typer.Option(
+        help="Document KV reuse: prefix, blend:R or epic:K (see `ragsim run --help`).")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a target is missed (for CI); the verdict decides on the "
@@ -127,7 +130,7 @@ def validate(
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
             scheduler=scheduler, reference_profile=reference_profile,
             search_latency=search_latency, replay_decisions=replay_decisions, on_note=on_note,
-            on_profile_phase=on_phase)
+            on_profile_phase=on_phase, reuse=reuse)
     finally:
         if phases.live.is_started:
             phases.stop()

@@ -60,6 +60,9 @@ PADDINGS = ("none", "left", "left_masked")  # see BatchedPrefill
 _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_parallel",
              "engine", "obtained", "kv_capacity_bytes", "overhead_s", "prefill",
              "batched_prefill", "decode", "transfers")
+# optional: CacheBlend's token-selection pass per reused token, as measured on an engine (None:
+# ragsim's default, one layer's share of a prefill: ragsim.serving.costs.blend_selection_s)
+_OPTIONAL_KEYS = ("blend_selection_s_per_token",)
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,7 @@ class Profile:
     batched_prefill: BatchedPrefill
     decode: BilinearGrid
     transfers: Transfers
+    blend_selection_s_per_token: float | None = None
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -333,6 +337,8 @@ class Profile:
             "batched_prefill": self.batched_prefill.to_dict(),
             "decode": self.decode.to_dict(),
             "transfers": self.transfers.to_dict(),
+            **({} if self.blend_selection_s_per_token is None
+               else {"blend_selection_s_per_token": self.blend_selection_s_per_token}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -351,7 +357,7 @@ class Profile:
                                f"{', '.join(map(str, READABLE_VERSIONS))}: regenerate the file "
                                f"with this ragsim ('profiles derive' or 'profile')",
                                file=source, field="version")
-        unknown = sorted(set(data) - set(_TOP_KEYS))
+        unknown = sorted(set(data) - set(_TOP_KEYS) - set(_OPTIONAL_KEYS))
         if unknown:
             raise ProfileError(f"unknown key(s) {unknown}", file=source, field=unknown[0])
         for key in _TOP_KEYS:
@@ -391,6 +397,9 @@ class Profile:
             decode=_grid(data["decode"], name=name, x_name="batch_sizes",
                          y_name="context_tokens", source=source, field="decode"),
             transfers=_transfers(data["transfers"], source),
+            blend_selection_s_per_token=(
+                None if data.get("blend_selection_s_per_token") is None
+                else _number(data, "blend_selection_s_per_token", source)),
         )
 
 

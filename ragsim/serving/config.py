@@ -21,6 +21,7 @@ from ragsim import limits
 from ragsim.cache.answers.keys import NAME_RULE, valid_name
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, ORDERS, WINDOW_STARTS
+from ragsim.cache.reuse import parse_reuse
 from ragsim.cache.routers import ROUTERS
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, FREQUENCY_SCOPES, HOST_WRITES
 from ragsim.errors import ConfigError, RagsimInputError
@@ -80,6 +81,9 @@ class SimConfig:
     gpu_kv_bytes: int | None = None
     max_cached_depth: int | None = None
     prefix_block_tokens: int = 1  # hits count whole blocks only (vLLM's automatic prefix cache)
+    # document KV reuse: prefix (behind the same ordered prefix) | blend:R | epic:K (also at any
+    # position, recomputing R of each such document or its first K tokens; cache/reuse.py)
+    reuse: str = "prefix"
     system_prompt_tokens: int = 0
     # scheduler
     reorder: bool = True
@@ -172,6 +176,8 @@ class SimConfig:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["fail_gpu_at_s"] = list(self.fail_gpu_at_s)
+        if self.reuse == "prefix":  # recorded when not the default: prefix runs as before
+            data.pop("reuse")
         if not self.answer_cache:
             for name in ANSWER_FIELDS:
                 data.pop(name)
@@ -369,6 +375,13 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            "(Belady needs the future, which an online simulator does not have)", source)
     _check(c.host_write in HOST_WRITES, "host_write", f"must be one of {', '.join(HOST_WRITES)}",
            source)
+    try:
+        rule = parse_reuse(c.reuse)
+    except ValueError as exc:
+        _check(False, "reuse", str(exc), source)
+    _check(not rule.position_free or c.prefix_block_tokens == 1, "reuse",
+           f"{c.reuse} reuses whole documents: it needs prefix_block_tokens 1, not "
+           f"{c.prefix_block_tokens}", source)
     _check(c.frequency_scope in FREQUENCY_SCOPES, "frequency_scope",
            f"must be one of {', '.join(FREQUENCY_SCOPES)}", source)
     _check(c.frequency_scope != "window" or c.frequency_window_s is not None,

@@ -7,6 +7,11 @@ from collections.abc import Sequence
 
 from ragsim.profiles.profile import Profile
 
+# CacheBlend's selection pass, when the profile has no measurement: the first layer's KV of
+# every reused token is recomputed to find the tokens whose KV deviates most, so it costs one
+# layer's share of a prefill of those tokens, priced at this many new tokens on an empty context
+SELECTION_PRICED_AT_TOKENS = 1024
+
 
 def prefill_compute_s(profile: Profile, cached_tokens: Sequence[int],
                       new_tokens: Sequence[int]) -> float:
@@ -20,3 +25,19 @@ def prefill_compute_s(profile: Profile, cached_tokens: Sequence[int],
 def decode_step_s(profile: Profile, batch_size: int, mean_context_tokens: float) -> float:
     """One decode step of ``batch_size`` running requests (the decode grid)."""
     return profile.decode.at(batch_size, mean_context_tokens)
+
+
+def blend_selection_s(profile: Profile, kind: str, reused_tokens: int) -> float:
+    """CacheBlend's token selection over ``reused_tokens`` position-free tokens: the profile's
+    ``blend_selection_s_per_token`` (measured on an engine) or, without it, one layer's share
+    of a prefill of them (the grid's prefill of ``SELECTION_PRICED_AT_TOKENS`` new tokens less
+    the fixed overhead, per token, over the layer count). EPIC recomputes a fixed set of tokens
+    and selects nothing: 0. ``prefix`` reuses nothing position-free: 0."""
+    if kind != "blend" or reused_tokens <= 0:
+        return 0.0
+    per_token = profile.blend_selection_s_per_token
+    if per_token is None:
+        n = SELECTION_PRICED_AT_TOKENS
+        per_token = (max(profile.prefill.at(0, n) - profile.overhead_s, 0.0) / n
+                     / profile.model.num_layers)
+    return per_token * reused_tokens

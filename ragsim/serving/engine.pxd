@@ -7,6 +7,7 @@ cdef class Job:
     cdef public object alpha
     cdef public object attributed_s
     cdef public object beta
+    cdef public object blend_recomputed
     cdef public object computing
     cdef public object context_tokens
     cdef public object decision_s
@@ -16,6 +17,8 @@ cdef class Job:
     cdef public object finish_s
     cdef public object first_token_s
     cdef public object footprint_tokens
+    cdef public object free_hit_tokens
+    cdef public object free_nodes
     cdef public object generated
     cdef public object hit_gpu
     cdef public object hit_host

@@ -59,6 +59,7 @@ class Job:
         "alpha",
         "attributed_s",
         "beta",
+        "blend_recomputed",
         "computing",
         "context_tokens",
         "decision_s",
@@ -68,6 +69,8 @@ class Job:
         "finish_s",
         "first_token_s",
         "footprint_tokens",
+        "free_hit_tokens",
+        "free_nodes",
         "generated",
         "hit_gpu",
         "hit_host",
@@ -111,6 +114,10 @@ class Job:
         self.slot_at_join = 0.0
         self.iter_at_join = 0
         self.hit_gpu = self.hit_host = self.recomputed = self.swap_in_bytes = 0
+        # position-free reuse: the nodes read outside the exact prefix (pinned with the path),
+        # their tokens (in hit_gpu/hit_host) and the tokens of them recomputed (in beta)
+        self.free_nodes: list = []
+        self.free_hit_tokens = self.blend_recomputed = 0
         # hits on documents this request's own earlier speculation computed (not in hit_*)
         self.self_hit_tokens = 0
         # the host->GPU copy its prefill iteration waited for (the whole batch's, as every
@@ -439,7 +446,39 @@ class Engine:
                     hit_gpu, recomputed = hit_gpu - unseen, recomputed + unseen
                     n_hit = depth
                     break
-        u = engine_reuse(cached, new, hit_gpu, r.hit_tokens_host, recomputed, self.block)
+        free_nodes = r.free_nodes
+        free_gpu, free_host = r.free_hit_tokens_gpu, r.free_hit_tokens_host
+        free_recompute = r.free_recompute_tokens
+        if free_nodes and not self.batch_kv_sharing and self._batch_computed:
+            # read position-free from a node a batch mate computes: not there yet, computed
+            rule = tree.reuse
+            kept = []
+            for n, tokens in self._free_tokens(job, free_nodes):
+                if n in self._batch_computed:
+                    free_gpu -= tokens
+                    free_recompute -= rule.recompute_tokens(tokens)
+                    new, recomputed = new + tokens, recomputed + tokens
+                else:
+                    kept.append(n)
+            if len(kept) < len(free_nodes):
+                tree.release_read([n for n in free_nodes if n not in kept])
+                free_nodes = kept
+        swap_in_bytes = r.swap_in_bytes
+        if free_nodes:
+            # the nodes read stay pinned beside the request's own KV: if what is left cannot
+            # also hold its private KV, it reads none of them and computes those documents
+            in_gpu = sum(n.tokens for n in path if n.in_gpu)
+            if (job.footprint_tokens - in_gpu) * self.kv > tree.gpu_available_bytes:
+                tree.release_read(free_nodes)
+                missed = free_gpu + free_host
+                new, recomputed = new + missed, recomputed + missed
+                swap_in_bytes -= sum(n.size_bytes for n in free_nodes if not n.in_gpu)
+                free_nodes, free_gpu, free_host, free_recompute = [], 0, 0, 0
+        u = engine_reuse(cached, new, hit_gpu, r.hit_tokens_host, recomputed, self.block,
+                         free_gpu, free_host, free_recompute)
+        job.free_nodes = free_nodes
+        job.free_hit_tokens = u.position_free_hit_tokens
+        job.blend_recomputed = u.blend_recomputed_tokens
         own = self._speculated
         own_gpu = own_host = 0
         if own and n_hit:  # (no speculation, no lookups)
@@ -464,7 +503,7 @@ class Engine:
         job.hit_gpu, job.hit_host = u.hit_tokens_gpu - own_gpu, u.hit_tokens_host - own_host
         job.self_hit_tokens = own_gpu + own_host
         job.recomputed = u.recomputed_tokens
-        job.swap_in_bytes = r.swap_in_bytes
+        job.swap_in_bytes = swap_in_bytes
         job.context_tokens = job.alpha + job.beta
         in_gpu = sum(n.tokens for n in path if n.in_gpu)
         private = job.footprint_tokens - in_gpu
@@ -472,6 +511,13 @@ class Engine:
         if not tree.reserve_gpu(job.reserved_bytes):  # admission checked the whole footprint
             raise AssertionError("KV reservation failed after admission")
         job.prefill_start_s = self.env.now
+
+    @staticmethod
+    def _free_tokens(job: Job, free_nodes: list) -> list:
+        """(node, the request's tokens of that document) for each position-free hit, in the
+        request's order (the tree reads them for the documents after the exact prefix)."""
+        ids = dict(zip(job.docs, job.doc_tokens, strict=True))
+        return [(n, ids[n.key]) for n in free_nodes]
 
     def _mixed_chunks(self) -> list[tuple[Job, int]]:
         """One mixed step's prefill work: every running request decodes a token, partial
@@ -640,6 +686,9 @@ class Engine:
         if job.path is not None:
             self.tree.release(job.path)
             job.path = None
+        if job.free_nodes:
+            self.tree.release_read(job.free_nodes)
+            job.free_nodes = []
         if job.reserved_bytes:
             self.tree.free_gpu(job.reserved_bytes)
             job.reserved_bytes = 0

@@ -43,6 +43,8 @@ cdef class Pipeline(EngineHooks):
     cdef public object r_prefill_start
     cdef public object r_reason
     cdef public object r_recomputed
+    cdef public object r_free_hit
+    cdef public object r_blend_recomputed
     cdef public object r_search_end
     cdef public object r_search_start
     cdef public object r_self_hit

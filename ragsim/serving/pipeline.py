@@ -113,7 +113,7 @@ class Pipeline(EngineHooks):
             frequency_scope=config.frequency_scope,
             frequency_window_s=config.frequency_window_s,
             record_moves=record_moves, host_write=config.host_write,
-            host_evicts_gpu_copies=config.host_evicts_gpu_copies)
+            host_evicts_gpu_copies=config.host_evicts_gpu_copies, reuse=config.reuse)
         self.pool: RequestPool[Job] = RequestPool(
             reorder=config.reorder, window_s=config.reorder_window_s,
             start=config.reorder_window_start,
@@ -160,6 +160,10 @@ class Pipeline(EngineHooks):
         self.r_hit_host = np.zeros(n, dtype=np.int64)
         self.r_self_hit = np.zeros(n, dtype=np.int64)  # hits its own speculation paid for
         self.r_recomputed = np.zeros(n, dtype=np.int64)
+        # position-free reuse (--reuse blend/epic): hits outside the exact prefix, and the
+        # tokens of them recomputed (columns and summary fields only when it is on)
+        self.r_free_hit = np.zeros(n, dtype=np.int64)
+        self.r_blend_recomputed = np.zeros(n, dtype=np.int64)
         self.r_swap_in = np.zeros(n, dtype=np.int64)
         self.r_swap_in_s = np.zeros(n)  # host->GPU copy time its prefill iteration waited for
         self.r_decision_s = np.full(n, np.nan)  # policy core's wall time admitting it
@@ -511,6 +515,8 @@ class Pipeline(EngineHooks):
         self.r_hit_host[i] = job.hit_host
         self.r_self_hit[i] = job.self_hit_tokens
         self.r_recomputed[i] = job.recomputed
+        self.r_free_hit[i] = job.free_hit_tokens
+        self.r_blend_recomputed[i] = job.blend_recomputed
         self.r_swap_in[i] = job.swap_in_bytes
         self.r_swap_in_s[i] = job.swap_in_s
         self.r_decision_s[i] = job.decision_s
@@ -636,6 +642,9 @@ class Pipeline(EngineHooks):
             "speculation_kept": self.r_spec_kept,
             "speculation_wasted_s": self.r_spec_wasted_s,
         }
+        if self.tree.reuse.position_free:
+            cols["position_free_hit_tokens"] = self.r_free_hit
+            cols["blend_recomputed_tokens"] = self.r_blend_recomputed
         offsets = self.trace.doc_offsets
         ends = offsets[1:]
         if self.config.top_k is not None:

@@ -78,6 +78,16 @@ def ttft_components(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "prefill": after_search - queue - swap_in}
 
 
+def position_free_fields(cols: dict[str, np.ndarray], served: np.ndarray) -> dict:
+    """With position-free reuse (``--reuse blend/epic``): the hit tokens found outside the
+    exact prefix (GPU and host; they are in ``hit_tokens_*`` too) and the tokens of them the
+    engine recomputed. None without it: a prefix run's summary is as before."""
+    if "position_free_hit_tokens" not in cols:
+        return {}
+    return {"position_free_hit_tokens": int(cols["position_free_hit_tokens"][served].sum()),
+            "blend_recomputed_tokens": int(cols["blend_recomputed_tokens"][served].sum())}
+
+
 def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
               interrupted: bool = False, stalled: bool = False,
               no_progress: str | None = None) -> dict:
@@ -132,6 +142,7 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         "speculative_self_hit_tokens": self_hits,
         "speculative_self_hit_rate": self_hits / doc_tokens if doc_tokens else 0.0,
         "recomputed_tokens": int(cols["recomputed_tokens"][served].sum()),
+        **position_free_fields(cols, served),
         "swap_in_bytes": int(tree.swap_in_bytes),
         "swap_out_bytes": int(tree.swap_out_bytes),
         "replica_bytes": int(tree.replica_bytes),

@@ -12,15 +12,19 @@ from __future__ import annotations
 import simpy
 
 from ragsim.profiles.profile import Profile
-from ragsim.serving.costs import decode_step_s, prefill_compute_s
+from ragsim.serving.costs import blend_selection_s, decode_step_s, prefill_compute_s
 from ragsim.serving.engine import Job, PrefillTiming, Wait
 
 
 class PredictedIterations:
     """``ragsim.serving.engine.Iterations`` with the profile's predicted durations."""
 
-    def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool) -> None:
+    def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool,
+                 reuse_kind: str = "prefix") -> None:
         self.env = env
+        # position-free reuse: a blended prefill computes the recomputed tokens with the new
+        # ones (in the jobs' alpha/beta) and, for blend, first runs the selection pass
+        self.reuse_kind = reuse_kind
         self.overlap_swap = overlap_swap
         self.profile = profile
         self._h2d = profile.transfers.host_to_device_s
@@ -30,6 +34,9 @@ class PredictedIterations:
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
                                     [j.beta for j in jobs])
+        if self.reuse_kind == "blend":
+            compute += blend_selection_s(self.profile, "blend",
+                                         sum(j.free_hit_tokens for j in jobs))
         swap_bytes = sum(j.swap_in_bytes for j in jobs)
         copy = self._h2d(swap_bytes) if swap_bytes else 0.0
         duration = max(compute, copy) if self.overlap_swap else compute + copy
@@ -52,6 +59,9 @@ class PredictedIterations:
                                     [take for _, take in chunks])
         if decoding:
             compute += decode_step_s(self.profile, len(decoding), mean_context_tokens)
+        if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
+            compute += blend_selection_s(self.profile, "blend", sum(
+                j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
         swap_bytes = sum(j.swap_in_bytes for j, _ in chunks if j.prefilled == 0)
         copy = self._h2d(swap_bytes) if swap_bytes else 0.0
         duration = max(compute, copy) if self.overlap_swap else compute + copy

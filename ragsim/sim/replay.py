@@ -16,7 +16,7 @@ import pandas as pd
 from ragsim.cache.hit_rates import hit_rate_fields
 from ragsim.cache.policies import make_policy
 from ragsim.cache.policies.belady import next_use_by_position
-from ragsim.cache.reuse import engine_reuse_columns
+from ragsim.cache.reuse import engine_reuse_columns, parse_reuse
 from ragsim.cache.tree import DEFAULT_FREQUENCY_SCOPE, KnowledgeTree, check_frequency_scope
 from ragsim.profiles.profile import Profile
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -50,6 +50,8 @@ class ReplayConfig:
     # a fleet: this many replicas behind one router, each with the memory above of its own
     replicas: int = 1
     router: str = "round-robin"
+    # document KV reuse: prefix | blend:R | epic:K (ragsim/cache/reuse.py); the tree only
+    reuse: str = "prefix"
 
 
 @dataclass
@@ -64,25 +66,33 @@ class ReplayResult:
 
 
 def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
-                    hit_host: np.ndarray, recomputed: np.ndarray, swap_in: np.ndarray
-                    ) -> dict[str, np.ndarray]:
+                    hit_host: np.ndarray, recomputed: np.ndarray, swap_in: np.ndarray,
+                    free_gpu: np.ndarray | None = None, free_host: np.ndarray | None = None,
+                    free_recompute: np.ndarray | None = None) -> dict[str, np.ndarray]:
     # what an engine reuses of what the cache found, as ``run`` counts it (a context cached
     # to the end recomputes its last token); a chunk at a time, so that the rule's temporary
     # columns stay small and in cache instead of faulting in fresh memory per operation
     n = len(cached)
     fields = ("doc_tokens", "cached_tokens", "hit_tokens_gpu", "hit_tokens_host",
-              "recomputed_tokens")
+              "recomputed_tokens", "position_free_hit_tokens", "blend_recomputed_tokens")
+    free = free_gpu is not None
     columns = {name: np.empty(n, dtype=np.int64) for name in fields}
     query = trace.query_tokens
     for start in range(0, n, PROGRESS_EVERY):
         part = slice(start, min(n, start + PROGRESS_EVERY))
         u = engine_reuse_columns(cached[part], recomputed[part] + query[part], hit_gpu[part],
-                                 hit_host[part], recomputed[part])
+                                 hit_host[part], recomputed[part], 1,
+                                 *((free_gpu[part], free_host[part], free_recompute[part])
+                                   if free else ()))
         columns["doc_tokens"][part] = u.hit_tokens_gpu + u.hit_tokens_host + u.recomputed_tokens
         columns["cached_tokens"][part] = u.cached_tokens
         columns["hit_tokens_gpu"][part] = u.hit_tokens_gpu
         columns["hit_tokens_host"][part] = u.hit_tokens_host
         columns["recomputed_tokens"][part] = u.recomputed_tokens
+        columns["position_free_hit_tokens"][part] = u.position_free_hit_tokens
+        columns["blend_recomputed_tokens"][part] = u.blend_recomputed_tokens
+    extra = ({name: columns[name] for name in ("position_free_hit_tokens",
+                                                "blend_recomputed_tokens")} if free else {})
     return {
         "request_id": trace.request_id,
         "arrival_s": trace.arrival_s,
@@ -94,6 +104,7 @@ def _record_columns(trace: Trace, cached: np.ndarray, hit_gpu: np.ndarray,
         "hit_tokens_host": columns["hit_tokens_host"],
         "recomputed_tokens": columns["recomputed_tokens"],
         "swap_in_bytes": swap_in,
+        **extra,
     }
 
 
@@ -128,9 +139,10 @@ def replay_tree(trace: Trace, config: ReplayConfig, profile: Profile | None,
         max_cached_depth=config.max_cached_depth,
         frequency_scope=config.frequency_scope,
         frequency_window_s=config.frequency_window_s,
+        reuse=config.reuse,
     )
     n = trace.n_requests
-    out = np.zeros((5, n), dtype=np.int64)
+    out = np.zeros((8 if tree.reuse.position_free else 5, n), dtype=np.int64)
     offsets = np.ascontiguousarray(trace.doc_offsets, dtype=np.int64)
     query = np.ascontiguousarray(trace.query_tokens, dtype=np.int64)
     # trace time, for the window frequency scope (traces are sorted by arrival)
@@ -288,11 +300,22 @@ def replay_fleet(driver, trace: Trace, config: ReplayConfig, profile: Profile | 
     return merged, totals, per_replica
 
 
+def _recorded(config: ReplayConfig) -> dict:
+    """The configuration as the summary records it (``reuse`` only when not prefix, so a
+    prefix replay's summary is as before)."""
+    data = asdict(config)
+    if config.reuse == "prefix":
+        data.pop("reuse")
+    return data
+
+
 def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = None,
                progress: Progress | None = None) -> ReplayResult:
     if make_policy(config.policy).needs_cost and profile is None:
         raise ValueError(f"{config.policy} needs a profile (prefill costs)")
     check_frequency_scope(config.frequency_scope, config.frequency_window_s)
+    if config.flat and parse_reuse(config.reuse).position_free:
+        raise ValueError("a flat cache has no positions: position-free reuse applies to the tree")
     started = time.perf_counter()
     # the profile counts extrapolated lookups over its lifetime: report this replay's own
     extrapolated_before = profile.extrapolated_queries if profile is not None else 0
@@ -318,6 +341,9 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         "hit_tokens_gpu": hit_gpu,
         "hit_tokens_host": hit_host,
         "recomputed_tokens": int(records["recomputed_tokens"].sum()),
+        **{name: int(records[name].sum()) for name in ("position_free_hit_tokens",
+                                                       "blend_recomputed_tokens")
+           if name in records},
         "swap_in_bytes": int(records["swap_in_bytes"].sum()),
         **{k: counters.pop(k) for k in ("swap_out_bytes", "evictions_gpu", "evictions_host")},
         **hit_rate_fields(doc_tokens, hit_gpu, hit_host, hit_any),
@@ -326,7 +352,7 @@ def run_replay(trace: Trace, config: ReplayConfig, profile: Profile | None = Non
         **counters,
         "cost_extrapolations": (profile.extrapolated_queries - extrapolated_before
                                 if profile is not None else 0),
-        "config": asdict(config),
+        "config": _recorded(config),
         "trace_info": trace.info,
     }
     if fleet is not None:

@@ -63,7 +63,8 @@ class Simulation(Pipeline):
         env = ExactClock()
         super().__init__(
             trace, config, profile, env=env,
-            iterations=lambda tree: PredictedIterations(env, profile, config.overlap_swap),
+            iterations=lambda tree: PredictedIterations(env, profile, config.overlap_swap,
+                                                    tree.reuse.kind),
             progress=progress)
 
 

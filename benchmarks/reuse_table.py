@@ -1,0 +1,62 @@
+"""Position-free document KV reuse at equal memory: prefix vs blend:0.15 vs epic:32, simulated.
+
+    python benchmarks/reuse_table.py                                  # 4 traces, 2 memories
+    python benchmarks/reuse_table.py --traces mmlu --requests 2000 --rate 3
+
+Every rule gets the same trace, arrivals, memory and profile (ragcache preset, a10g-mistral-7b);
+only ``--reuse`` changes. Two memories: ``gpu`` (GPU KV only, no host tier) and ``gpu+host`` (a
+smaller GPU and a host tier, where hits are read over PCIe). Printed per trace, memory and rule:
+token hit rate (GPU + host), the share of document tokens found position-free, the share of
+them recomputed, TTFT mean and p90, throughput. Speed and reuse only: quality needs trained
+weights (docs/model.md section 8; the papers' figures are in docs/findings.md, labelled as
+theirs).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import ragsim
+
+RULES = ("prefix", "blend:0.15", "epic:32")
+MEMORIES = {"gpu": {"gpu_mem": "3GiB", "host_mem": "0GiB"},
+            "gpu+host": {"gpu_mem": "1.5GiB", "host_mem": "16GiB"}}
+
+
+def row(trace: str, memory: str, rule: str, requests: int, rate: float, seed: int) -> dict:
+    s = ragsim.simulate(trace=trace, requests=requests, rate=rate, arrival="poisson",
+                        seed=seed, reuse=rule, **MEMORIES[memory]).summary
+    docs = s["prefix_cache_queries"]
+    free = s.get("position_free_hit_tokens", 0)
+    return {"trace": trace, "memory": memory, "reuse": rule,
+            "hit": s["token_hit_rate"], "hit_gpu": s["token_hit_rate_gpu"],
+            "hit_host": s["token_hit_rate_host"], "free": free / docs if docs else 0.0,
+            "recomputed": s.get("blend_recomputed_tokens", 0) / free if free else 0.0,
+            "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
+            "throughput_rps": s["throughput_rps"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default="ragpulse,wiki-trivia,mmlu,nq")
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"{args.requests} requests at {args.rate:g} req/s (Poisson), seed {args.seed}; "
+          f"memories: " + "; ".join(f"{k}: {v['gpu_mem']} GPU + {v['host_mem']} host"
+                                    for k, v in MEMORIES.items()))
+    print(f"{'trace':12} {'memory':9} {'reuse':11} {'hit (gpu+host)':>20} {'pos-free':>9} "
+          f"{'recomp':>7} {'TTFT mean':>10} {'TTFT p90':>9} {'req/s':>6}")
+    for trace in args.traces.split(","):
+        for memory in MEMORIES:
+            for rule in RULES:
+                r = row(trace, memory, rule, args.requests, args.rate, args.seed)
+                hit = f"{r['hit']:.1%} ({r['hit_gpu']:.1%}+{r['hit_host']:.1%})"
+                print(f"{trace:12} {memory:9} {rule:11} {hit:>20} {r['free']:>9.1%} "
+                      f"{r['recomputed']:>7.1%} {r['ttft_mean_s'] * 1e3:>8.1f}ms "
+                      f"{r['ttft_p90_s'] * 1e3:>7.1f}ms {r['throughput_rps']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
