@@ -57,7 +57,7 @@ FIELD_OF_OPTION = {
     "answer_invalidate": "answer_invalidate", "answer_profile": "answer_profile",
     "redis_url": "answer_redis_url", "answer_namespace": "answer_namespace",
     "answer_tenant": "answer_tenant",
-    "replicas": "replicas", "router": "router",
+    "replicas": "replicas", "router": "router", "router_staleness": "router_staleness_s",
 }
 # answer_threshold: the semantic threshold as a cosine similarity (answer_distance's complement)
 RUN_OPTIONS = (*FIELD_OF_OPTION, "answer_threshold")
