@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from types import SimpleNamespace
 
 import numpy as np
 import simpy
@@ -45,6 +44,7 @@ from ragsim.cache.routers import (
 )
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
+from ragsim.serving.fleet import fleet_summary, route
 from ragsim.serving.gc_pause import cyclic_gc_paused
 from ragsim.serving.pipeline import (
     NoProgress,
@@ -54,19 +54,10 @@ from ragsim.serving.pipeline import (
     requests_to_run,
     resolve_retrieval,
 )
-from ragsim.serving.summary import summarize
 from ragsim.sim.predicted import PredictedIterations
-from ragsim.sim.replay import route
 from ragsim.sim.simulator import ExactClock
 from ragsim.traces.schema import Trace
 
-# the engines' counters the summary reads, summed over the replicas
-_ENGINE = ("scheduler_decisions", "scheduler_s", "iterations_prefill", "iterations_decode",
-           "iterations_mixed", "swap_in_s", "gpu_failures", "lost_bytes", "prefills_over_budget")
-_TREE = ("swap_in_bytes", "swap_out_bytes", "replica_bytes", "evictions_gpu",
-         "evictions_host", "gpu_capacity_bytes")
-_POOL = ("reordered", "overdue_served")
-_PIPELINE = ("spec_wasted_tokens", "unseen_failures", "retries")
 # the residency moves that leave a node cached (GPU or host) after them, and those that do not
 _CACHED_AFTER = {"admit_gpu": (1, None), "swap_in": (1, 1), "swap_out": (None, 1),
                  "free_gpu": (0, None), "free_host": (None, 0), "drop": (0, 0),
@@ -345,52 +336,12 @@ class FleetSimulation:
 
     def _result(self, elapsed_s: float, interrupted: bool, stalled: bool,
                 no_progress: str | None) -> RunResult:
-        replicas, profile, config = self.replicas, self.profile, self.config
-        columns = replicas[0]._columns()
+        columns = self.replicas[0]._columns()
         columns["replica"] = self.routed
-        engines = [p.engine for p in replicas]
-        engine = _summed(engines, _ENGINE)
-        engine.busy_s = float(np.mean([e.busy_s for e in engines]))  # the mean replica's
-        view = SimpleNamespace(
-            n=self.n, env=self.env, engine=engine, tree=_summed([p.tree for p in replicas], _TREE),
-            pool=_summed([p.pool for p in replicas], _POOL), profile=profile,
-            extrapolated_before=self.extrapolated_before, search=replicas[0].search,
-            kv=replicas[0].kv, config=config, trace=self.trace,
-            retrieval_turned_off=replicas[0].retrieval_turned_off,
-            **{name: sum(getattr(p, name) for p in replicas) for name in _PIPELINE})
-        summary = summarize(view, columns, elapsed_s, interrupted, stalled, no_progress)
-        summary["replicas"] = [self._replica_summary(p, columns, elapsed_s, interrupted,
-                                                     stalled) for p in replicas]
-        counts = np.bincount(self.routed[self.routed >= 0], minlength=len(replicas))
-        summary["load_imbalance"] = float(counts.max() / counts.mean()) if counts.any() else None
-        busy = np.array([e.busy_s for e in engines])
-        summary["gpu_busy_imbalance"] = float(busy.max() / busy.mean()) if busy.any() else None
-        return RunResult(config=config, columns=columns, summary=summary)
-
-    def _replica_summary(self, replica: FleetReplica, columns: dict, elapsed_s: float,
-                         interrupted: bool, stalled: bool) -> dict:
-        """A replica's own summary, as a one-engine run of its requests reports it (its
-        simulated time ends when its last request does)."""
-        positions = np.flatnonzero(columns["replica"] == replica.index)
-        own = {name: values[positions] for name, values in columns.items()}
-        ended = np.isfinite(own["finish_s"])
-        now_s = (float(own["finish_s"].max()) if len(positions) and ended.all()
-                 else self.env.now)
-        view = SimpleNamespace(
-            n=len(positions), env=SimpleNamespace(now=now_s), engine=replica.engine,
-            tree=replica.tree, pool=replica.pool, profile=self.profile,
-            extrapolated_before=self.profile.extrapolated_queries, search=replica.search,
-            kv=replica.kv, config=replica.config, trace=self.trace.select(positions),
-            retrieval_turned_off=replica.retrieval_turned_off,
-            **{name: getattr(replica, name) for name in _PIPELINE})
-        summary = summarize(view, own, elapsed_s, interrupted, stalled)
-        for name in ("config", "trace_info", "cost_extrapolations", "warnings"):
-            summary.pop(name)
-        return {"replica": replica.index, **summary}
-
-
-def _summed(objects, names) -> SimpleNamespace:
-    return SimpleNamespace(**{n: sum(getattr(o, n) for o in objects) for n in names})
+        summary = fleet_summary(self.replicas, columns, self.config, self.trace, self.profile,
+                                self.extrapolated_before, self.env.now, elapsed_s,
+                                interrupted, stalled, no_progress)
+        return RunResult(config=self.config, columns=columns, summary=summary)
 
 
 def run_fleet(trace: Trace, config: SimConfig, profile: Profile,
