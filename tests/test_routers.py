@@ -208,9 +208,9 @@ def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart():
 
 
 def test_run_refuses_a_fleet_it_cannot_simulate_yet():
-    real = runner.invoke(app, ["run", "--replicas", "2", "--backend", "torch",
+    real = runner.invoke(app, ["run", "--replicas", "2", "--backend", "vllm",
                                "--requests", "10"])
-    assert real.exit_code == 2 and "real fleet" in real.stderr
+    assert real.exit_code == 2 and "torch engine" in real.stderr
     unknown = runner.invoke(app, ["run", "--replicas", "2", "--router", "nope"])
     assert unknown.exit_code == 2 and "--router" in unknown.stderr
 

@@ -23,7 +23,8 @@ DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU c
 _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
                     "policy": "policy", "gpu_kv_bytes": "gpu_mem",
-                    "host_cache_bytes": "host_mem", "scheduler": "scheduler"}
+                    "host_cache_bytes": "host_mem", "scheduler": "scheduler",
+                    "replicas": "replicas", "router": "router"}
 
 # how the verdict names each target
 _METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
@@ -41,7 +42,8 @@ def _no_progress(label_: str, total: int) -> tuple:
 
 def _config(config_file: str | Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem, host_mem,
-            scheduler: str | None = None, backend: str = "torch", device: str = "cpu"):
+            scheduler: str | None = None, backend: str = "torch", device: str = "cpu",
+            replicas: int | None = None, router: str | None = None):
     """The run's configuration (a config file under this command's options) on the terms
     the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
     its engine's settings and the mixed scheduler), and what those terms changed (field ->
@@ -54,7 +56,8 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
              "seed": seed, "policy": policy.lower() if policy else None,
              "scheduler": scheduler,
              "gpu_kv_bytes": as_bytes(gpu_mem, "gpu_mem") if gpu_mem else None,
-             "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None}
+             "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None,
+             "replicas": replicas, "router": router}
     source = str(config_file) if config_file is not None else None
     given = {*(base or {}), *(name for name, value in flags.items() if value is not None)}
     try:
@@ -247,6 +250,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      profile: str | None = None, profile_now: bool = False,
                      sequential: bool = False, loads: str | None = None, seed: int = 0,
                      scheduler: str | None = None, reference_profile: str | None = None,
+                     replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
@@ -286,7 +290,13 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     resolved, terms = _config(config, trace=trace, system=system, rate=rate,
                               requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
-                              device=device)
+                              device=device, replicas=replicas, router=router)
+    if resolved.replicas > 1:  # a fleet on both sides: the real one's limits first
+        from ragsim.serving.fleet import fleet_problem
+
+        problem = fleet_problem(resolved, backend)
+        if problem is not None:
+            raise RagsimInputError(problem, field=label("replicas"))
     if terms:
         note(v.terms_note(terms, backend))
     from ragsim.traces import resolve_trace

@@ -87,6 +87,12 @@ def validate(
         help="The simulator's iterations: prefill-first or mixed (chunked prefill). Default: "
         "the engine's own (torch: prefill-first; vLLM: mixed, as vLLM >= 0.4 schedules).")
     ] = None,
+    replicas: Annotated[int | None, typer.Option(
+        help="A fleet on both sides: this many engines (real: a thread each). [default: 1]",
+        show_default=False)] = None,
+    router: Annotated[str | None, typer.Option(
+        help="The fleet's router (a real fleet: round-robin, random or session). "
+        "[default: round-robin]", show_default=False)] = None,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -116,7 +122,8 @@ def validate(
             layers=layers, hidden=hidden, threads=threads, device=device, config=config_file,
             policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
-            scheduler=scheduler, reference_profile=reference_profile, on_note=on_note,
+            scheduler=scheduler, reference_profile=reference_profile, replicas=replicas,
+            router=router, on_note=on_note,
             on_profile_phase=on_phase)
     finally:
         if phases.live.is_started:

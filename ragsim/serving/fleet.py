@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ragsim.cache.routers import Router, RouteRequest
+from ragsim.cache.routers import STATELESS_ROUTERS, Router, RouteRequest
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
 from ragsim.serving.summary import summarize
@@ -29,6 +29,28 @@ _POOL = ("reordered", "overdue_served")
 _PIPELINE = ("spec_wasted_tokens", "unseen_failures", "retries")
 # a replica's summary leaves out what only the fleet's says
 _FLEET_ONLY = ("config", "trace_info", "cost_extrapolations", "warnings")
+
+
+def fleet_problem(config: SimConfig, backend: str = "sim") -> str | None:
+    """Why this configuration cannot run as a fleet on ``backend`` (None: it can)."""
+    if config.replicas == 1:
+        return None
+    if config.arrival == "sequential":
+        return "sequential arrivals (one request at a time) have no fleet: one request is served"
+    if config.answer_cache:
+        return "an answer cache shared by the replicas is not built yet"
+    if config.fail_gpu_at_s:
+        return "--fail-gpu-at names one GPU; a fleet takes --gpu-failure-rate (per replica)"
+    if backend == "vllm":
+        return ("a real fleet runs the torch engine (a thread each); vLLM's engine takes "
+                "the machine")
+    if backend != "sim" and config.router not in STATELESS_ROUTERS:
+        return (f"a real fleet's replicas run on clocks of their own (a thread each), so its "
+                f"router decides ahead: {', '.join(STATELESS_ROUTERS)}; {config.router} "
+                "reads the replicas' live state: simulate it")
+    if backend != "sim" and config.router_staleness_s:
+        return "--router-staleness is the simulated router's; a real fleet's router decides ahead"
+    return None
 
 
 def route(trace: Trace, router: Router) -> np.ndarray:

@@ -44,7 +44,7 @@ from ragsim.cache.routers import (
 )
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
-from ragsim.serving.fleet import fleet_summary, route
+from ragsim.serving.fleet import fleet_problem, fleet_summary, route
 from ragsim.serving.gc_pause import cyclic_gc_paused
 from ragsim.serving.pipeline import (
     NoProgress,
@@ -62,19 +62,6 @@ from ragsim.traces.schema import Trace
 _CACHED_AFTER = {"admit_gpu": (1, None), "swap_in": (1, 1), "swap_out": (None, 1),
                  "free_gpu": (0, None), "free_host": (None, 0), "drop": (0, 0),
                  "replicate": (None, 1), "fail_gpu": (0, None)}
-
-
-def fleet_problem(config: SimConfig) -> str | None:
-    """Why this configuration cannot run as a fleet (None: it can)."""
-    if config.replicas == 1:
-        return None
-    if config.arrival == "sequential":
-        return "sequential arrivals (one request at a time) have no fleet: one request is served"
-    if config.answer_cache:
-        return "an answer cache shared by the replicas is not built yet"
-    if config.fail_gpu_at_s:
-        return "--fail-gpu-at names one GPU; a fleet takes --gpu-failure-rate (per replica)"
-    return None
 
 
 class FleetReplica(Pipeline):
@@ -346,7 +333,7 @@ class FleetSimulation:
 
 def run_fleet(trace: Trace, config: SimConfig, profile: Profile,
               progress: Progress | None = None) -> RunResult:
-    problem = fleet_problem(config)
+    problem = fleet_problem(config, "sim")
     if problem is not None:
         raise ValueError(problem)
     return FleetSimulation(requests_to_run(trace, config), config, profile, progress).run()
