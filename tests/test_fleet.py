@@ -188,3 +188,41 @@ def test_a_cache_aware_fleet_keeps_more_than_round_robin_and_balances_less(route
     assert aware["load_imbalance"] > rr["load_imbalance"]
     assert len(aware["replicas"]) == 4
     assert sum(r["requests_completed"] for r in aware["replicas"]) == aware["requests_completed"]
+
+
+def _asked_twice(n: int):
+    """mmlu's first n requests, each question asked twice (the second a repeat, later)."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    base = resolve_trace("mmlu", seed=0, n_requests=n)
+    texts = [f"question {i % (n // 2)}" for i in range(n)]
+    return dataclasses.replace(base, query_text=pa.array(texts, pa.string()),
+                               answer_key=pa.array(texts, pa.string()))
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded"])
+def test_the_fleets_answer_cache_answers_requests_that_never_reach_a_replica(router):
+    """One answer cache in front of the fleet: the second asking of each question (its first
+    long finished: they come n/2 requests apart at 2 req/s) is answered by it, is no replica's
+    (``replica`` -1) and nothing of it is searched or prefilled; the replicas share the rest
+    as the router decides (round-robin: by the request's place in the trace)."""
+    n = 200
+    trace = _asked_twice(n)
+    config = build_config({"trace": "mmlu", "rate_rps": 2.0, "replicas": 2, "router": router,
+                           "answer_cache": True, "answer_semantic": False})
+    result = run_fleet(trace, config, PROFILE)
+    columns, s = result.columns, result.summary
+    answered = np.isin(columns["answer_tier"], ["l1", "l2", "semantic"])
+    assert answered.tolist() == [i >= n // 2 for i in range(n)]
+    assert (columns["replica"][answered] == -1).all()
+    assert np.isnan(columns["search_start_s"][answered]).all()
+    assert (columns["status"] == "completed").all()
+    served = columns["replica"][~answered]
+    if router == "round-robin":
+        assert served.tolist() == [i % 2 for i in range(n // 2)]
+    assert sorted(set(served.tolist())) == [0, 1]
+    assert sum(s["answer_cache_hits"].values()) == n // 2
+    assert sum(r["requests"] for r in s["replicas"]) == n // 2
+    assert s["requests_completed"] == n

@@ -37,8 +37,9 @@ def fleet_problem(config: SimConfig, backend: str = "sim") -> str | None:
         return None
     if config.arrival == "sequential":
         return "sequential arrivals (one request at a time) have no fleet: one request is served"
-    if config.answer_cache:
-        return "an answer cache shared by the replicas is not built yet"
+    if config.answer_cache and backend != "sim":
+        return ("a real fleet's answer cache in front of its replicas is not built: the "
+                "simulated fleet has one")
     if config.fail_gpu_at_s:
         return "--fail-gpu-at names one GPU; a fleet takes --gpu-failure-rate (per replica)"
     if backend == "vllm":

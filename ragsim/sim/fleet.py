@@ -26,6 +26,7 @@ over the mean.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -43,10 +44,12 @@ from ragsim.cache.routers import (
     prompt_path,
 )
 from ragsim.profiles.profile import Profile
+from ragsim.serving.answer_stage import AnswerStage
 from ragsim.serving.config import SimConfig
 from ragsim.serving.fleet import fleet_problem, fleet_summary, route
 from ragsim.serving.gc_pause import cyclic_gc_paused
 from ragsim.serving.pipeline import (
+    COMPLETED,
     NoProgress,
     Pipeline,
     Progress,
@@ -86,8 +89,12 @@ class FleetReplica(Pipeline):
                 return True, self.arrival_s[own[self.arrived]]
             return False, math.inf
         fleet = self.fleet
+        looking_up = fleet.looking_up  # misses of the answer cache, handed over at these times
         if fleet.arrived < fleet.n:
-            return True, self.arrival_s[fleet.arrived]
+            next_s = self.arrival_s[fleet.arrived]
+            return True, min(next_s, looking_up[0]) if looking_up else next_s
+        if looking_up:
+            return True, looking_up[0]
         return False, math.inf
 
     def _record_hits(self, job) -> None:
@@ -95,6 +102,9 @@ class FleetReplica(Pipeline):
         self.fleet.prefilled(self.index, job.request)
 
     def _end(self, i: int, status: int, reason: int = 0) -> None:
+        answers = self.fleet.answers
+        if answers is not None and status == COMPLETED:  # its answer, for the fleet's cache
+            answers.write_back(i, self.env.now)
         super()._end(i, status, reason)
         self.fleet.ended_at(self.index, i)
 
@@ -156,17 +166,20 @@ class FleetSimulation:
         n = self.n = trace.n_requests
         replicas = config.replicas
         self.router = make_router(config.router, replicas, seed=config.seed)
-        self.ahead = config.router in STATELESS_ROUTERS
+        # decided ahead unless an answer cache in front takes some requests from the replicas
+        self.ahead = config.router in STATELESS_ROUTERS and not config.answer_cache
         self.staleness_s = config.router_staleness_s
         kv_aware = config.router == "kv-aware"
         late_cache = kv_aware and self.staleness_s > 0
         self.extrapolated_before = profile.extrapolated_queries
         self.replicas: list[FleetReplica] = []
-        for r in range(replicas):
+        for r in range(replicas):  # (the answer cache is the fleet's, in front of them)
             self.replicas.append(FleetReplica(
                 self, r, trace, config.replace(replicas=1, router_staleness_s=0.0,
-                                               seed=config.seed + r),
+                                               answer_cache=False, seed=config.seed + r),
                 profile, self.replicas[0] if self.replicas else None, late_cache))
+        self.answers = AnswerStage(trace, config) if config.answer_cache else None
+        self.looking_up: list[float] = []  # when the answer cache's misses reach the router
         first = self.replicas[0]
         self._times = first.arrival_s.tolist()
         self.routed = np.full(n, -1, dtype=np.int64)
@@ -269,10 +282,35 @@ class FleetSimulation:
             self._deliver(self.arrived)
 
     def _deliver(self, i: int) -> None:
+        if self.answers is not None:  # the fleet's answer cache first: a hit meets no replica
+            answered, lookup_s = self.answers.lookup(i, self.env.now)
+            self.arrived += 1
+            lookup = self.env.timeout(lookup_s)
+            if answered:
+                lookup.callbacks.append(lambda _event: self._answered(i))
+            else:
+                heapq.heappush(self.looking_up, self.env.now + lookup_s)
+                lookup.callbacks.append(lambda _event: self._missed(i))
+            return
+        self.arrived += 1
+        self._hand_over(i)
+
+    def _answered(self, i: int) -> None:
+        """Request ``i`` answered by the fleet's answer cache, after its lookups."""
+        first = self.replicas[0]
+        now = self.env.now
+        first.r_first_token[i] = first.r_finish[i] = now
+        first.r_status[i] = COMPLETED
+        self.ended_at(-1, i)
+
+    def _missed(self, i: int) -> None:
+        heapq.heappop(self.looking_up)
+        self._hand_over(i)
+
+    def _hand_over(self, i: int) -> None:
         r = self._chosen[i] if self.ahead else self._route(i)
         self.routed[i] = r
         self._last_delivery[r] = self.env.now
-        self.arrived += 1
         self.replicas[r]._admit(i)
         if not self.ahead:  # the others sleep until the fleet's next arrival: it is later now
             for replica in self.replicas:
@@ -287,7 +325,8 @@ class FleetSimulation:
             self._active[replica].prefilled(i)
 
     def ended_at(self, replica: int, i: int) -> None:
-        if not self.ahead:
+        """Request ``i`` ended at ``replica`` (-1: the answer cache answered it)."""
+        if not self.ahead and replica >= 0:
             self._requests[replica] -= 1
             self._tokens[replica] -= self._routed_tokens.pop(i)
             if self._active:
@@ -324,10 +363,17 @@ class FleetSimulation:
     def _result(self, elapsed_s: float, interrupted: bool, stalled: bool,
                 no_progress: str | None) -> RunResult:
         columns = self.replicas[0]._columns()
-        columns["replica"] = self.routed
+        columns["replica"] = self.routed  # -1: answered by the answer cache (or not arrived)
+        answers = self.answers
+        if answers is not None:
+            answers.adjust(columns)
         summary = fleet_summary(self.replicas, columns, self.config, self.trace, self.profile,
                                 self.extrapolated_before, self.env.now, elapsed_s,
                                 interrupted, stalled, no_progress)
+        if answers is not None:
+            summary.update(answers.summary(columns))
+            summary["warnings"].extend(answers.warnings())
+            answers.close()
         return RunResult(config=self.config, columns=columns, summary=summary)
 
 
