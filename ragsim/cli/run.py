@@ -221,12 +221,11 @@ def run(
         ENGINE, "A fleet: this many engines, each with --gpu-mem and --host-mem of its own, "
         "behind --router.")] = None,
     router: Annotated[str | None, _opt(
-        ENGINE, "Which replica takes a request: round-robin, random, session (sticky by "
-        "session id), least-loaded (fewest outstanding), prefix-affinity (SGLang's cache-aware "
-        "router), kv-aware (Dynamo's KV router).")] = None,
+        ENGINE, "Which replica takes a request: round-robin, random, session (by session "
+        "id), least-loaded, prefix-affinity (SGLang's), kv-aware (Dynamo's).")] = None,
     router_staleness: Annotated[float | None, _opt(
-        ENGINE, "The router sees the replicas' caches and loads this many seconds late. "
-        "[default: 0]")] = None,
+        ENGINE, "The router sees the replicas' caches and loads this many seconds late.")
+    ] = None,
     # faults
     fail_gpu_at: Annotated[list[float] | None, _opt(
         FAULTS, "Fail the GPU at T seconds (repeatable).")] = None,
