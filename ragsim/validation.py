@@ -307,7 +307,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }
-    if config.replicas > 1:  # a fleet on both sides: the same router objects route alike
+    if getattr(config, "replicas", 1) > 1:  # a fleet on both sides: routed by one router
         report.update(replicas=config.replicas, router=config.router,
                       same_replica=same_replica(real.columns, sim.columns))
     if config.arrival == "sequential":  # compared without the decisions that race with time
