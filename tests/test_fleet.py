@@ -226,3 +226,17 @@ def test_the_fleets_answer_cache_answers_requests_that_never_reach_a_replica(rou
     assert sum(s["answer_cache_hits"].values()) == n // 2
     assert sum(r["requests"] for r in s["replicas"]) == n // 2
     assert s["requests_completed"] == n
+
+
+def test_kv_aware_blind_to_the_caches_keeps_less():
+    """Seen 10^6 s late, every replica's cache looks empty: kv-aware is left with its own
+    record of the prompts it sent (Dynamo's active blocks), and keeps less than when it sees
+    the caches as they are."""
+    trace = resolve_trace("mmlu", n_requests=1500)
+    common = {"trace": "mmlu", "rate_rps": 6.0, "replicas": 4, "router": "kv-aware",
+              "gpu_kv_bytes": 2**30, "host_cache_bytes": 2 * 2**30}
+    live = run_fleet(trace, build_config(common), PROFILE).summary
+    blind = run_fleet(trace, build_config({**common, "router_staleness_s": 1e6}),
+                      PROFILE).summary
+    assert live["token_hit_rate"] > blind["token_hit_rate"] + 0.02
+    assert blind["config"]["router_staleness_s"] == 1e6
