@@ -6,9 +6,10 @@
 A fleet of N replicas shares the memory of one server split evenly (``--gpu-mem`` and
 ``--host-mem`` are the totals; each replica gets 1/N), so a router is judged on where it sends
 requests, not on more memory. The replay (``ragsim replay --replicas N --router R``) has no
-clock: ``least-loaded`` and prefix-affinity's load fallback need the simulator (not yet built);
-here prefix-affinity follows its cache rule alone. Printed per trace and fleet size: token hit
-rate and load imbalance (the busiest replica's requests over the mean).
+clock: ``least-loaded``, ``kv-aware`` and prefix-affinity's load fallback need the simulator
+(``benchmarks/fleet_table.py``); here prefix-affinity follows its cache rule alone. Printed
+per trace and fleet size: token hit rate and load imbalance (the busiest replica's requests
+over the mean).
 """
 
 from __future__ import annotations

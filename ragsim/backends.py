@@ -35,7 +35,14 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
     if backend == "sim":
         from ragsim.sim.simulator import run_simulation
 
-        return run_simulation
+        def simulate(trace, config, profile, progress=None):
+            if config.replicas > 1:  # a fleet behind a router, on one clock
+                from ragsim.sim.fleet import run_fleet
+
+                return run_fleet(trace, config, profile, progress)
+            return run_simulation(trace, config, profile, progress)
+
+        return simulate
     if backend not in ("torch", "vllm"):
         raise RagsimInputError(f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
                                field="--backend")
@@ -49,6 +56,9 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
         from ragsim.realrun.vllm.harness import run_vllm
 
         def served(trace, config, profile, progress=None):
+            if config.replicas > 1:
+                raise RagsimInputError("a real fleet runs the torch engine (a thread each); "
+                                       "vLLM's engine takes the machine", field="--replicas")
             return run_vllm(trace, config, profile, seed=config.seed, progress=progress)
 
         return served
@@ -60,6 +70,11 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
                 "the torch engine runs prefill-first iterations; mixed steps (chunked prefill) "
                 "are modelled by the simulator and run by vLLM (--backend vllm)",
                 field="scheduler")
+        if config.replicas > 1:  # two real engines (or more), a thread each
+            from ragsim.realrun.fleet import run_real_fleet
+
+            return run_real_fleet(trace, config, profile, device=device, threads=threads,
+                                  seed=config.seed, progress=progress)
         return run_real(trace, config, profile, device=device, threads=threads,
                         seed=config.seed, progress=progress)
 

@@ -91,6 +91,14 @@ def join_runs(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]
     return joined.sort_values("request_id", ignore_index=True), dropped.tolist()
 
 
+def same_replica(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> float:
+    """Share of the requests that both fleets sent to the same replica (1.0: routed alike)."""
+    frame = pd.DataFrame({"request_id": real["request_id"], "replica": real["replica"]}).merge(
+        pd.DataFrame({"request_id": sim["request_id"], "replica": sim["replica"]}),
+        on="request_id", suffixes=("_real", "_sim"))
+    return float((frame["replica_real"] == frame["replica_sim"]).mean()) if len(frame) else 0.0
+
+
 # --------------------------------------------------------------------------- the statistics
 def relative_errors(sim: np.ndarray, real: np.ndarray) -> np.ndarray:
     """(sim - real) / real, elementwise."""
@@ -354,6 +362,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         report["decisions"] = split_error(joined, replayed_ttft, real.columns["request_id"])
         report["cost_model_error"] = report["decisions"]["cost_model_error"]
         report["decision_error"] = report["decisions"]["decision_error"]
+    if getattr(config, "replicas", 1) > 1:  # a fleet on both sides: routed by one router
+        report.update(replicas=config.replicas, router=config.router,
+                      same_replica=same_replica(real.columns, sim.columns))
     if config.arrival == "sequential":  # compared without the decisions that race with time
         report["sequential_without"] = sorted(TIME_DRIVEN)
     report["checks"] = checks(report, sequential=config.arrival == "sequential",

@@ -57,7 +57,7 @@ FIELD_OF_OPTION = {
     "answer_invalidate": "answer_invalidate", "answer_profile": "answer_profile",
     "redis_url": "answer_redis_url", "answer_namespace": "answer_namespace",
     "answer_tenant": "answer_tenant",
-    "replicas": "replicas", "router": "router",
+    "replicas": "replicas", "router": "router", "router_staleness": "router_staleness_s",
 }
 # answer_threshold: the semantic threshold as a cosine similarity (answer_distance's complement)
 RUN_OPTIONS = (*FIELD_OF_OPTION, "answer_threshold")
@@ -209,18 +209,13 @@ class RunSetup:
             if config.answer_cache:  # the real stores (and the embedder for the semantic tier)
                 require_answers("run --backend torch --answer-cache",
                                 embedder=config.answer_semantic)
-        if config.replicas > 1:  # a fleet behind a router
-            from ragsim.sim.fleet import fleet_problem, run_fleet
+        if config.replicas > 1:  # a fleet behind a router (the runner runs it)
+            from ragsim.serving.fleet import fleet_problem
 
-            if self.backend != "sim":
-                raise RagsimInputError(f"a real fleet ({label('backend')} {self.backend}) is "
-                                       "not built yet: simulate it", field=label("replicas"))
-            problem = fleet_problem(config)
+            problem = fleet_problem(config, self.backend)
             if problem is not None:
                 raise RagsimInputError(problem, field=label("replicas"))
-            execute = run_fleet
-        else:
-            execute = runner(self.backend, device=self.device, threads=self.threads or None)
+        execute = runner(self.backend, device=self.device, threads=self.threads or None)
         if on_start is not None:
             on_start(data.n_requests)
         result = execute(data, config, costs, on_progress)

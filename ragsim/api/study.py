@@ -129,11 +129,11 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
             raise RagsimInputError("must be >= 1", field=label(name))
     if any(n < 1 for n in replicas or ()):
         raise RagsimInputError("must be >= 1", field=label("replicas"))
-    from ragsim.cache.routers import TIMING_FREE_ROUTERS
+    from ragsim.cache.routers import ROUTERS
 
-    if router not in TIMING_FREE_ROUTERS:
-        raise RagsimInputError(f"must be one of {', '.join(TIMING_FREE_ROUTERS)} (the routers a "
-                               f"simulated fleet runs), got {router!r}", field=label("router"))
+    if router not in ROUTERS:
+        raise RagsimInputError(f"must be one of {', '.join(ROUTERS)}, got {router!r}",
+                               field=label("router"))
     plot_file = Path(plot) if plot is not None else None
     if plot_file is not None:
         check_plot_path(plot_file, field=label("plot"))

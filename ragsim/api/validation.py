@@ -24,7 +24,8 @@ _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
                     "policy": "policy", "gpu_kv_bytes": "gpu_mem",
                     "host_cache_bytes": "host_mem", "scheduler": "scheduler",
-                    "search_latency": "search_latency", "reuse": "reuse"}
+                    "search_latency": "search_latency", "reuse": "reuse",
+                    "replicas": "replicas", "router": "router"}
 
 # how the verdict names each target
 _METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
@@ -43,7 +44,8 @@ def _no_progress(label_: str, total: int) -> tuple:
 def _config(config_file: str | Path | None, *, trace: str, system: str, rate: float | None,
             requests: int, seed: int, policy: str | None, gpu_mem, host_mem,
             scheduler: str | None = None, backend: str = "torch", device: str = "cpu",
-            search_latency: str | None = None, reuse: str | None = None):
+            search_latency: str | None = None, reuse: str | None = None,
+            replicas: int | None = None, router: str | None = None):
     """The run's configuration (a config file under this command's options) on the terms
     the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
     its engine's settings and the mixed scheduler), and what those terms changed (field ->
@@ -56,7 +58,8 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
              "seed": seed, "policy": policy.lower() if policy else None,
              "scheduler": scheduler, "search_latency": search_latency, "reuse": reuse,
              "gpu_kv_bytes": as_bytes(gpu_mem, "gpu_mem") if gpu_mem else None,
-             "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None}
+             "host_cache_bytes": as_bytes(host_mem, "host_mem") if host_mem else None,
+             "replicas": replicas, "router": router}
     source = str(config_file) if config_file is not None else None
     given = {*(base or {}), *(name for name, value in flags.items() if value is not None)}
     try:
@@ -253,6 +256,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      sequential: bool = False, loads: str | None = None, seed: int = 0,
                      scheduler: str | None = None, reference_profile: str | None = None,
                      search_latency: str | None = None, replay_decisions: bool = False,
+                     replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None,
                      reuse: str | None = None) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
@@ -297,13 +301,20 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     resolved, terms = _config(config, trace=trace, system=system, rate=rate,
                               requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
-                              device=device, search_latency=search_latency, reuse=reuse)
+                              device=device, search_latency=search_latency, reuse=reuse,
+                              replicas=replicas, router=router)
     if resolved.reuse != "prefix":
         # the simulator's side is checked above; the engines' blended prefill (RoPE shift,
         # recompute) is not part of this build, so there is nothing real to compare with
         raise RagsimInputError(f"reuse {resolved.reuse} is simulated only so far: the "
                                f"{backend} engine has no blended prefill to validate against",
                                field=label("reuse"))
+    if resolved.replicas > 1:  # a fleet on both sides: the real one's limits first
+        from ragsim.serving.fleet import fleet_problem
+
+        problem = fleet_problem(resolved, backend)
+        if problem is not None:
+            raise RagsimInputError(problem, field=label("replicas"))
     if terms:
         note(v.terms_note(terms, backend))
     from ragsim.traces import resolve_trace

@@ -224,8 +224,10 @@ def run(
         ENGINE, "A fleet: this many engines, each with --gpu-mem and --host-mem of its own, "
         "behind --router.")] = None,
     router: Annotated[str | None, _opt(
-        ENGINE, "Which replica takes a request: round-robin, random, session (sticky by "
-        "session id), prefix-affinity (SGLang's cache-aware router); least-loaded: not yet.")
+        ENGINE, "Which replica takes a request: round-robin, random, session (by session "
+        "id), least-loaded, prefix-affinity (SGLang's), kv-aware (Dynamo's).")] = None,
+    router_staleness: Annotated[float | None, _opt(
+        ENGINE, "The router sees the replicas' caches and loads this many seconds late.")
     ] = None,
     # faults
     fail_gpu_at: Annotated[list[float] | None, _opt(
@@ -401,6 +403,11 @@ def _print_run_summary(s: dict) -> None:
                         f"{s['answer_cache_hit_rate']:.1%} ({hits['l1']:,} / {hits['l2']:,} / "
                         + (f"{hits['semantic']:,}" if s["answer_cache_semantic"] else "off")
                         + f"), {s['answer_cache_false_hits']:,} false"))
+    if s.get("replicas"):  # a fleet: each replica's share, hit rate and TTFT p90
+        rows.insert(1, (f"replicas ({c['router']})", ", ".join(
+            f"{r['requests']:,} at {r['token_hit_rate']:.1%}, p90 "
+            + (f"{1e3 * r['ttft_p90_s']:,.0f} ms" if r["ttft_p90_s"] is not None else "-")
+            for r in s["replicas"]) + f"; imbalance {s['load_imbalance']:.2f}"))
     if real:  # served in real time: the clock was the machine's
         rows.append(("measured", f"{s['simulated_s']:,.1f} s of serving, {s['elapsed_s']:.2f} s "
                                  "wall"))

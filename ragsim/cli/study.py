@@ -210,7 +210,7 @@ def plan(
         help="Requests simulated per replica of a candidate.")] = 2000,
     router: Annotated[str, typer.Option(
         help="How a fleet's replicas share the traffic: round-robin, random, session, "
-             "prefix-affinity (cache-aware).")] = "round-robin",
+             "least-loaded, prefix-affinity, kv-aware (cache-aware).")] = "round-robin",
     seeds: Annotated[int, typer.Option(help="Seeds per candidate (the SLO metric's mean).")
                      ] = 1,
     prices: Annotated[Path | None, typer.Option(

@@ -96,6 +96,12 @@ def validate(
         "--replay-decisions", help="Price the real run's own iterations (its admission, "
         "batch and speculation decisions) with the simulator's costs: the TTFT error split "
         "into cost_model_error and decision_error (torch, vllm).")] = False,
+    replicas: Annotated[int | None, typer.Option(
+        help="A fleet on both sides: this many engines (real: a thread each). [default: 1]",
+        show_default=False)] = None,
+    router: Annotated[str | None, typer.Option(
+        help="The fleet's router (a real fleet: round-robin, random or session). "
+        "[default: round-robin]", show_default=False)] = None,
     reference_profile: Annotated[str | None, typer.Option(
         hidden=True, help="--backend sim: the profile of the simulated 'real' side.")] = None,
     reuse: Annotated[str | None, typer.Option(
@@ -129,8 +135,8 @@ def validate(
             policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
             scheduler=scheduler, reference_profile=reference_profile,
-            search_latency=search_latency, replay_decisions=replay_decisions, on_note=on_note,
-            on_profile_phase=on_phase, reuse=reuse)
+            search_latency=search_latency, replay_decisions=replay_decisions, replicas=replicas,
+            router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse)
     finally:
         if phases.live.is_started:
             phases.stop()

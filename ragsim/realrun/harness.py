@@ -54,7 +54,8 @@ class RealRun(RealSearchDriving, Pipeline):
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
                  device: str = "cpu", threads: int | None = None, model_seed: int = 0,
-                 progress: Progress | None = None, speed_probes: bool = True) -> None:
+                 progress: Progress | None = None, speed_probes: bool = True,
+                 clock_start_s: float | None = None, start=None) -> None:
         if device == "cpu" and model_bytes(profile) > CPU_MODEL_LIMIT_BYTES:
             raise RagsimInputError(
                 f"profile {profile.name} describes {profile.model.name} "
@@ -71,6 +72,9 @@ class RealRun(RealSearchDriving, Pipeline):
         arrivals = planned_arrivals(trace, config)
         first_s = float(arrivals.min()) if len(arrivals) and config.arrival != "sequential" \
             else 0.0
+        if clock_start_s is not None:  # a fleet's replica: the fleet's clock, not its own
+            first_s = clock_start_s
+        self.start = start  # a fleet's barrier: every replica's clock starts at once
         env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
         self.iterations: TorchIterations | None = None
         model = self.model
@@ -107,6 +111,8 @@ class RealRun(RealSearchDriving, Pipeline):
 
     def run(self) -> RunResult:
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
+        if self.start is not None:
+            self.start.wait()
         self.env.sync()  # the clock starts now, not when the model was built
         try:
             result = super().run()

@@ -159,6 +159,8 @@ class SimConfig:
     # a fleet: this many engines (each with the memory above) behind one router
     replicas: int = 1
     router: str = "round-robin"
+    # the router sees the replicas' caches and outstanding work as of this long ago (a fleet's)
+    router_staleness_s: float = 0.0
     answer_routing: str = "round-robin"  # or hash
     # a question whose answer changed in the trace has its shared entries dropped when the new
     # answer first appears (a knowledge-base update); instances' L1s keep the old one
@@ -183,6 +185,8 @@ class SimConfig:
                 data.pop(name)
         elif self.answer_redis_url:  # a recorded configuration never holds a password
             data["answer_redis_url"] = redact_url(self.answer_redis_url)
+        if self.replicas == 1 and not self.router_staleness_s:  # a fleet's field
+            data.pop("router_staleness_s")
         return data
 
     def to_toml(self) -> str:
@@ -418,6 +422,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            and 1 <= c.replicas <= limits.MAX_INSTANCES, "replicas",
            f"must be a whole number from 1 to {limits.MAX_INSTANCES}", source)
     _check(c.router in ROUTERS, "router", f"must be one of {', '.join(ROUTERS)}", source)
+    _check(0 <= c.router_staleness_s <= limits.MAX_DURATION_S, "router_staleness_s",
+           f"must be from 0 to {limits.MAX_DURATION_S:g} s", source)
     _check(0 < c.stage_converge_p <= 1, "stage_converge_p", "must be in (0, 1]", source)
     for name in ("stage_keeps_d1_p", "stage_other_found_p"):
         _check(0 <= getattr(c, name) <= 1, name, "must be in [0, 1]", source)

@@ -86,7 +86,8 @@ class Pipeline(EngineHooks):
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *,
                  env: simpy.Environment, iterations: Callable[[KnowledgeTree], Iterations],
                  record_moves: bool = False, progress: Progress | None = None,
-                 answers: Callable[[Trace, SimConfig], AnswerStage] = AnswerStage) -> None:
+                 answers: Callable[[Trace, SimConfig], AnswerStage] = AnswerStage,
+                 requests_of: Pipeline | None = None) -> None:
         asked = config.retrieval
         self.config = config = resolve_retrieval(config, trace)
         self.retrieval = config.retrieval == "on"
@@ -98,7 +99,7 @@ class Pipeline(EngineHooks):
         self.progress = progress
         self.env = env
         self._timeout_at = exact_timeouts(env)
-        n = self.n = trace.n_requests
+        self.n = trace.n_requests
         kv = profile.model.kv_bytes_per_token
         self.kv = kv
         gpu_kv = config.gpu_kv_bytes or profile.kv_capacity_bytes
@@ -127,6 +128,29 @@ class Pipeline(EngineHooks):
             gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing,
             scheduler=config.scheduler)
         self.workers = SearchWorkers(self.env, config.search_workers)
+        if requests_of is None:
+            self._request_tables(trace, config)
+        else:  # a replica of a fleet: the fleet's requests, searches and records, shared
+            self._share_requests(requests_of)
+        # the answer cache's stage: modelled stores here, the real ones in a real run
+        self.answers = answers(trace, config) if config.answer_cache else None
+        self._previous_ended: simpy.Event | None = None  # sequential: the one in the system
+        self._active_spec: dict[int, Job] = {}  # request -> its live speculative job
+        self._next_key = 0
+        self.ended = 0
+        self.arrived = 0
+        self.unseen_failures = 0  # rate failures of an already failed, empty system (counted)
+        # set while the background sleeps until the next arrival (nothing else can happen)
+        self._arrival_wakeup: simpy.Event | None = None
+        self.all_ended = self.env.event()
+        self.spec_wasted_tokens = 0
+        self.retries = 0
+
+    def _request_tables(self, trace: Trace, config: SimConfig) -> None:
+        """What is known and recorded per request: its documents, its search, its arrival
+        and its records. A fleet's replicas share one set (``_share_requests``): a request is
+        served by one replica and meets the same search whichever it is."""
+        n = trace.n_requests
         # the requests' documents, CSR: slicing flat lists is cheaper than n small lists
         self._ids = trace.doc_ids.tolist()
         self._toks = trace.doc_tokens_flat.tolist()
@@ -143,9 +167,6 @@ class Pipeline(EngineHooks):
                                    latency=config.search_latency,
                                    time_scale=config.search_time_scale)
         self.arrival_s = planned_arrivals(trace, config)
-        # the answer cache's stage: modelled stores here, the real ones in a real run
-        self.answers = answers(trace, config) if config.answer_cache else None
-        self._previous_ended: simpy.Event | None = None  # sequential: the one in the system
         # per-request records: preallocated columns (numpy), so a 1M-request run stays small
         self.r_search_start = np.full(n, np.nan)
         self.r_search_end = np.full(n, np.nan)
@@ -171,16 +192,19 @@ class Pipeline(EngineHooks):
         self.r_spec_kept = np.zeros(n, dtype=bool)
         self.r_spec_wasted_s = np.zeros(n)
         self.r_generated: dict[int, int] = {}  # tokens generated before a retry (rare)
-        self._active_spec: dict[int, Job] = {}  # request -> its live speculative job
-        self._next_key = 0
-        self.ended = 0
-        self.arrived = 0
-        self.unseen_failures = 0  # rate failures of an already failed, empty system (counted)
-        # set while the background sleeps until the next arrival (nothing else can happen)
-        self._arrival_wakeup: simpy.Event | None = None
-        self.all_ended = self.env.event()
-        self.spec_wasted_tokens = 0
-        self.retries = 0
+
+    # shared by a fleet's replicas (``_request_tables`` makes them)
+    _SHARED = ("_ids", "_toks", "_offsets", "_query", "_output", "search", "arrival_s",
+               "r_search_start", "r_search_end", "r_prefill_start", "r_first_token",
+               "r_finish", "r_status", "r_reason", "r_attempts", "r_cached", "r_hit_gpu",
+               "r_hit_host", "r_self_hit", "r_recomputed", "r_swap_in", "r_swap_in_s",
+               "r_decision_s", "r_spec_started", "r_spec_kept", "r_spec_wasted_s",
+               "r_generated")
+
+    def _share_requests(self, other: Pipeline) -> None:
+        for name in self._SHARED:
+            setattr(self, name, getattr(other, name))
+        self._tokens_by_id = None
 
     # ------------------------------------------------------------------ helpers
     def _final_docs(self, i: int) -> list:
@@ -261,7 +285,10 @@ class Pipeline(EngineHooks):
     def _arrive(self) -> None:
         """The next request enters the system: its process starts (at once, before the other
         events of this instant), and a background process sleeping until an arrival wakes."""
-        i = self.arrived
+        self._admit(self.arrived)
+
+    def _admit(self, i: int) -> None:
+        """Request ``i`` enters this engine's system (a fleet's router calls it too)."""
         self.arrived += 1
         self.env.process(self._request(i))
         wakeup = self._arrival_wakeup
@@ -422,8 +449,7 @@ class Pipeline(EngineHooks):
         recovery_s = 0.0  # how long that failure kept the GPU down
         while True:
             next_given = given_failures_s[0] if given_failures_s else math.inf
-            more = self.arrived < self.n
-            next_arrival = self.arrival_s[self.arrived] if more else math.inf
+            more, next_arrival = self._upcoming()
             if (failed_empty_at == self.arrived and self.ended == self.arrived and more
                     and next_arrival < math.inf):  # (sequential: the next one comes now)
                 restart_s = next_arrival - recovery_s
@@ -485,6 +511,14 @@ class Pipeline(EngineHooks):
                 # cache, so a tick that changed nothing will change nothing until then
                 settled = (not copied and before == (tree.evictions_host, tree.host_used_bytes)
                            and self.ended == self.arrived and self.engine.waiting_for_work)
+
+    def _upcoming(self) -> tuple[bool, float]:
+        """Whether a request is still to arrive, and when the next one does (a fleet's
+        replica that does not know its own next request gives the fleet's next: the earliest
+        it can come)."""
+        if self.arrived < self.n:
+            return True, self.arrival_s[self.arrived]
+        return False, math.inf
 
     def _no_progress(self, wakeups: int, since_s: float) -> str:
         """Why the watchdog stopped the run, in the flags' terms."""

@@ -239,28 +239,13 @@ def _sum_per_request(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return sums
 
 
-def route(trace: Trace, router) -> np.ndarray:
-    """Each request's replica, in trace order (the router sees each request's cached path and
-    session, never a replica's cache)."""
-    from ragsim.cache.routers import RouteRequest
-
-    offsets = trace.doc_offsets.tolist()
-    docs, tokens = trace.doc_ids.tolist(), trace.doc_tokens_flat.tolist()
-    sessions = (trace.session_id.to_pylist() if trace.session_id is not None
-                else [None] * trace.n_requests)
-    chosen = np.empty(trace.n_requests, dtype=np.int64)
-    for i in range(trace.n_requests):
-        lo, hi = offsets[i], offsets[i + 1]
-        chosen[i] = router.choose(RouteRequest(i, docs[lo:hi], tokens[lo:hi], sessions[i]))
-    return chosen
-
-
 def replay_fleet(driver, trace: Trace, config: ReplayConfig, profile: Profile | None,
                  progress: Progress | None = None):
     """``config.replicas`` caches, each with the configured memory, behind ``config.router``:
     each replica replays the requests routed to it, in trace order. The records come back in
     trace order with a ``replica`` column; a Ctrl-C keeps the replicas that finished."""
     from ragsim.cache.routers import TIMING_FREE_ROUTERS, make_router
+    from ragsim.serving.fleet import route
 
     if config.router not in TIMING_FREE_ROUTERS:
         raise ValueError(f"router {config.router!r} needs the simulator's clock; replay runs "
