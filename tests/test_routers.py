@@ -160,10 +160,12 @@ def test_replay_cli_runs_a_fleet_and_refuses_a_router_that_needs_a_clock(tmp_pat
     assert none.exit_code == 2 and "--replicas" in none.stderr
 
 
-def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart():
+@pytest.mark.parametrize("reuse", ["prefix", "blend:0.15"])
+def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart(reuse):
     """Each replica is the whole pipeline serving the requests sent to it on their arrival
     times (failures seeded seed + replica): the fleet's per-request times equal N one-engine
-    runs of the sub-traces, built apart from the same rows."""
+    runs of the sub-traces, built apart from the same rows. With position-free reuse too: its
+    columns live in the fleet's one request table like every other record."""
     from ragsim.serving.config import build_config
     from ragsim.sim.fleet import run_fleet
     from ragsim.sim.simulator import run_simulation
@@ -181,7 +183,8 @@ def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart():
     # no speculation: a fleet draws a request's search stages by its place in the whole trace
     # (every router meets the same searches), a sub-trace run apart by its place in the part
     config = build_config({"replicas": 3, "router": "round-robin", "seed": 5,
-                           "gpu_failure_rate_per_h": 30.0, "speculate": False})
+                           "gpu_failure_rate_per_h": 30.0, "speculate": False,
+                           "reuse": reuse})
     fleet = run_fleet(trace_of(range(120)), config, PROFILE)
     records = fleet.records
     assert records["replica"].tolist() == [i % 3 for i in range(120)]
@@ -205,6 +208,10 @@ def test_a_simulated_round_robin_fleet_is_its_replicas_simulated_apart():
         r["requests_completed"] for r in s["replicas"])
     assert s["ttft_mean_s"] == pytest.approx(completed["ttft_s"].mean(), rel=1e-12)
     assert s["gpu_failures"] == sum(r["gpu_failures"] for r in s["replicas"])
+    if reuse != "prefix":
+        assert records["position_free_hit_tokens"].sum() > 0
+        assert s["position_free_hit_tokens"] == sum(r["position_free_hit_tokens"]
+                                                    for r in s["replicas"])
 
 
 def test_run_refuses_a_fleet_it_cannot_simulate_yet():

@@ -197,7 +197,8 @@ class Pipeline(EngineHooks):
     _SHARED = ("_ids", "_toks", "_offsets", "_query", "_output", "search", "arrival_s",
                "r_search_start", "r_search_end", "r_prefill_start", "r_first_token",
                "r_finish", "r_status", "r_reason", "r_attempts", "r_cached", "r_hit_gpu",
-               "r_hit_host", "r_self_hit", "r_recomputed", "r_swap_in", "r_swap_in_s",
+               "r_hit_host", "r_self_hit", "r_recomputed", "r_free_hit", "r_blend_recomputed",
+               "r_swap_in", "r_swap_in_s",
                "r_decision_s", "r_spec_started", "r_spec_kept", "r_spec_wasted_s",
                "r_generated")
 

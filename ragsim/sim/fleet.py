@@ -57,7 +57,7 @@ from ragsim.serving.pipeline import (
     requests_to_run,
     resolve_retrieval,
 )
-from ragsim.sim.predicted import PredictedIterations
+from ragsim.sim.predicted import predicted_iterations
 from ragsim.sim.simulator import ExactClock
 from ragsim.traces.schema import Trace
 
@@ -76,7 +76,7 @@ class FleetReplica(Pipeline):
         env = fleet.env
         super().__init__(
             trace, config, profile, env=env,
-            iterations=lambda tree: PredictedIterations(env, profile, config.overlap_swap),
+            iterations=predicted_iterations(env, profile, config.overlap_swap),
             record_moves=record_moves, requests_of=requests_of)
         self.fleet = fleet
         self.index = index

@@ -109,3 +109,10 @@ class PredictedIterations:
 
     def recover(self, restart_s: float, root_bytes: int) -> Wait:
         yield self.env.timeout(self.recovery_s(restart_s, root_bytes))
+
+
+def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool):
+    """The iterations factory a simulated pipeline is given (it calls it with its tree): one
+    place, so that one engine and every replica of a fleet price alike (the tree's reuse rule
+    decides whether a prefill pays CacheBlend's selection pass)."""
+    return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind)

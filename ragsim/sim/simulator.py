@@ -11,7 +11,7 @@ from simpy.events import NORMAL, URGENT
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, requests_to_run
-from ragsim.sim.predicted import PredictedIterations
+from ragsim.sim.predicted import predicted_iterations
 from ragsim.traces.schema import Trace
 
 
@@ -63,8 +63,7 @@ class Simulation(Pipeline):
         env = ExactClock()
         super().__init__(
             trace, config, profile, env=env,
-            iterations=lambda tree: PredictedIterations(env, profile, config.overlap_swap,
-                                                    tree.reuse.kind),
+            iterations=predicted_iterations(env, profile, config.overlap_swap),
             progress=progress)
 
 
