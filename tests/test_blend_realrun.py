@@ -170,3 +170,31 @@ def test_position_free_hits_are_not_needed_for_the_engine_to_run_them():
     run = real_run(trace, config("blend:0.15"))
     assert run.result.summary["engine_blended_prefills"] == 0
     assert np.asarray(run.result.columns["position_free_hit_tokens"]).sum() == 0
+
+
+def test_validate_on_torch_compares_a_blended_run_with_its_simulation(tmp_path):
+    """``validate --backend torch --reuse blend:0.15``: the real run and the simulation are
+    compared as for prefix reuse (hit agreement per request), and the report carries both
+    sides' position-free counts and the engine's own, which agree."""
+    import ragsim
+
+    found = ragsim.validate(tmp_path, backend="torch", requests=8, sequential=True,
+                            reuse="blend:0.15")
+    report = found.report
+    assert report["reuse"] == "blend:0.15"
+    assert report["hit_agreement"] == 1.0
+    counts = report["position_free"]
+    assert counts["agree"] is True
+    assert counts["real"] == counts["sim"] == counts["engine"]
+    assert counts["sim"]["position_free_hit_tokens"] > 0
+    assert report["real"]["backend"] == "torch"
+
+
+def test_validate_on_vllm_refuses_position_free_reuse(tmp_path):
+    """vLLM has no blended prefill (its block-granular cache also refuses whole-document
+    reuse first: a one-line error naming the reuse field either way)."""
+    import ragsim
+    from ragsim.errors import RagsimInputError
+
+    with pytest.raises(RagsimInputError, match="reuse"):
+        ragsim.validate(tmp_path, backend="vllm", requests=4, reuse="epic:32")
