@@ -198,3 +198,26 @@ def test_validate_on_vllm_refuses_position_free_reuse(tmp_path):
 
     with pytest.raises(RagsimInputError, match="reuse"):
         ragsim.validate(tmp_path, backend="vllm", requests=4, reuse="epic:32")
+
+
+@pytest.mark.parametrize("sharing", [False, True], ids=["own-kv", "batch-kv-sharing"])
+def test_a_burst_blends_beside_batched_prefills_and_counts_what_the_core_counts(sharing):
+    """All requests at once, in little memory (position-free reads from host copies too):
+    blended jobs run beside the batch's other rows; with batch KV sharing a job that reads a
+    node a batch mate computes waits for a second pass. Under blend:1 every token is
+    recomputed, so greedy tokens are a prefix run's (an order-free reference)."""
+    trace = trace_of(ORDERS * 2)
+    burst = {"arrival": "poisson", "rate_rps": 1e6, "max_prefill_bs": 4,
+             "batch_kv_sharing": sharing, **SMALL}
+    run = real_run(trace, config("blend:1", **burst))
+    alone = real_run(trace, config("prefix"))
+    summary = run.result.summary
+    assert summary["requests_completed"] == len(ORDERS) * 2
+    assert summary["iterations_prefill"] < len(ORDERS) * 2  # requests shared iterations
+    assert summary["engine_blended_prefills"] > 0
+    assert summary["engine_position_free_hit_tokens"] == summary["position_free_hit_tokens"]
+    assert summary["engine_blend_recomputed_tokens"] == summary["blend_recomputed_tokens"]
+    assert run.iterations.outputs == alone.iterations.outputs
+    gpu, host = tiers_of_tree(run.tree)
+    assert set(run.iterations.store.gpu) - {run.tree.root} == gpu
+    assert set(run.iterations.store.host) == host
