@@ -375,8 +375,27 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         report["speed_adjusted"] = _errors(real, sim_speed_adjusted, adjusted,
                                            sequential=config.arrival == "sequential",
                                            overload=load == LOAD_OVER)
+    if "position_free_hit_tokens" in sim.summary:  # --reuse blend:R | epic:K
+        report["reuse"] = config.reuse
+        report["position_free"] = position_free_counts(real.summary, sim.summary)
     report["real"], report["sim"] = real.summary, sim.summary
     return report
+
+
+POSITION_FREE_FIELDS = ("position_free_hit_tokens", "blend_recomputed_tokens")
+
+
+def position_free_counts(real_summary: dict, sim_summary: dict) -> dict:
+    """Position-free reuse on both sides: what the policy core counted in each run, what the
+    real engine's blended prefills reused and recomputed (``engine_*``, the torch engine's
+    own count), and whether all agree."""
+    counts = {"sim": {f: sim_summary.get(f) for f in POSITION_FREE_FIELDS},
+              "real": {f: real_summary.get(f) for f in POSITION_FREE_FIELDS}}
+    if "engine_position_free_hit_tokens" in real_summary:
+        counts["engine"] = {f: real_summary[f"engine_{f}"] for f in POSITION_FREE_FIELDS}
+    counts["agree"] = all(side == counts["sim"] for side in counts.values()
+                          if isinstance(side, dict))
+    return counts
 
 
 def per_request(joined: pd.DataFrame) -> pd.DataFrame:

@@ -316,6 +316,31 @@ def test_a_reused_document_that_ends_the_context_has_its_last_token_computed(mod
     assert torch.allclose(result.logits, expected_logits, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("select", ["first", "deviation"])
+def test_a_document_that_ends_the_context_recomputes_its_count_with_its_last_token(
+        model, context, select):
+    """A reused document ends the context (no query) with 3 tokens to recompute: its last
+    token, which must be computed, takes the place of its lowest-ranked choice (EPIC's third
+    token; CacheBlend's least deviating chosen one), so it recomputes 3, as the policy core
+    counts (``engine_reuse``: one extra token only when nothing else is computed)."""
+    ids = torch.cat([context["system"], context["a"]])
+    full, _ = full_prefill(model, ids)
+    a = standalone_kv(model, context["a"], position=0)  # computed elsewhere: it deviates
+    result = blended_prefill(model, ids, prefix_kv=prefix_of(full, SYSTEM), select=select,
+                             reused=[ReusedDocument(SYSTEM, a, 3)])
+    last = SYSTEM + DOC_A - 1
+    (picked,) = result.recomputed
+    assert len(picked) == 3 and picked[-1] == last
+    assert result.computed.tolist() == picked
+    if select == "first":
+        assert picked == [SYSTEM, SYSTEM + 1, last]
+    else:  # the two most deviating tokens other than the last, by the pass's own deviations
+        deviation = result.deviations[0].clone()
+        deviation[DOC_A - 1] = -1.0
+        top_two = sorted(torch.sort(-deviation, stable=True).indices[:2].tolist())
+        assert picked[:2] == [SYSTEM + i for i in top_two]
+
+
 @pytest.mark.parametrize("bad", [
     {"reused_at": 4},  # overlaps the prefix
     {"recompute": DOC_A + 1},

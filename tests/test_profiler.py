@@ -241,6 +241,32 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
     assert not (tmp_path / "p.json.partial.json").exists()
 
 
+def test_the_torch_profiler_measures_the_blend_selection_pass(tmp_path):
+    """The torch engine's profile carries CacheBlend's selection pass per reused token, timed
+    with the engine's own code; it is written, read back and used by the simulator's price.
+    A one-layer model has no layer 1 to select on: left out (the default price applies)."""
+    from ragsim.serving.costs import blend_selection_s
+
+    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 64], batch_sizes=[1, 2],
+                       context_tokens=[16, 32], batches=2, held_out_points=1,
+                       held_out_batches=1, copy_bytes=[2**16, 2**20, 2**22], warmup=0,
+                       repetitions=2)
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=2, hidden=128).with_dtype("fp32")
+    out = tmp_path / "two.json"
+    profile = run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=out)
+    per_token = profile.blend_selection_s_per_token
+    assert per_token is not None and per_token > 0
+    assert json.loads(out.read_text())["blend_selection_s_per_token"] == per_token
+    assert load_profile(str(out)).blend_selection_s_per_token == per_token
+    assert blend_selection_s(profile, "blend", 100) == pytest.approx(100 * per_token)
+    one = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=1, hidden=128).with_dtype("fp32")
+    single = run_profile(one, name="t1", device="cpu", dtype="fp32", plan=plan,
+                         out=tmp_path / "one.json")
+    assert single.blend_selection_s_per_token is None
+    assert "blend_selection_s_per_token" not in json.loads(
+        (tmp_path / "one.json").read_text())
+
+
 def test_sweeps_mix_every_kind_and_spread_the_held_out_batches():
     """Every group of sweeps holds grid rows, fitted and held-out batches and held-out points, so
     a group is never judged against a grid timed under other load."""

@@ -246,10 +246,10 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
         raise RagsimInputError("host_write through (sglang-hicache, vllm-offload) is simulated "
                                f"only: use {label('backend')} sim, or {label('host_write')} back",
                                field=label("host_write"))
-    if backend != "sim" and resolved.reuse != "prefix":
-        # the real engines' blended prefill (RoPE shift, recompute) is not wired to run yet
-        raise RagsimInputError(f"reuse {resolved.reuse} is simulated only: use "
-                               f"{label('backend')} sim, or {label('reuse')} prefix",
+    if backend not in ("sim", "torch") and resolved.reuse != "prefix":
+        # the blended prefill (RoPE shift, recompute) runs on the torch engine only
+        raise RagsimInputError(f"reuse {resolved.reuse} runs on {label('backend')} sim or "
+                               f"torch: use one of them, or {label('reuse')} prefix",
                                field=label("reuse"))
     setup = RunSetup(resolved, backend=backend, device=device, threads=threads, terms=terms,
                      config_file=config_file)

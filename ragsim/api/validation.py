@@ -303,11 +303,11 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
                               device=device, search_latency=search_latency, reuse=reuse,
                               replicas=replicas, router=router)
-    if resolved.reuse != "prefix":
-        # the simulator's side is checked above; the engines' blended prefill (RoPE shift,
-        # recompute) is not part of this build, so there is nothing real to compare with
-        raise RagsimInputError(f"reuse {resolved.reuse} is simulated only so far: the "
-                               f"{backend} engine has no blended prefill to validate against",
+    if backend == "vllm" and resolved.reuse != "prefix":
+        # the blended prefill (RoPE shift, recompute) runs on the torch engine only: vLLM
+        # has nothing real to compare with
+        raise RagsimInputError(f"reuse {resolved.reuse} runs on the torch engine only: the "
+                               "vllm engine has no blended prefill to validate against",
                                field=label("reuse"))
     if resolved.replicas > 1:  # a fleet on both sides: the real one's limits first
         from ragsim.serving.fleet import fleet_problem

@@ -65,6 +65,8 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 # another its reference grid points 1-21% faster in the batch phase than in the grid phase, every
 # batch over-predicted (see docs/profiles.md).
 SWEEP_TIMING = "grid, batches and held-out points in the same interleaved sweeps"
+# the reused documents' lengths CacheBlend's selection pass is timed at (a slope over them)
+BLEND_SELECTION_TOKENS = (256, 512, 1024)
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ class ProfilerState:
     held_out_batches: list[dict] = field(default_factory=list)
     groups_done: int = 0  # sweep groups measured (``_sweep_groups``)
     sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
+    # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
+    # measured, or not measurable on this engine)
+    blend_selection_s_per_token: float | None = None
 
 
 class TorchEngine:
@@ -287,6 +292,22 @@ class TorchEngine:
 
         return self._timed(run, warmup, repetitions)
 
+    def blend_selection(self, plan: ProfilePlan) -> float | None:
+        """CacheBlend's selection pass per reused token on this model (the profile's
+        ``blend_selection_s_per_token``; ``torch_blend.blend_selection_s_per_token``, the code
+        the engine's blended prefill runs), over documents of the lengths in
+        ``BLEND_SELECTION_TOKENS`` the plan's prefill axis reaches (its longest if none), the
+        best of the plan's repetitions each. None for a one-layer model: the selection reads
+        layer 1, which it does not have."""
+        from ragsim.profiles.torch_blend import blend_selection_s_per_token
+
+        if self.model.num_layers < 2:
+            return None
+        longest = max(plan.new_tokens)
+        lengths = [n for n in BLEND_SELECTION_TOKENS if n <= longest] or [longest]
+        return blend_selection_s_per_token(self.model, context_tokens=lengths,
+                                           repeats=max(plan.repetitions, 1))
+
     def free_memory_bytes(self) -> int:
         """Memory a KV cache may use here: 90% of free GPU memory, a quarter of host RAM."""
         if self.device.type == "cuda":
@@ -418,6 +439,13 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             state.groups_done = g + 1
             save()
         report("prefill grid, batches, held-out points", g + 1, len(groups))
+
+    # an engine that runs blended prefills (the torch engine) times their selection pass
+    measure_selection = getattr(engine, "blend_selection", None)
+    if measure_selection is not None and state.blend_selection_s_per_token is None:
+        state.blend_selection_s_per_token = measure_selection(plan)
+        save()
+        report("blend selection pass", 1, 1)
 
     profile = _assemble(spec, name, device, dtype, plan, state, engine, kv_capacity_bytes,
                         label, threads)
@@ -616,4 +644,5 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                             host_to_device_latency_s=copies["h2d"][0],
                             device_to_host_bytes_per_s=copies["d2h"][1],
                             device_to_host_latency_s=copies["d2h"][0]),
+        blend_selection_s_per_token=state.blend_selection_s_per_token,
     )

@@ -34,7 +34,11 @@ of its tokens:
     over a few layers; LMCache and this module select once.
 
   The last token of the context is always computed (its logits give the first output token);
-  if a reused document ends the context, its last token counts as recomputed. How many
+  if a reused document ends the context, its last token counts as recomputed: in place of the
+  document's lowest-ranked choice (EPIC's K-th token, CacheBlend's least deviating chosen one)
+  when it has any, so the document recomputes exactly its count, else as its one recomputed
+  token (the policy core's ``engine_reuse`` counts the same: one token only when nothing else
+  is computed). How many
   tokens of each document are recomputed is the caller's (the policy core's ``ReuseRule``
   rounds ``blend:R`` up per document, ``epic:K`` is ``min(K, tokens)``); this module takes
   the count per document, so the rule exists once.
@@ -237,8 +241,11 @@ def blended_prefill(model: TorchModel, token_ids: Sequence[int] | Any, *,
         last_forced = bool(not compute[total - 1])
         compute[total - 1] = True  # its logits give the first output token
         if last_forced:
-            for doc, picked in zip(reused, chosen, strict=True):
+            for k, (doc, picked) in enumerate(zip(reused, chosen, strict=True)):
                 if doc.start <= total - 1 < doc.end:
+                    if picked:  # it takes the place of the document's lowest-ranked choice
+                        compute[picked.pop(_lowest_ranked(picked, doc.start, deviations, k))
+                                ] = False
                     picked.append(total - 1)
         computed = torch.nonzero(compute).flatten()
         if hidden is None:
@@ -251,6 +258,16 @@ def blended_prefill(model: TorchModel, token_ids: Sequence[int] | Any, *,
     return BlendResult(kv=list(zip(keys, values, strict=True)), logits=logits,
                        computed=computed, recomputed=chosen,
                        selection_tokens=selection_tokens, deviations=deviations)
+
+
+def _lowest_ranked(picked: list[int], start: int, deviations: list, k: int) -> int:
+    """Where in ``picked`` (sorted positions of document ``k``, placed at ``start``) its
+    lowest-ranked choice is: the least deviating (ties: the later token) under CacheBlend's
+    selection, the last under EPIC's (its first tokens)."""
+    if not deviations:
+        return len(picked) - 1
+    deviation = deviations[k]
+    return min(range(len(picked)), key=lambda i: (float(deviation[picked[i] - start]), -i))
 
 
 # ---------------------------------------------------------------------------------- adapter

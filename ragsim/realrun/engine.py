@@ -108,6 +108,11 @@ class KVStore:
         """A node's KV in the GPU pool (a forward pass reads only from there)."""
         return self.gpu[key]
 
+    def read(self, key: Hashable) -> NodeKV:
+        """A node's KV from the fastest pool holding it: a position-free hit reads a host
+        copy where it lies (the tree does not move it; the blended prefill copies it in)."""
+        return self.gpu[key] if key in self.gpu else self.host[key]
+
     # The operations are the knowledge tree's residency moves (``ragsim.cache.MOVE_KINDS``):
     # a node may hold a GPU and a host copy at once (swap out only once), so copies and frees
     # are separate steps, as the tree reports them.

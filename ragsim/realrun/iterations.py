@@ -16,6 +16,17 @@ does what it decided and reports how long it took:
   use KV a batch mate is computing (``batch_kv_sharing``), that request's row waits for a second
   pass in the same iteration: the tree counts the KV as reused, and a real engine must compute it
   first.
+* **Position-free reuse** (``--reuse blend:R|epic:K``; the tree's ``AccessResult.free_nodes``):
+  a job whose documents after its exact prefix were found elsewhere in the store gets its own
+  blended prefill (``ragsim.realrun.blend.prefill_request``): the exact prefix's stored KV, each
+  such document's KV read from the node that holds it (GPU, or the host copy where it lies),
+  moved from the position it was computed at (recorded when a node is stored) to its place in
+  this context, and the rule's count of its tokens recomputed over the assembled context
+  (``ReuseRule.recompute_tokens``, the core's count). The blended KV of the job's own new path
+  nodes is stored under them, as the tree admitted them computed. What the engine reused and
+  recomputed is counted from the blended prefill itself (``engine_position_free_hit_tokens``,
+  ``engine_blend_recomputed_tokens``), beside the core's ``position_free_hit_tokens`` and
+  ``blend_recomputed_tokens``.
 * **Decode** generates one greedy token for every running job. The running set is one padded
   batch; when a job joins or leaves, the batch changes in place (a leaver's row takes the last
   row, a joiner's KV is copied into a free row) or, when it cannot, is rebuilt from each job's
@@ -39,6 +50,7 @@ import simpy
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_chunks
+from ragsim.realrun.blend import PlacedKV, prefill_request
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
 from ragsim.realrun.tokens import PromptTokens
 from ragsim.serving.engine import Job, PrefillTiming, Wait
@@ -65,6 +77,12 @@ class EngineTimes:
     decode_reshapes: int = 0  # rows left and joined in place
     decode_rebuild_s: float = 0.0  # both
     recover_s: float = 0.0
+    blended_prefills: int = 0  # jobs prefilled with position-free hits (one pass each)
+    # what those prefills reused outside the exact prefix and recomputed of it, counted from
+    # the blended prefills themselves (the core's counts: position_free_hit_tokens,
+    # blend_recomputed_tokens)
+    position_free_hit_tokens: int = 0
+    blend_recomputed_tokens: int = 0
     moves: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -178,6 +196,9 @@ class TorchIterations:
         self._decode_batch = None
         self._row_storage: list | None = None  # per layer [keys, values]: the batch's rows
         self._root_host: NodeKV | None = None
+        # node -> the position of its first token when its KV was computed (a node's KV is
+        # stored at its own positions; a position-free hit moves it from there)
+        self._positions: dict[Any, int] = {}
         # request -> the tokens its latest attempt generated (greedy; exactness is tested on it)
         self.outputs: dict[int, list[int]] = {}
         # with ``record_logits``: request -> (logits of its first token, of its latest), so a
@@ -230,9 +251,10 @@ class TorchIterations:
         else:
             self._deferred.append((kind, node))
 
-    def _stored(self, node: Any, kv: NodeKV) -> None:
+    def _stored(self, node: Any, kv: NodeKV, position: int) -> None:
         self._pending.discard(node)
         self.store.put(node, kv)
+        self._positions[node] = position
         if self._deferred:
             later = [(k, n) for k, n in self._deferred if n is node]
             self._deferred = [(k, n) for k, n in self._deferred if n is not node]
@@ -240,11 +262,17 @@ class TorchIterations:
                 self.store.apply(kind, n)
 
     # ------------------------------------------------------------------ prefill
+    @staticmethod
+    def _exact_prefix_tokens(job: Job) -> int:
+        """Of the job's reused ``alpha`` tokens, those of its exact prefix (the rest are its
+        position-free hits less what it recomputes of them)."""
+        return job.alpha - job.free_hit_tokens + job.blend_recomputed
+
     def _prefix(self, job: Job) -> list[tuple[list, list]] | None:
-        """The KV of the job's first ``alpha`` tokens, per layer as chunks along the token axis:
-        the root's, then its path's nodes', the last cut to ``alpha`` (views, not copies: the
-        batch copies them once)."""
-        alpha = job.alpha
+        """The KV of the job's exact prefix, per layer as chunks along the token axis: the
+        root's, then its path's nodes', the last cut to the prefix (a block-granular engine
+        reuses whole blocks only; views, not copies: the batch copies them once)."""
+        alpha = self._exact_prefix_tokens(job)
         if not alpha:
             return None
         parts: list[NodeKV] = []
@@ -267,12 +295,16 @@ class TorchIterations:
                 for layer in range(self.model.num_layers)]
 
     def _waits_for_batch_mate(self, job: Job) -> bool:
-        """Whether the job's reused prefix includes a node not computed yet."""
+        """Whether the job's reused prefix, or a node it reads position-free, is not
+        computed yet."""
         if not self._pending:
             return False
+        if any(node in self._pending for node in job.free_nodes):
+            return True
+        exact = self._exact_prefix_tokens(job)
         start = self.tree.system_prompt_tokens
         for node in job.path or ():
-            if start >= job.alpha:
+            if start >= exact:
                 return False
             if node in self._pending:
                 return True
@@ -288,10 +320,55 @@ class TorchIterations:
             if node in self._pending and start >= job.alpha:
                 lo, hi = start - job.alpha, end - job.alpha
                 self._stored(node, [(k[:, lo:hi].clone(), v[:, lo:hi].clone())
-                                    for k, v in new_kv])
+                                    for k, v in new_kv], start)
             start = end
 
+    def _prefill_blended(self, job: Job) -> None:
+        """A job with position-free hits, alone: its exact prefix's KV, every document it
+        reads position-free moved into place and partly recomputed (``prefill_request``, with
+        the tree's rule), the rest computed; its new path nodes keep the blended KV."""
+        ids = self.tokens.of(job.docs, job.doc_tokens, job.request, job.query_tokens)
+        if len(ids) != job.alpha + job.beta:
+            raise AssertionError(f"request {job.request}: context of {len(ids)} tokens, "
+                                 f"the engine counts {job.alpha} + {job.beta}")
+        if self._swapping is not None:  # the blend reads every layer's prefix at once
+            for layer in range(self.model.num_layers):
+                self._swapping.before_layer(layer)
+        stored = {node.key: PlacedKV(self.store.read(node), self._positions[node])
+                  for node in job.free_nodes}
+        documents, start = [], self.tree.system_prompt_tokens
+        for doc, tokens in zip(job.docs, job.doc_tokens, strict=True):
+            documents.append((doc, start, tokens))
+            start += tokens
+        out = prefill_request(self.model, ids, prefix_kv=self._prefix(job),
+                              documents=documents, stored=stored, rule=self.tree.reuse)
+        result = out.result
+        if len(result.computed) != job.beta:
+            raise AssertionError(f"request {job.request}: the blended prefill computed "
+                                 f"{len(result.computed)} tokens, the engine counts {job.beta}")
+        self.times.blended_prefills += 1
+        self.times.position_free_hit_tokens += sum(stored[d].tokens for d in out.reused_ids)
+        self.times.blend_recomputed_tokens += result.recomputed_tokens
+        exact = self._exact_prefix_tokens(job)
+        start = self.tree.system_prompt_tokens
+        for node in job.path or ():
+            if node in self._pending and start >= exact:
+                self._stored(node, out.documents[node.key].kv, start)
+            start += node.tokens
+        next_id = int(result.logits.argmax())
+        self._running[job] = _Running([([k], [v]) for k, v in result.kv], next_id, len(ids))
+        self.outputs[job.request] = [next_id]
+        if self.record_logits:
+            first = result.logits.detach().to("cpu", copy=True)
+            self.logits[job.request] = (first, first)
+        self.times.prefill_passes += 1
+
     def _prefill_pass(self, jobs: list[Job]) -> None:
+        for job in [j for j in jobs if j.free_nodes]:
+            self._prefill_blended(job)
+        jobs = [j for j in jobs if not j.free_nodes]
+        if not jobs:
+            return
         rows, contexts = [], []
         for job in jobs:
             ids = self.tokens.of(job.docs, job.doc_tokens, job.request, job.query_tokens)
