@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_realrun_harness import tiers_of_tree
 
 from ragsim.profiles.profile import load_profile
 from ragsim.realrun.harness import RealRun
@@ -59,18 +60,6 @@ def real_run(trace, cfg, logits: bool = False, same_tokens: dict | None = None) 
     return run
 
 
-def tiers_of_tree(tree) -> tuple[set, set]:
-    gpu, host = set(), set()
-    stack = [tree.root]
-    while stack:
-        node = stack.pop()
-        for child in (node.children or {}).values():
-            if child.in_gpu:
-                gpu.add(child)
-            if child.host_copy:
-                host.add(child)
-            stack.append(child)
-    return gpu, host
 
 
 # GPU room for ~3 requests' documents, host for more: nodes are evicted, swapped out and read
