@@ -109,3 +109,40 @@ def test_an_interrupted_plan_json_leaves_the_previous_one(tmp_path, monkeypatch)
              host_mem=[0], prices=str(tmp_path / "prices.toml"), jobs=1, out_dir=out)
     assert json.loads((out / "plan.json").read_text()) == {"previous": True}
     assert [p.name for p in out.iterdir() if p.name.endswith(".json")] == ["plan.json"]
+
+
+def test_each_router_named_is_a_candidate_of_every_fleet():
+    """``router`` as a list: every fleet is tried behind each router (one replica once, as it
+    has nothing to route), candidates carry their router, the cheapest meeting the SLO wins
+    (at equal cost the larger margin) and its margin curve runs behind its own router."""
+    import tempfile
+    from pathlib import Path
+
+    from ragsim.api import plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prices = Path(tmp) / "prices.toml"
+        prices.write_text('gpu_usd_per_h = { a10g = 1.0 }\nhost_usd_per_gib_h = 0.01\n')
+        result = plan(trace="mmlu", rate=4.0, slo="ttft_p90_s<=5", requests=150,
+                      replicas=[1, 2], host_mem=[0], prices=str(prices), jobs=1,
+                      router=["round-robin", "kv-aware", "round-robin"])
+    assert result["routers"] == ["round-robin", "kv-aware"]  # repeats tried once
+    pairs = sorted((c["replicas"], c["router"]) for c in result["candidates"])
+    assert pairs == [(1, "round-robin"), (2, "kv-aware"), (2, "round-robin")]
+    fleets = [c for c in result["candidates"] if c["replicas"] == 2]
+    assert len({c["ttft_p90_s"] for c in fleets}) == 2  # the routers' runs differ
+    best = result["best"]
+    assert best == result["candidates"][0] and best["replicas"] == 1  # cheapest meets
+    # by hand: the kv-aware fleet as `run` simulates it equals its candidate
+    by_hand = run_by_hand_router("a10g-mistral-7b", 2, "kv-aware")
+    assert by_hand["ttft_p90_s"] == pytest.approx(
+        next(c for c in fleets if c["router"] == "kv-aware")["ttft_p90_s"], rel=1e-12)
+
+
+def run_by_hand_router(profile: str, replicas: int, router: str) -> dict:
+    result = runner.invoke(app, ["run", "--json", "--trace", "mmlu", "--requests",
+                                 str(150 * replicas), "--system", "ragcache", "--profile",
+                                 profile, "--rate", "4", "--replicas", str(replicas),
+                                 "--router", router, "--host-mem", "0"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)

@@ -111,11 +111,12 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
          host_mem: list[str | int] | None = None, replicas: list[int] | None = None,
          requests: int = 2000, seeds: int = 1, prices: str | Path | None = None,
          jobs: int | None = None, out_dir: str | Path | None = None,
-         plot: str | Path | None = None, router: str = "round-robin",
+         plot: str | Path | None = None, router: str | list[str] = "round-robin",
          progress: bool = False) -> dict:
-    """The cheapest GPU type, GPU count and host memory that meet ``slo`` at ``rate``, searched
-    with the simulator over ``model``'s shipped profiles, as ``ragsim plan`` finds it: the dict
-    ``plan --json`` prints (``best``, ``candidates``, ``margin_curve``, ...)."""
+    """The cheapest GPU type, GPU count, host memory and router that meet ``slo`` at ``rate``,
+    searched with the simulator over ``model``'s shipped profiles, as ``ragsim plan`` finds it:
+    the dict ``plan --json`` prints (``best``, ``candidates``, ``margin_curve``, ...).
+    ``router`` is one router or a list of them, each tried for every fleet."""
     from ragsim.figures import check_plot_path
     from ragsim.outputs import check_out_dir
     from ragsim.study import plan as planning
@@ -131,9 +132,13 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
         raise RagsimInputError("must be >= 1", field=label("replicas"))
     from ragsim.cache.routers import ROUTERS
 
-    if router not in ROUTERS:
-        raise RagsimInputError(f"must be one of {', '.join(ROUTERS)}, got {router!r}",
-                               field=label("router"))
+    routers = [router] if isinstance(router, str) else list(dict.fromkeys(router))
+    if not routers:
+        raise RagsimInputError("name at least one router", field=label("router"))
+    for name in routers:
+        if name not in ROUTERS:
+            raise RagsimInputError(f"must be one of {', '.join(ROUTERS)}, got {name!r}",
+                                   field=label("router"))
     plot_file = Path(plot) if plot is not None else None
     if plot_file is not None:
         check_plot_path(plot_file, field=label("plot"))
@@ -148,7 +153,7 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
     base = {"system": system}
     spec = planning.plan_sweep(trace=trace, rate_rps=rate, options=options, host_gib=host_gib,
                                replicas=counts, base=base, seeds=list(range(seeds)),
-                               router=router, requests_per_replica=requests)
+                               routers=routers, requests_per_replica=requests)
     folder = out or Path(tempfile.mkdtemp(prefix="ragsim-plan-"))
     table = _run_quietly(spec, folder, jobs or default_jobs(), progress, "plan")
     candidates = planning.choose(table, goal, options, rate, price_table)
@@ -159,7 +164,8 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
         points = [{"profile": best["profile"], "system": system,
                    "n_requests": requests * best["replicas"], "trace": trace,
                    "host_cache_bytes": best["host_cache_bytes_per_replica"],
-                   "replicas": best["replicas"], "router": router, "rate_rps": rate * f}
+                   "replicas": best["replicas"], "router": best["router"],
+                   "rate_rps": rate * f}
                   for f in planning.MARGIN_FACTORS]
         from ragsim.study.spec import parse_sweep
 
@@ -172,7 +178,7 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
             curve.append({"rate_rps": rate * f, "rate_factor": f, goal.metric: value,
                           "meets_slo": goal.met(value)})
     result = {"trace": trace, "rate_rps": rate, "slo": str(goal), "model": model,
-              "system": system, "router": router, "requests": requests, "seeds": seeds,
+              "system": system, "routers": routers, "requests": requests, "seeds": seeds,
               "prices": price_table, "best": best, "margin_curve": curve,
               "candidates": candidates, "results_dir": str(folder)}
     if out is not None:

@@ -208,9 +208,10 @@ def plan(
     ] = None,
     requests: Annotated[int, typer.Option(
         help="Requests simulated per replica of a candidate.")] = 2000,
-    router: Annotated[str, typer.Option(
-        help="How a fleet's replicas share the traffic: round-robin, random, session, "
-             "least-loaded, prefix-affinity, kv-aware (cache-aware).")] = "round-robin",
+    router: Annotated[list[str] | None, typer.Option(
+        help="How a fleet's replicas share the traffic, each tried (repeatable): round-robin, "
+             "random, session, least-loaded, prefix-affinity, kv-aware. "
+             "\\[default: round-robin]", show_default=False)] = None,
     seeds: Annotated[int, typer.Option(help="Seeds per candidate (the SLO metric's mean).")
                      ] = 1,
     prices: Annotated[Path | None, typer.Option(
@@ -234,7 +235,7 @@ def plan(
 
     result = find_plan(trace=trace, rate=rate, slo=slo, model=model, system=system,
                        host_mem=host_mem, replicas=replicas, requests=requests, seeds=seeds,
-                       router=router,
+                       router=router or "round-robin",
                        prices=prices, jobs=jobs, out_dir=out_dir, plot=plot_file,
                        progress=not json_output)
     if json_output:
@@ -254,15 +255,19 @@ def _print_plan(result: dict, goal) -> None:
                   "--replicas or --host-mem", highlight=False)
     else:
         out.print(f"cheapest meeting {goal} at {result['rate_rps']:g} req/s: "
-                  f"{best['replicas']} x {best['profile']} ({best['gpus']} GPU(s)), "
+                  f"{best['replicas']} x {best['profile']} ({best['gpus']} GPU(s))"
+                  + (f" behind {best['router']}" if best["replicas"] > 1 else "") + ", "
                   f"{best['host_cache_bytes_per_replica'] / 2**30:g} GiB host memory each, "
                   f"${best['cost_usd_per_h']:.2f}/h; {goal.metric} = "
                   f"{best[goal.metric]:.3f} (margin {best['margin']:.0%})", highlight=False)
     table = Table(title="candidates, cheapest first (first 15)")
-    for header in ("profile", "replicas", "host GiB", "$/h", goal.metric, "meets"):
+    routed = len(result["routers"]) > 1  # a router column only when routers were compared
+    for header in ("profile", "replicas", *(("router",) if routed else ()), "host GiB", "$/h",
+                   goal.metric, "meets"):
         table.add_column(header)
     for c in result["candidates"][:15]:
         table.add_row(c["profile"], str(c["replicas"]),
+                      *((c["router"] if c["replicas"] > 1 else "-",) if routed else ()),
                       f"{c['host_cache_bytes_per_replica'] / 2**30:g}",
                       f"{c['cost_usd_per_h']:.2f}", f"{c[goal.metric]:.3f}",
                       "yes" if c["meets_slo"] else "no")

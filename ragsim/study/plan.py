@@ -6,8 +6,10 @@ and replica count as one sweep (so the planner's runs are ``ragsim run``'s). Rep
 simulated fleet (``ragsim run --replicas n --router R``): the whole traffic at ``rate`` behind
 the router, each replica with its own cache and the host memory tried, ``requests`` per replica
 (a fleet of n simulates n x requests, so that each replica is measured as deeply as a single
-engine). The router is ``round-robin`` unless ``--router`` names another (``prefix-affinity``:
-SGLang's cache-aware routing). A configuration costs ``n x (GPUs x GPU price + host GiB x host
+engine). Each router named (``--router``, repeatable; ``round-robin`` unless given) is a
+candidate of its own for every fleet, so the plan says which router a fleet needs
+(``prefix-affinity``: SGLang's cache-aware routing; ``kv-aware``: Dynamo's); one replica has
+no router to choose. A configuration costs ``n x (GPUs x GPU price + host GiB x host
 price)`` an hour; the prices are defaults to rank by (``--prices`` gives yours). The margin
 curve runs the winner at multiples of the asked rate: how much more traffic it takes before the
 SLO breaks.
@@ -115,15 +117,17 @@ def cost_per_h(option: GpuOption, replicas: int, host_gib: float, prices: dict) 
 
 
 def plan_sweep(*, trace: str, rate_rps: float, options: list[GpuOption], host_gib: list[float],
-               replicas: list[int], base: dict, seeds: list[int], router: str = "round-robin",
-               requests_per_replica: int = 2000):
+               replicas: list[int], base: dict, seeds: list[int],
+               routers: list[str] = ("round-robin",), requests_per_replica: int = 2000):
     """The planner's candidates as a sweep (listed points: a profile, a host size, a fleet of
-    so many replicas behind ``router``, all at the fleet's rate)."""
+    so many replicas behind each of ``routers``, all at the fleet's rate; one replica once,
+    behind the first router, since there is nothing to route)."""
     from ragsim.study.spec import parse_sweep
 
     points = [{"profile": o.profile, "host_cache_bytes": int(h * GiB), "rate_rps": rate_rps,
-               "replicas": n, "router": router, "n_requests": requests_per_replica * n}
-              for o in options for h in host_gib for n in replicas]
+               "replicas": n, "router": r, "n_requests": requests_per_replica * n}
+              for o in options for h in host_gib for n in replicas
+              for r in (routers if n > 1 else routers[:1])]
     data = {"seeds": seeds, "base": {"trace": trace, **base}, "points": points}
     return parse_sweep(data, "<plan>")
 
@@ -136,13 +140,13 @@ def choose(table, slo: Slo, options: list[GpuOption], rate_rps: float, prices: d
     if slo.metric not in table.columns:
         raise RagsimInputError(f"not a summary field: {slo.metric!r}", field="--slo")
     rows = []
-    for (profile, host, replicas), group in table.groupby(["profile", "host_cache_bytes",
-                                                           "replicas"]):
+    for (profile, host, replicas, router), group in table.groupby(
+            ["profile", "host_cache_bytes", "replicas", "router"]):
         option = by_profile[profile]
         replicas = int(replicas)
         value = float(group[slo.metric].mean())
         rows.append({"profile": profile, "gpu": option.gpu, "replicas": replicas,
-                     "router": str(group["router"].iloc[0]),
+                     "router": str(router),
                      "gpus": replicas * option.gpus_per_replica,
                      "host_cache_bytes_per_replica": int(host),
                      "rate_rps_per_replica": rate_rps / replicas,
