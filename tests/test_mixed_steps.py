@@ -170,3 +170,53 @@ def test_bad_terms_are_refused_naming_file_and_field(terms, field, message):
         with_terms(**terms)
     assert caught.value.file == "test.json"
     assert caught.value.field == field
+
+
+def tiny_plan():
+    from ragsim.profiles.profiler import ProfilePlan
+
+    return ProfilePlan(cached_tokens=[0, 1, 64], new_tokens=[1, 16, 64], batch_sizes=[1, 2],
+                       context_tokens=[32, 64], batches=4, held_out_points=2,
+                       held_out_batches=2, copy_bytes=[2**18, 2**24], warmup=0,
+                       repetitions=2, mixed_chunk_tokens=[16, 64], mixed_batch_sizes=[1, 2],
+                       mixed_context_tokens=[32, 64], held_out_mixed=3, held_out_decode=2,
+                       overhead_rows=[1, 8])
+
+
+def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path):
+    """On this CPU, a one-layer model: the file carries both terms, built from its own raw
+    timings as the docstrings say (no timing is asserted: the machine is shared)."""
+    import numpy as np
+
+    from ragsim.profiles.grid import monotone_values
+    from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
+    from ragsim.profiles.profiler import run_profile
+
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=1, hidden=128).with_dtype("fp32")
+    out = tmp_path / "p.json"
+    run_profile(spec, name="t", device="cpu", dtype="fp32", plan=tiny_plan(), out=out,
+                kv_capacity_bytes=2**28)
+    p = load_profile(str(out))  # the file passes the format's checks
+    raw = p.mixed_steps.fit["raw"]
+    assert p.mixed_steps.chunk_tokens == [16.0, 64.0]
+    for level, k in zip(p.mixed_steps.levels, (16, 64), strict=True):
+        times = [t[0] for t in raw[str(k)]]  # chunk alone, then (1,32) (1,64) (2,32) (2,64)
+        increments = [[max(times[1] - times[0], 0), max(times[2] - times[0], 0)],
+                      [max(times[3] - times[0], 0), max(times[4] - times[0], 0)]]
+        assert np.allclose(level.values, monotone_values(increments), rtol=0, atol=1e-15)
+    held = p.obtained["validation"]["held_out_mixed"]
+    assert len(held) == 3
+    for h in held:  # one chunk over cached[0] (the masked path: at least 1 token cached)
+        k, b, c = h["new"][0], len(h["new"]) - 1, h["cached"][1]
+        expected = p.prefill.at(max(h["cached"][0], 1), k) + p.mixed_steps.increment_s(b, c, k)
+        assert h["predicted"] == pytest.approx(expected, rel=1e-12)
+    ratios = [h["predicted"] / h["seconds"] for h in held]
+    assert p.mixed_steps.heldout["median_ratio"] == pytest.approx(float(np.median(ratios)))
+    summary = p.obtained["validation"]["iteration_ratios"]
+    assert set(summary) == {"prefill_points", "batches", "decode_points", "mixed_steps"}
+    sampling = p.obtained["raw"]["sampling"]
+    # two row counts: the fit goes through both points (unless a term would be negative)
+    slope = (sampling["8"][0] - sampling["1"][0]) / 7
+    if slope >= 0 and sampling["1"][0] - slope >= 0:
+        assert p.step_overhead.per_row_s == pytest.approx(slope, rel=1e-6, abs=1e-12)
+    assert p.step_overhead.per_step_s >= 0 and p.step_overhead.per_row_s >= 0

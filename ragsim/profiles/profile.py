@@ -313,7 +313,14 @@ class Profile:
         if not len(chunk_new_tokens):
             return self.decode.at(decode_batch_size, mean_context_tokens) + \
                 self.step_overhead_s(decode_batch_size)
-        compute = self.prefill_pass_s(chunk_cached_tokens, chunk_new_tokens)
+        cached = chunk_cached_tokens
+        if (self.mixed_steps is not None and decode_batch_size
+                and self.batched_prefill.padding == "left_masked"):
+            # the torch engine: decode rows make the step's attention masked, so even an
+            # uncached chunk takes the masked path (the increments were measured on it)
+            first = self.batched_prefill._first_masked_column()
+            cached = [max(a, first) for a in cached]
+        compute = self.prefill_pass_s(cached, chunk_new_tokens)
         if decode_batch_size:
             if self.mixed_steps is None:
                 compute += self.decode.at(decode_batch_size, mean_context_tokens)
