@@ -165,6 +165,18 @@ def iteration_warning(kind: str, summary: dict, *, threads: int | None = 1) -> s
             f"noise or a shape the model misses; {advice}")
 
 
+def iteration_ratio_lines(validation: dict) -> list[str]:
+    """``obtained.validation.iteration_ratios`` for people: one line per held-out kind."""
+    lines = []
+    for kind, s in (validation.get("iteration_ratios") or {}).items():
+        lines.append(f"held-out {kind.replace('_', ' ')} ({s['points']}): predicted/measured "
+                     f"median {s['median_ratio']:.3f}, p10 {s['p10_ratio']:.3f}, p90 "
+                     f"{s['p90_ratio']:.3f}; |error| median {s['median_abs_error']:.1%}, p90 "
+                     f"{s['p90_abs_error']:.1%} (targets: median within "
+                     f"{ITERATION_MEDIAN_TARGET:.0%}, p90 {ITERATION_P90_TARGET:.0%})")
+    return lines
+
+
 # --------------------------------------------------------------------------- reading files
 def _number(data: dict, key: str, source: str, where: str, minimum: float = 0.0) -> float:
     value = data.get(key)
