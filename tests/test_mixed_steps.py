@@ -51,6 +51,22 @@ def test_the_decode_increment_is_bilinear_per_chunk_level_and_linear_between_lev
     assert mixed_step_s(p, [], [], 4, 700) == p.decode.at(4, 700)
 
 
+def test_on_a_left_padding_engine_the_increment_is_read_at_the_longest_prefix():
+    """The torch engine (left_masked padding) pads every row to the longest cached prefix: a
+    chunk of 200 tokens on 250 cached beside 2 decode rows of 200 costs the chunk on the masked
+    path without its prefix, T(1, 200), plus the increment at context 250:
+    k=100: b=1 row 1 + 0.75 * 1 = 1.75 ms, b=3 row 3 + 0.75 * 2 = 4.5 ms, b=2: 3.125 ms;
+    k=300: 2 + 0.75 * 2 = 3.5, 6 + 0.75 * 4 = 9, b=2: 6.25 ms; k=200: 4.6875 ms."""
+    cpu = load_profile("cpu-mistral-7b-l2-h256")
+    assert cpu.batched_prefill.padding == "left_masked" and 1.0 in cpu.prefill.x_axis
+    p = Profile.from_dict({**cpu.to_dict(), "mixed_steps": MIXED}, source="t")
+    assert mixed_step_s(p, [250], [200], 2, 200) == pytest.approx(
+        p.prefill.at(1, 200) + 0.0046875, rel=1e-12)
+    # decode rows longer than the prefix: the increment at their context (2.75 + 5.5) / 2 ms
+    assert mixed_step_s(p, [0], [200], 2, 200) == pytest.approx(
+        p.prefill.at(1, 200) + 0.004125, rel=1e-12)
+
+
 def test_without_the_measurement_a_mixed_step_is_priced_additively_as_before():
     at, decode = BASE.prefill.at, BASE.decode.at
     assert mixed_step_s(BASE, [0], [200], 2, 200) == at(0, 200) + decode(2, 200)
@@ -206,9 +222,9 @@ def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path
         assert np.allclose(level.values, monotone_values(increments), rtol=0, atol=1e-15)
     held = p.obtained["validation"]["held_out_mixed"]
     assert len(held) == 3
-    for h in held:  # one chunk over cached[0] (the masked path: at least 1 token cached)
+    for h in held:  # one chunk on the masked path, the increment at the longest prefix
         k, b, c = h["new"][0], len(h["new"]) - 1, h["cached"][1]
-        expected = p.prefill.at(max(h["cached"][0], 1), k) + p.mixed_steps.increment_s(b, c, k)
+        expected = p.prefill.at(1, k) + p.mixed_steps.increment_s(b, max(c, h["cached"][0]), k)
         assert h["predicted"] == pytest.approx(expected, rel=1e-12)
     ratios = [h["predicted"] / h["seconds"] for h in held]
     assert p.mixed_steps.heldout["median_ratio"] == pytest.approx(float(np.median(ratios)))

@@ -313,19 +313,24 @@ class Profile:
         if not len(chunk_new_tokens):
             return self.decode.at(decode_batch_size, mean_context_tokens) + \
                 self.step_overhead_s(decode_batch_size)
-        cached = chunk_cached_tokens
+        cached, context = chunk_cached_tokens, mean_context_tokens
         if (self.mixed_steps is not None and decode_batch_size
                 and self.batched_prefill.padding == "left_masked"):
-            # the torch engine: decode rows make the step's attention masked, so even an
-            # uncached chunk takes the masked path (the increments were measured on it)
+            # the torch engine pads every row to the longest cached prefix and the longest new
+            # segment, under a mask: the step computes what its increments were measured on
+            # (a chunk on a 1-token prefix beside decode rows of C cached tokens, every row
+            # padded to C) at C = the longest cached length of its rows. So the chunks are
+            # priced on the masked path without their prefixes, and the increment at C carries
+            # every row's attention over the padded prefix (the chunk's own included).
             first = self.batched_prefill._first_masked_column()
-            cached = [max(a, first) for a in cached]
+            context = max(context, max(chunk_cached_tokens))
+            cached = [first] * len(chunk_cached_tokens)
         compute = self.prefill_pass_s(cached, chunk_new_tokens)
         if decode_batch_size:
             if self.mixed_steps is None:
                 compute += self.decode.at(decode_batch_size, mean_context_tokens)
             else:
-                compute += self.mixed_steps.increment_s(decode_batch_size, mean_context_tokens,
+                compute += self.mixed_steps.increment_s(decode_batch_size, context,
                                                         sum(chunk_new_tokens))
         return compute + self.step_overhead_s(len(chunk_new_tokens) + decode_batch_size)
 
