@@ -236,3 +236,16 @@ def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path
     if slope >= 0 and sampling["1"][0] - slope >= 0:
         assert p.step_overhead.per_row_s == pytest.approx(slope, rel=1e-6, abs=1e-12)
     assert p.step_overhead.per_step_s >= 0 and p.step_overhead.per_row_s >= 0
+
+
+def test_the_per_iteration_warning_is_told_apart_from_the_held_out_error_warnings():
+    """``held-out batches:`` starts the error-target warning (test_profiler checks which kinds
+    carry one); the per-iteration one says so first."""
+    from ragsim.profiles.steps import iteration_warning
+
+    miss = {"median_ratio": 0.93, "p90_abs_error": 0.10, "points": 8}
+    warning = iteration_warning("batches", miss)
+    assert warning.startswith("per iteration, held-out batches: predicted/measured median 0.930")
+    assert "idle machine" in warning
+    assert iteration_warning("batches", {**miss, "median_ratio": 0.96}) is None
+    assert iteration_warning("batches", {**miss, "median_ratio": 1.0, "p90_abs_error": 0.16})

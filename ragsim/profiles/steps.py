@@ -159,7 +159,8 @@ def iteration_warning(kind: str, summary: dict, *, threads: int | None = 1) -> s
     if abs(median - 1.0) <= ITERATION_MEDIAN_TARGET and p90 <= ITERATION_P90_TARGET:
         return None
     advice = "remeasure on an idle machine" + ("" if threads == 1 else " with --threads 1")
-    return (f"held-out {kind.replace('_', ' ')}: predicted/measured median {median:.3f} "
+    return (f"per iteration, held-out {kind.replace('_', ' ')}: predicted/measured median "
+            f"{median:.3f} "
             f"(target within {ITERATION_MEDIAN_TARGET:.0%} of 1), p90 |error| {p90:.1%} "
             f"(target {ITERATION_P90_TARGET:.0%}) over {summary['points']}: a busy machine's "
             f"noise or a shape the model misses; {advice}")
