@@ -105,11 +105,11 @@ class ProfilePlan:
     def quick(cls) -> ProfilePlan:
         return cls(cached_tokens=[0, 1, 128, 256, 512, 1024, 1536, 2048],
                    new_tokens=[1, 16, 64, 128, 256, 512, 1024, 2048, 3072],
-                   batch_sizes=[1, 4, 16], context_tokens=[128, 512, 2048], batches=16,
+                   batch_sizes=[1, 2, 4, 8, 16], context_tokens=[128, 512, 2048], batches=16,
                    held_out_points=10, held_out_batches=8,
                    copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=7,
                    mixed_chunk_tokens=[64, 512], mixed_batch_sizes=[1, 4],
-                   mixed_context_tokens=[128, 1024], held_out_mixed=6, held_out_decode=4,
+                   mixed_context_tokens=[128, 1024], held_out_mixed=6, held_out_decode=8,
                    overhead_rows=[1, 4, 16, 64])
 
     @classmethod
