@@ -38,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ragsim.profiles.profile import Profile
-from ragsim.serving.costs import decode_step_s, prefill_compute_s
+from ragsim.serving.costs import decode_step_s, mixed_step_s, prefill_compute_s
 
 # a first token at the end of an iteration is recorded at that end: compared with this slack
 _SAME_TIME_S = 1e-9
@@ -49,10 +49,13 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False) -> fl
     if decision["kind"] == "decode":
         return decode_step_s(profile, decision["size"], decision["context_tokens"])
     jobs = decision["jobs"]
-    compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs]) \
-        if jobs else 0.0
-    if decision["kind"] == "mixed" and decision["size"]:  # as ``PredictedIterations.mixed``
-        compute += decode_step_s(profile, decision["size"], decision["context_tokens"])
+    if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
+        compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
+                               decision["size"], decision["context_tokens"]) \
+            if jobs or decision["size"] else 0.0
+    else:
+        compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs]) \
+            if jobs else 0.0
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return max(compute, copy) if overlap_swap else compute + copy

@@ -277,8 +277,14 @@ def test_sweeps_mix_every_kind_and_spread_the_held_out_batches():
     assert kinds.count("batch") == plan.batches
     assert kinds.count("held_out_batch") == plan.held_out_batches
     assert kinds.count("held_out_point") == plan.held_out_points
-    for thirds in (kinds[:14], kinds[14:28], kinds[28:]):  # 42 units: each third has each kind
-        assert set(thirds) == {"grid", "batch", "held_out_batch", "held_out_point"}
+    assert kinds.count("mixed_level") == len(plan.mixed_chunk_tokens)
+    assert kinds.count("held_out_mixed") == plan.held_out_mixed
+    # 50 units: each third has every kind but the two mixed levels (one in the first, one in
+    # the last third), and held-out mixed steps beside both
+    for thirds in (kinds[:17], kinds[17:34], kinds[34:]):
+        assert set(thirds) - {"mixed_level"} == {"grid", "batch", "held_out_batch",
+                                                  "held_out_point", "held_out_mixed"}
+    assert "mixed_level" in kinds[:17] and "mixed_level" in kinds[34:]
     # the quick plan's 8 of 24 batches: every third one
     held = [k for k in kinds if k in ("batch", "held_out_batch")]
     assert held[2::3] == ["held_out_batch"] * 8

@@ -90,6 +90,7 @@ def profile(
     check_out_file(out_file)  # before the measuring: a typo must not cost it
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
+    from ragsim.profiles.steps import iteration_ratio_lines
 
     spec = resolve_model(model)
     label = ""
@@ -124,6 +125,8 @@ def profile(
               f", max {v['held_out_prefill_max_rel_error']:.1%}; held-out batches: median "
               f"{v['held_out_batch_median_rel_error']:.1%}, max "
               f"{v['held_out_batch_max_rel_error']:.1%}", highlight=False)
+    for line in iteration_ratio_lines(v):
+        out.print(line, highlight=False)
     _print_warnings(result.warnings)
 
 
@@ -206,6 +209,7 @@ def profiles_show(name: str,
     from ragsim.figures import check_plot_path
     from ragsim.profiles.plots import plot_prefill
     from ragsim.profiles.profile import load_profile
+    from ragsim.profiles.steps import iteration_ratio_lines
 
     if plot is not None:
         check_plot_path(plot)  # before loading: a typo should cost nothing
@@ -228,6 +232,11 @@ def profiles_show(name: str,
         for table in _grid_tables(grid, title, out.width):
             out.print(table)
     out.print(p.batched_prefill.describe(), highlight=False)
+    for term in (p.mixed_steps, p.step_overhead):
+        if term is not None:
+            out.print(term.describe(), highlight=False)
+    for line in iteration_ratio_lines(p.obtained.get("validation", {})):
+        out.print(line, highlight=False)
     t = p.transfers
     out.print(f"transfers: host->GPU {t.host_to_device_bytes_per_s / 1e9:.3g} GB/s, GPU->host "
               f"{t.device_to_host_bytes_per_s / 1e9:.3g} GB/s", highlight=False)

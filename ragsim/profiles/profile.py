@@ -51,6 +51,12 @@ from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
 from ragsim.profiles.models import DTYPE_BYTES, ModelSpec
+from ragsim.profiles.steps import (
+    MixedSteps,
+    StepOverhead,
+    mixed_steps_from_dict,
+    step_overhead_from_dict,
+)
 
 FORMAT_NAME = "ragsim.profile"
 FORMAT_VERSION = 2
@@ -62,7 +68,9 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
              "batched_prefill", "decode", "transfers")
 # optional: CacheBlend's token-selection pass per reused token, as measured on an engine (None:
 # ragsim's default, one layer's share of a prefill: ragsim.serving.costs.blend_selection_s)
-_OPTIONAL_KEYS = ("blend_selection_s_per_token",)
+# optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
+# passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
+_OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead")
 
 
 @dataclass(frozen=True)
@@ -268,6 +276,8 @@ class Profile:
     decode: BilinearGrid
     transfers: Transfers
     blend_selection_s_per_token: float | None = None
+    mixed_steps: MixedSteps | None = None
+    step_overhead: StepOverhead | None = None
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -276,9 +286,58 @@ class Profile:
     def decode_s(self, batch_size: float, context_tokens: float) -> float:
         return self.decode.at(batch_size, context_tokens)
 
+    def prefill_pass_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
+                       ) -> float:
+        """A prefill iteration's timed pass: one request from the T(alpha, beta) grid, a
+        batch from the batched-prefill model (priced on that grid)."""
+        if len(cached_tokens) == 1:
+            return self.prefill.at(cached_tokens[0], new_tokens[0])
+        return self.batched_prefill.iteration_s(list(cached_tokens), list(new_tokens))
+
+    def step_overhead_s(self, rows: int) -> float:
+        """What a step of ``rows`` rows spends outside its timed pass (sampling, handing each
+        row's token back): ``step_overhead``; 0 for a profile without one."""
+        return 0.0 if self.step_overhead is None else self.step_overhead.seconds(rows)
+
+    def mixed_step_s(self, chunk_cached_tokens: Sequence[float],
+                     chunk_new_tokens: Sequence[float], decode_batch_size: int,
+                     mean_context_tokens: float) -> float:
+        """One mixed step: prompt chunks (each ``new`` tokens over ``cached`` ones) prefilled
+        and ``decode_batch_size`` running requests decoded in one pass.
+
+        With measured ``mixed_steps``: the chunks' batched prefill plus the measured increment
+        of the decode rows at the step's chunk tokens (``MixedSteps``). Without: additive, the
+        chunks' batched prefill plus a decode step, which pays a step's fixed cost and the
+        weight reads twice (an upper bound). The step overhead is charged once, for every row
+        of the step."""
+        if not len(chunk_new_tokens):
+            return self.decode.at(decode_batch_size, mean_context_tokens) + \
+                self.step_overhead_s(decode_batch_size)
+        cached, context = chunk_cached_tokens, mean_context_tokens
+        if (self.mixed_steps is not None and decode_batch_size
+                and self.batched_prefill.padding == "left_masked"):
+            # the torch engine pads every row to the longest cached prefix and the longest new
+            # segment, under a mask: the step computes what its increments were measured on
+            # (a chunk on a 1-token prefix beside decode rows of C cached tokens, every row
+            # padded to C) at C = the longest cached length of its rows. So the chunks are
+            # priced on the masked path without their prefixes, and the increment at C carries
+            # every row's attention over the padded prefix (the chunk's own included).
+            first = self.batched_prefill._first_masked_column()
+            context = max(context, max(chunk_cached_tokens))
+            cached = [first] * len(chunk_cached_tokens)
+        compute = self.prefill_pass_s(cached, chunk_new_tokens)
+        if decode_batch_size:
+            if self.mixed_steps is None:
+                compute += self.decode.at(decode_batch_size, mean_context_tokens)
+            else:
+                compute += self.mixed_steps.increment_s(decode_batch_size, context,
+                                                        sum(chunk_new_tokens))
+        return compute + self.step_overhead_s(len(chunk_new_tokens) + decode_batch_size)
+
     @property
     def extrapolated_queries(self) -> int:
-        return self.prefill.extrapolated_queries + self.decode.extrapolated_queries
+        mixed = self.mixed_steps.extrapolated_queries if self.mixed_steps else 0
+        return self.prefill.extrapolated_queries + self.decode.extrapolated_queries + mixed
 
     @property
     def kind(self) -> str:
@@ -302,6 +361,10 @@ class Profile:
             data[grid]["seconds"] = [[v * factor for v in row] for row in data[grid]["seconds"]]
         data["batched_prefill"]["per_extra_request_s"] *= factor
         data["overhead_s"] *= factor
+        if self.mixed_steps is not None:
+            data["mixed_steps"] = self.mixed_steps.scaled(factor).to_dict()
+        if self.step_overhead is not None:
+            data["step_overhead"] = self.step_overhead.scaled(factor).to_dict()
         data["name"] = f"{self.name}@x{factor:.3f}"
         return Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
 
@@ -339,6 +402,9 @@ class Profile:
             "transfers": self.transfers.to_dict(),
             **({} if self.blend_selection_s_per_token is None
                else {"blend_selection_s_per_token": self.blend_selection_s_per_token}),
+            **({} if self.mixed_steps is None else {"mixed_steps": self.mixed_steps.to_dict()}),
+            **({} if self.step_overhead is None
+               else {"step_overhead": self.step_overhead.to_dict()}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -400,6 +466,11 @@ class Profile:
             blend_selection_s_per_token=(
                 None if data.get("blend_selection_s_per_token") is None
                 else _number(data, "blend_selection_s_per_token", source)),
+            mixed_steps=(None if data.get("mixed_steps") is None
+                         else mixed_steps_from_dict(data["mixed_steps"], name=name,
+                                                    source=source)),
+            step_overhead=(None if data.get("step_overhead") is None
+                           else step_overhead_from_dict(data["step_overhead"], source=source)),
         )
 
 

@@ -55,6 +55,14 @@ from ragsim.profiles.heldout import (
 )
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.profile import Batches, Profile, Transfers, fit_batched_prefill
+from ragsim.profiles.steps import (
+    ITERATION_MEDIAN_TARGET,
+    ITERATION_P90_TARGET,
+    MixedSteps,
+    fit_step_overhead,
+    iteration_warning,
+    ratio_summary,
+)
 from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -83,14 +91,28 @@ class ProfilePlan:
     copy_bytes: list[int]
     warmup: int
     repetitions: int
+    # mixed steps (a prompt chunk of k tokens and b decode rows of c tokens in one pass): the
+    # decode increment is measured at every k x b x c (``ragsim.profiles.steps.MixedSteps``);
+    # empty: not measured, the simulator prices mixed steps additively
+    mixed_chunk_tokens: list[int] = field(default_factory=list)
+    mixed_batch_sizes: list[int] = field(default_factory=list)
+    mixed_context_tokens: list[int] = field(default_factory=list)
+    held_out_mixed: int = 0
+    held_out_decode: int = 0  # random decode points off the grid, judged on it
+    # rows at which the engine's greedy sampling of a step's logits is timed (the per-step
+    # overhead outside the timed passes); empty: not measured
+    overhead_rows: list[int] = field(default_factory=list)
 
     @classmethod
     def quick(cls) -> ProfilePlan:
         return cls(cached_tokens=[0, 1, 128, 256, 512, 1024, 1536, 2048],
                    new_tokens=[1, 16, 64, 128, 256, 512, 1024, 2048, 3072],
-                   batch_sizes=[1, 4, 16], context_tokens=[128, 512, 2048], batches=16,
+                   batch_sizes=[1, 2, 4, 8, 16], context_tokens=[128, 512, 2048], batches=16,
                    held_out_points=10, held_out_batches=8,
-                   copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=7)
+                   copy_bytes=[2**16, 2**20, 2**24], warmup=1, repetitions=7,
+                   mixed_chunk_tokens=[64, 512], mixed_batch_sizes=[1, 4],
+                   mixed_context_tokens=[128, 1024], held_out_mixed=6, held_out_decode=8,
+                   overhead_rows=[1, 4, 16, 64])
 
     @classmethod
     def full(cls) -> ProfilePlan:
@@ -99,7 +121,10 @@ class ProfilePlan:
                    batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
                    context_tokens=[128, 512, 1024, 2048, 4096, 8192],
                    batches=60, held_out_points=24, held_out_batches=16,
-                   copy_bytes=[2**16, 2**20, 2**24, 2**27], warmup=2, repetitions=7)
+                   copy_bytes=[2**16, 2**20, 2**24, 2**27], warmup=2, repetitions=7,
+                   mixed_chunk_tokens=[64, 512, 2048], mixed_batch_sizes=[1, 4, 16],
+                   mixed_context_tokens=[128, 1024, 4096], held_out_mixed=12,
+                   held_out_decode=8, overhead_rows=[1, 4, 16, 64, 256])
 
 
     def covering(self, *, cached_tokens: int = 0, new_tokens: int = 0, batch_size: int = 0,
@@ -151,6 +176,12 @@ class ProfilerState:
     held_out: list[dict] = field(default_factory=list)
     held_out_batches: list[dict] = field(default_factory=list)
     groups_done: int = 0  # sweep groups measured (``_sweep_groups``)
+    # chunk tokens -> [chunk alone, then chunk + b decode rows of c for b, c in plan order],
+    # each [median, min, max]
+    mixed: dict[str, list[list[float]]] = field(default_factory=dict)
+    held_out_mixed: list[dict] = field(default_factory=list)
+    held_out_decode: list[dict] = field(default_factory=list)
+    sampling: dict[str, list[float]] = field(default_factory=dict)  # rows -> [med, min, max]
     sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
@@ -275,6 +306,14 @@ class TorchEngine:
             self.model.undo_decode(state)
 
         return self._timed(run, warmup, repetitions)
+
+    def sample(self, rows: int, warmup: int, repetitions: int) -> Measurement:
+        """The engine's greedy sampling of a step's logits for ``rows`` rows
+        (``TorchModel.greedy``: each row's argmax over the vocabulary, handed back to
+        Python), which the timed passes leave out."""
+        logits = self.torch.randn(rows, self.config.vocab_size, device=self.device,
+                                  dtype=self.dtype)
+        return self._timed(lambda: self.model.greedy(logits), warmup, repetitions)
 
     def copy(self, n_bytes: int, to_device: bool, warmup: int,
              repetitions: int) -> Measurement:
@@ -405,6 +444,10 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     if kv_capacity_bytes is None:
         kv_capacity_bytes = engine.free_memory_bytes()
     plan = fit_plan_to_memory(plan, spec, kv_capacity_bytes)
+    if plan.mixed_chunk_tokens and (len(plan.mixed_batch_sizes) < 2
+                                    or len(plan.mixed_context_tokens) < 2):
+        raise RagsimInputError("mixed steps need two or more batch sizes and contexts (a "
+                               "bilinear grid at each chunk size)", field="plan")
 
     cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
     for i, (bs, ctx) in enumerate(cells):
@@ -413,6 +456,12 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             state.decode[_key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
             save()
         report("decode", i + 1, len(cells))
+    for i, (bs, ctx) in enumerate(_held_out_decode_points(plan, seed)):
+        if i >= len(state.held_out_decode):
+            m = engine.decode(bs, ctx, w, r)
+            state.held_out_decode.append({"batch": bs, "context": ctx, "seconds": m.median_s,
+                                          "min_s": m.min_s, "max_s": m.max_s})
+            save()
 
     for i, n_bytes in enumerate(plan.copy_bytes):
         for direction in ("h2d", "d2h"):
@@ -421,6 +470,12 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                 state.copies[_key(n_bytes) + direction] = [m.median_s, m.min_s, m.max_s]
                 save()
         report("transfers", i + 1, len(plan.copy_bytes))
+    sample = getattr(engine, "sample", None)  # vLLM's timed step() already samples
+    for rows in plan.overhead_rows if sample is not None else ():
+        if _key(rows) not in state.sampling:
+            m = sample(rows, w, r)
+            state.sampling[_key(rows)] = [m.median_s, m.min_s, m.max_s]
+            save()
 
     units = _sweep_units(plan, seed)
     if whole_cached is not None:
@@ -433,7 +488,12 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             timed = engine.sweeps(passes, w, r)
             found = iter(timed.passes)
             for unit in group:
-                for (cached, new), m in zip(unit.passes, found, strict=False):
+                measured = [next(found) for _ in unit.passes]
+                if unit.kind == "mixed_level":  # in the unit's order: chunk alone, then b x c
+                    state.mixed[_key(unit.passes[0][1][0])] = [
+                        [m.median_s, m.min_s, m.max_s] for m in measured]
+                    continue
+                for (cached, new), m in zip(unit.passes, measured, strict=True):
                     _record(state, unit.kind, cached, new, m)
             state.sweep_speed.append(timed.sweep_speed)
             state.groups_done = g + 1
@@ -507,10 +567,47 @@ def _sweep_units(plan: ProfilePlan, seed: int) -> list[SweepUnit]:
         a = int(held_rng.integers(1, max(plan.cached_tokens) + 1))
         b = int(held_rng.integers(plan.new_tokens[1], max(plan.new_tokens) + 1))
         points.append(SweepUnit("held_out_point", [([a], [b])]))
-    kinds = [grid, batches, points]
+    kinds = [k for k in (grid, batches, points, *_mixed_units(plan, seed)) if k]
     # each unit at its fractional place in its own list, then all merged in that order
     place = sorted((((i + 0.5) / len(k), j, i) for j, k in enumerate(kinds) for i in range(len(k))))
     return [kinds[j][i] for _, j, i in place]
+
+
+def _chunk_cached_tokens(plan: ProfilePlan) -> int:
+    """The cached tokens under the prompt chunk of a mixed-step measurement: the fewest the
+    grid measured above zero (a torch step with decode rows runs its masked attention path, on
+    which the grid's columns with cached tokens were measured; vLLM rounds it to 0)."""
+    return min((a for a in plan.cached_tokens if a > 0), default=0)
+
+
+def _mixed_units(plan: ProfilePlan, seed: int) -> tuple[list[SweepUnit], list[SweepUnit]]:
+    """Per chunk size, one unit: the chunk alone and the chunk with every b x c of decode rows
+    (a decode row: one new token over c cached ones); and the held-out mixed steps (random
+    chunk, cached tokens under it, batch and context within the plan's ranges)."""
+    chunks = plan.mixed_chunk_tokens
+    if not chunks:
+        return [], []
+    a = _chunk_cached_tokens(plan)
+    levels = [SweepUnit("mixed_level", [([a], [k])] + [
+        ([a] + [c] * b, [k] + [1] * b)
+        for b in plan.mixed_batch_sizes for c in plan.mixed_context_tokens]) for k in chunks]
+    rng = np.random.default_rng(seed + 13)
+    held = []
+    for _ in range(plan.held_out_mixed):
+        k = int(rng.integers(chunks[0], chunks[-1] + 1))
+        b = int(rng.integers(1, max(plan.mixed_batch_sizes) + 1))
+        c = int(rng.integers(min(plan.mixed_context_tokens),
+                             max(plan.mixed_context_tokens) + 1))
+        cached = int(rng.choice([x for x in plan.cached_tokens if x <= 4 * max(chunks)]))
+        held.append(SweepUnit("held_out_mixed", [([cached] + [c] * b, [k] + [1] * b)]))
+    return levels, held
+
+
+def _held_out_decode_points(plan: ProfilePlan, seed: int) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed + 17)
+    return [(int(rng.integers(1, max(plan.batch_sizes) + 1)),
+             int(rng.integers(min(plan.context_tokens), max(plan.context_tokens) + 1)))
+            for _ in range(plan.held_out_decode)]
 
 
 def _sweep_groups(units: list[SweepUnit], kv_bytes_per_token: int, budget_bytes: int
@@ -535,6 +632,8 @@ def _record(state: ProfilerState, kind: str, cached: list[int], new: list[int],
     spread = {"seconds": m.median_s, "min_s": m.min_s, "max_s": m.max_s}
     if kind == "grid":
         state.prefill[_key(cached[0], new[0])] = [m.median_s, m.min_s, m.max_s]
+    elif kind == "held_out_mixed":
+        state.held_out_mixed.append({"cached": cached, "new": new, **spread})
     elif kind == "held_out_point":
         state.held_out.append({"cached": cached[0], "new": new[0], **spread})
     else:
@@ -593,7 +692,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
         copies[direction] = _fit_copy(sizes, seconds)
     if kv_capacity_bytes is None:
         kv_capacity_bytes = engine.free_memory_bytes()
-    return Profile(
+    return _with_step_terms(Profile(
         name=name,
         hardware={"name": device, "device": engine.device_name(), "gpus": 1,
                   "memory_bytes_per_gpu": None, "host_link": None,
@@ -645,4 +744,73 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                             device_to_host_bytes_per_s=copies["d2h"][1],
                             device_to_host_latency_s=copies["d2h"][0]),
         blend_selection_s_per_token=state.blend_selection_s_per_token,
-    )
+    ), plan, state, threads)
+
+
+def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
+                     threads: int | None) -> Profile:
+    """The profile with what the plan measured of whole steps: the mixed-step increments and
+    the step overhead, and the per-iteration predicted / measured distribution on every
+    held-out kind (``obtained.validation.iteration_ratios``; a warning where one misses
+    ``ITERATION_MEDIAN_TARGET`` / ``ITERATION_P90_TARGET``)."""
+    validation = profile.obtained["validation"]
+    ratios: dict[str, dict] = {}
+    if state.held_out:
+        ratios["prefill_points"] = ratio_summary(
+            [profile.prefill.at(h["cached"], h["new"]) for h in state.held_out],
+            [h["seconds"] for h in state.held_out])
+    if state.held_out_batches:
+        ratios["batches"] = ratio_summary(
+            [profile.batched_prefill.iteration_s(b["cached"], b["new"])
+             for b in state.held_out_batches], [b["seconds"] for b in state.held_out_batches])
+    if state.held_out_decode:
+        ratios["decode_points"] = ratio_summary(
+            [profile.decode.at(d["batch"], d["context"]) for d in state.held_out_decode],
+            [d["seconds"] for d in state.held_out_decode])
+        validation["held_out_decode"] = [
+            {**d, "predicted": profile.decode.at(d["batch"], d["context"])}
+            for d in state.held_out_decode]
+    mixed = None
+    if state.mixed:
+        batches, contexts = plan.mixed_batch_sizes, plan.mixed_context_tokens
+        levels = []
+        for k in plan.mixed_chunk_tokens:
+            times = state.mixed[_key(k)]
+            alone = times[0][0]
+            increments = np.maximum(np.array([t[0] - alone for t in times[1:]]), 0.0)
+            levels.append(BilinearGrid(
+                profile.name, "batch_sizes", "context_tokens",
+                [float(b) for b in batches], [float(c) for c in contexts],
+                monotone_values(increments.reshape(len(batches), len(contexts)).tolist())))
+        fit = {"chunk_cached_tokens": _chunk_cached_tokens(plan),
+               "statistic": "median step with the chunk and the decode rows less the median "
+                            "step with the chunk alone, timed in the grid's sweeps; clipped at "
+                            "0 and made non-decreasing by isotonic regression",
+               "raw": state.mixed}
+        mixed = MixedSteps([float(k) for k in plan.mixed_chunk_tokens], levels, None, fit)
+        if state.held_out_mixed:
+            priced = replace(profile, mixed_steps=mixed)
+            predicted = [priced.mixed_step_s(h["cached"][:1], h["new"][:1],
+                                             len(h["new"]) - 1, float(np.mean(h["cached"][1:])))
+                         for h in state.held_out_mixed]
+            summary = ratio_summary(predicted, [h["seconds"] for h in state.held_out_mixed])
+            mixed = replace(mixed, heldout=summary)
+            ratios["mixed_steps"] = summary
+            validation["held_out_mixed"] = [{**h, "predicted": p}
+                                            for h, p in zip(state.held_out_mixed, predicted,
+                                                            strict=True)]
+    overhead = None
+    if state.sampling:
+        rows = [int(k) for k in state.sampling]
+        overhead = fit_step_overhead(
+            rows, [state.sampling[_key(r)][0] for r in rows],
+            against=f"the engine's greedy sampling timed at {len(rows)} row counts")
+        profile.obtained["raw"]["sampling"] = state.sampling
+    validation["iteration_ratios"] = ratios
+    validation["iteration_targets"] = {"median_ratio_within": ITERATION_MEDIAN_TARGET,
+                                       "p90_abs_error": ITERATION_P90_TARGET}
+    missed = [w for w in (iteration_warning(kind, s, threads=threads)
+                          for kind, s in ratios.items()) if w]
+    if missed:
+        profile.obtained["warnings"] = [*profile.obtained.get("warnings", []), *missed]
+    return replace(profile, mixed_steps=mixed, step_overhead=overhead)

@@ -336,6 +336,12 @@ class TorchModel:
         batch.next_positions = batch.next_positions + 1
         return out.logits[:, -1, :]
 
+    @staticmethod
+    def greedy(logits: Any) -> list[int]:
+        """Each row's next token (greedy), handed back to Python: what the reference engine
+        does with a step's logits (``ragsim profile`` times it as the per-step overhead)."""
+        return logits.argmax(dim=-1).tolist()
+
     def undo_forward(self, batch: Batch) -> None:
         """Take the new tokens' KV off the cache again, so ``forward`` can be timed repeatedly."""
         batch.cache.crop(-max(batch.new_lengths))

@@ -381,7 +381,7 @@ class TorchIterations:
         batch = self.model.prepare(rows, lazy=swapping is not None)
         logits = self.model.forward(batch, None if swapping is None else swapping.before_layer)
         self.model.sync()
-        next_ids = logits.argmax(dim=-1).tolist()
+        next_ids = self.model.greedy(logits)
         layers = batch.cache.layers[:self.model.num_layers]
         end = int(layers[0].keys.shape[-2])  # a row's new tokens are its last ones
         for row, job in enumerate(jobs):
@@ -579,7 +579,7 @@ class TorchIterations:
             self.times.decode_rebuild_s += perf_counter() - rebuild_started
             logits = self.model.forward(batch)
         self.model.sync()
-        for row, (job, token) in enumerate(zip(order, logits.argmax(dim=-1).tolist(),
+        for row, (job, token) in enumerate(zip(order, self.model.greedy(logits),
                                                strict=True)):
             state = self._running[job]
             state.next_token = int(token)

@@ -16,15 +16,33 @@ SELECTION_PRICED_AT_TOKENS = 1024
 def prefill_compute_s(profile: Profile, cached_tokens: Sequence[int],
                       new_tokens: Sequence[int]) -> float:
     """A prefill iteration's forward pass: one request from the T(alpha, beta) grid, a batch
-    from the batched-prefill model (priced on that grid)."""
-    if len(cached_tokens) == 1:
-        return profile.prefill.at(cached_tokens[0], new_tokens[0])
-    return profile.batched_prefill.iteration_s(list(cached_tokens), list(new_tokens))
+    from the batched-prefill model (priced on that grid); plus the profile's step overhead
+    (``step_overhead``, none in profiles without it) for as many rows."""
+    return profile.prefill_pass_s(cached_tokens, new_tokens) + profile.step_overhead_s(
+        len(new_tokens))
 
 
 def decode_step_s(profile: Profile, batch_size: int, mean_context_tokens: float) -> float:
-    """One decode step of ``batch_size`` running requests (the decode grid)."""
-    return profile.decode.at(batch_size, mean_context_tokens)
+    """One decode step of ``batch_size`` running requests (the decode grid, plus the step
+    overhead for as many rows where the profile measured one)."""
+    return profile.decode.at(batch_size, mean_context_tokens) + profile.step_overhead_s(
+        batch_size)
+
+
+def step_overhead_s(profile: Profile, rows: int) -> float:
+    """What a step of ``rows`` rows spends outside its timed pass (``Profile.step_overhead_s``:
+    0 for a profile without a ``step_overhead``)."""
+    return profile.step_overhead_s(rows)
+
+
+def mixed_step_s(profile: Profile, chunk_cached_tokens: Sequence[int],
+                 chunk_new_tokens: Sequence[int], decode_batch_size: int,
+                 mean_context_tokens: float) -> float:
+    """One mixed step (prompt chunks prefilled and running requests decoded in one pass):
+    ``Profile.mixed_step_s``, measured where the profile has ``mixed_steps``, else additive
+    (an upper bound)."""
+    return profile.mixed_step_s(chunk_cached_tokens, chunk_new_tokens, decode_batch_size,
+                                mean_context_tokens)
 
 
 def blend_selection_s(profile: Profile, kind: str, reused_tokens: int) -> float:

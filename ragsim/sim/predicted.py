@@ -12,7 +12,13 @@ from __future__ import annotations
 import simpy
 
 from ragsim.profiles.profile import Profile
-from ragsim.serving.costs import blend_selection_s, decode_step_s, prefill_compute_s
+from ragsim.serving.costs import (
+    blend_selection_s,
+    decode_step_s,
+    mixed_step_s,
+    prefill_compute_s,
+    step_overhead_s,
+)
 from ragsim.serving.engine import Job, PrefillTiming, Wait
 
 
@@ -49,16 +55,15 @@ class PredictedIterations:
 
     def mixed(self, chunks: list[tuple[Job, int]], decoding: set[Job],
               mean_context_tokens: float) -> Wait:
-        """A mixed step: the prefill chunks priced as one batched prefill (each chunk over its
-        job's context so far), plus a decode step of the running requests. Additive: it counts
-        a step's fixed cost twice and reads the weights twice, so on a GPU, where a small
-        decode batch costs little beside a prefill, it is an upper bound; a profile with
-        measured mixed steps would replace it. Host hits are copied before a job's first
-        chunk (or beside the compute, with ``overlap_swap``)."""
-        compute = prefill_compute_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
-                                    [take for _, take in chunks])
-        if decoding:
-            compute += decode_step_s(self.profile, len(decoding), mean_context_tokens)
+        """A mixed step, priced by ``serving.costs.mixed_step_s``: the prefill chunks as one
+        batched prefill (each chunk over its job's context so far) plus, where the profile
+        measured mixed steps, what the decode rows add to such a step; without that
+        measurement, plus a whole decode step (additive: an upper bound, it pays a step's fixed
+        cost and the weight reads twice). Host hits are copied before a job's first chunk (or
+        beside the compute, with ``overlap_swap``)."""
+        compute = mixed_step_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
+                               [take for _, take in chunks], len(decoding),
+                               mean_context_tokens)
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
@@ -83,6 +88,9 @@ class PredictedIterations:
         grid = profile.decode
         counted = grid.extrapolated_queries
         durations = grid.at_steps(batch_size, context_sum_tokens, steps)
+        if profile.step_overhead is not None:  # as decode_step_s prices each step
+            overhead = step_overhead_s(profile, batch_size)
+            durations = [d + overhead for d in durations]
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted

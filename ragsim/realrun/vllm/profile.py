@@ -196,7 +196,15 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     from ``OUT.partial.json``) with ``VllmTimer`` as its timing engine and cached lengths
     rounded down to whole blocks, so the profile has the format, fits and checks of any
     other."""
+    from dataclasses import replace
+
     from ragsim.profiles.profiler import run_profile
+
+    # mixed steps are not measured on vLLM yet: its "decode rows" would be one-token prefills
+    # on cached prefixes, not running requests, and no run here has checked that they cost
+    # what vLLM's decodes do; its mixed steps stay priced additively (an upper bound on its
+    # varlen kernels). Its timed step() samples already: no step overhead either.
+    plan = replace(plan, mixed_chunk_tokens=[], held_out_mixed=0, overhead_rows=[])
 
     def whole(tokens: int) -> int:
         return tokens // block_tokens * block_tokens
