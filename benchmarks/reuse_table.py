@@ -36,9 +36,11 @@ def row(trace: str, memory: str, rule: str, requests: int, rate: float, seed: in
     s = run.summary
     if seeds > 1:  # the seeds' means, and the TTFT intervals (Student-t 95%)
         interval = {k: s["ci95"][k] for k in ("ttft_mean_s", "ttft_p90_s")}
+        by_seed = s["by_seed"]["ttft_mean_s"]
         s = {**s, **s["mean"]}
     else:
         interval = {k: (s[k], s[k]) for k in ("ttft_mean_s", "ttft_p90_s")}
+        by_seed = [s["ttft_mean_s"]]
     docs = s["prefix_cache_queries"]
     free = s.get("position_free_hit_tokens", 0)
     return {"trace": trace, "memory": memory, "reuse": rule,
@@ -47,7 +49,7 @@ def row(trace: str, memory: str, rule: str, requests: int, rate: float, seed: in
             "recomputed": s.get("blend_recomputed_tokens", 0) / free if free else 0.0,
             "ttft_mean_s": s["ttft_mean_s"], "ttft_p90_s": s["ttft_p90_s"],
             "ttft_mean_ci95": interval["ttft_mean_s"], "ttft_p90_ci95": interval["ttft_p90_s"],
-            "throughput_rps": s["throughput_rps"]}
+            "throughput_rps": s["throughput_rps"], "ttft_mean_by_seed": by_seed}
 
 
 def main() -> None:
@@ -66,18 +68,23 @@ def main() -> None:
           f"memories: " + "; ".join(f"{k}: {v['gpu_mem']} GPU + {v['host_mem']} host"
                                     for k, v in MEMORIES.items()))
     print(f"{'trace':12} {'memory':9} {'reuse':11} {'hit (gpu+host)':>20} {'pos-free':>9} "
-          f"{'recomp':>7} {'TTFT mean [95% CI] ms':>24} {'TTFT p90 ms':>12} {'req/s':>6}")
+          f"{'recomp':>7} {'TTFT mean [95% CI] ms':>24} {'TTFT p90 ms':>12} {'req/s':>6} "
+          f"{'mean TTFT / prefix, paired by seed: mean [min, max]':>20}")
     for trace in args.traces.split(","):
         rate = args.rate if rate_given else RATES.get(trace, args.rate)
         for memory in MEMORIES:
             for rule in RULES:
                 r = row(trace, memory, rule, args.requests, rate, args.seed, args.seeds)
+                if rule == "prefix":  # the same seeds' arrivals: differences are paired
+                    prefix = r["ttft_mean_by_seed"]
+                ratios = [a / b for a, b in zip(r["ttft_mean_by_seed"], prefix, strict=True)]
                 hit = f"{r['hit']:.1%} ({r['hit_gpu']:.1%}+{r['hit_host']:.1%})"
                 low, high = r["ttft_mean_ci95"]
                 mean = f"{r['ttft_mean_s'] * 1e3:.1f} [{low * 1e3:.1f}, {high * 1e3:.1f}]"
                 print(f"{trace:12} {memory:9} {rule:11} {hit:>20} {r['free']:>9.1%} "
                       f"{r['recomputed']:>7.1%} {mean:>24} "
-                      f"{r['ttft_p90_s'] * 1e3:>12.1f} {r['throughput_rps']:>6.2f}")
+                      f"{r['ttft_p90_s'] * 1e3:>12.1f} {r['throughput_rps']:>6.2f} "
+                      f"{sum(ratios) / len(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
 
 
 if __name__ == "__main__":
