@@ -18,6 +18,16 @@ MIN_REPLICATE_EVERY_S = 1e-3
 MAX_GPU_FAILURE_RATE_PER_H = 3600.0  # once a second on average
 MAX_RETRIES = 1000
 MAX_INSTANCES = 1024  # answer-cache service instances, each with its own L1
+# any whole-number setting: at most the largest memory ragsim models (1 EiB, 2**60), 8x
+# below the C integers (64-bit) the compiled core computes in, so that no setting overflows
+# one with a traceback (tokens and counts: far past any real run)
+MAX_INTEGER = 2**60
+# documents of a request's path the tree may cache: past any request's length it is the same
+# as no limit, and the compiled tree holds it in a C integer
+MAX_CACHED_DEPTH = 2**31 - 1
+# a request's search refines its list this many times at most: each stage is a drawn list
+# per request, kept for the run (4 by default; RAGCache's figures use up to 8)
+MAX_SEARCH_STAGES = 1024
 # measured (issue of the reliability probe): a run keeps ~1.1 KB a request, a replay ~0.36 KB;
 # the bound below allows for the trace and the records being built beside them
 RUN_BYTES_PER_REQUEST = 2_000

@@ -204,6 +204,38 @@ def test_a_sweep_file_refuses_a_true_version_too(tmp_path):
     assert line.startswith(f"error: {sweep}, field 'version': unsupported version True")
 
 
+@pytest.mark.parametrize("setting, args, field, says", [
+    # whole numbers past a C integer (the compiled core's) ended in a traceback (an
+    # OverflowError) or a MemoryError: found by test_fuzz_cli
+    ("max_cached_depth = 2147483648", [], "run.max_cached_depth", "must be <= 2,147,483,647"),
+    (f"max_cached_depth = {2**63}", [], "run.max_cached_depth", "must lie within"),
+    (f"top_k = {2**63}", [], "run.top_k", "must lie within +-1,152,921,504,606,846,976"),
+    (f"host_cache_bytes = {2**63}", [], "run.host_cache_bytes", "must lie within"),
+    (f"host_replicas = {2**63}", [], "run.host_replicas", "must lie within"),
+    (f"search_stages = {2**60}", [], "run.search_stages", "must be <= 1024"),
+    (None, ["--top-k", str(2**63)], "--top-k", "must lie within"),
+])
+def test_a_whole_number_past_what_the_core_computes_in_is_one_line(tmp_path, setting, args,
+                                                                    field, says):
+    config = tmp_path / "c.toml"
+    if setting is not None:
+        config.write_text(f"[run]\n{setting}\n")
+        args = [*args, "--config", str(config)]
+    line = one_error_line(runner.invoke(app, ["run", *args, "--requests", "20"]))
+    assert f"field '{field}': {says}" in line or (
+        line.startswith(f"error: {config}, field '{field}': ") and says in line), line
+
+
+@pytest.mark.parametrize("args, field, says", [
+    (["--cache-depth", str(2**63)], "--cache-depth", "must be <= 2,147,483,647"),
+    (["--kv-bytes-per-token", str(2**63)], "--kv-bytes-per-token", "must lie within"),
+    (["--seed", str(-(2**63) - 1)], "--seed", "must lie within"),
+])
+def test_a_replays_whole_numbers_past_the_core_are_one_line(args, field, says):
+    line = one_error_line(runner.invoke(app, ["replay", *args, "--requests", "20"]))
+    assert f"field '{field}': {says}" in line, line
+
+
 @pytest.mark.parametrize("flag, value", [("--epsilon", "-1"), ("--epsilon", "0"),
                                          ("--epsilon", "nan"), ("--m", "0"),
                                          ("--ef-runtime", "0")])

@@ -104,8 +104,18 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
         raise RagsimInputError("must be > 0", field=label("kv_bytes_per_token"))
     if cache_depth is not None and cache_depth < 0:
         raise RagsimInputError("must be >= 0", field=label("cache_depth"))
+    from ragsim import limits
+
+    if cache_depth is not None and cache_depth > limits.MAX_CACHED_DEPTH:
+        raise RagsimInputError(f"must be <= {limits.MAX_CACHED_DEPTH:,} (documents; omit it "
+                               "for no limit)", field=label("cache_depth"))
     if system_prompt_tokens < 0:
         raise RagsimInputError("must be >= 0", field=label("system_prompt_tokens"))
+    for name, value in (("kv_bytes_per_token", kv_bytes_per_token), ("seed", seed),
+                        ("system_prompt_tokens", system_prompt_tokens)):
+        if value is not None and abs(value) > limits.MAX_INTEGER:  # as run's settings
+            raise RagsimInputError(f"must lie within +-{limits.MAX_INTEGER:,} (2**60), got "
+                                   f"{value:,}", field=label(name))
     if requests is not None and requests <= 0:
         raise RagsimInputError("must be > 0", field=label("requests"))
     problem = memory_problem(requests, REPLAY_BYTES_PER_REQUEST)

@@ -364,6 +364,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
         elif kind is int:
             _check(isinstance(value, int) and not isinstance(value, bool), name,
                    f"must be an integer, got {value!r}", source)
+            _check(abs(value) <= limits.MAX_INTEGER, name,
+                   f"must lie within +-{limits.MAX_INTEGER:,} (2**60), got {value:,}", source)
         elif kind is float:
             _check(_is_number(value), name, f"must be a number, got {value!r}", source)
         elif kind is str:
@@ -449,6 +451,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",
                  "max_batched_tokens", "reorder_scan", "prefix_block_tokens"):
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
+    _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
+           f"must be <= {limits.MAX_SEARCH_STAGES}", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
                  "host_replicas"):
@@ -462,6 +466,9 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.gpu_kv_bytes is None or c.gpu_kv_bytes > 0, "gpu_kv_bytes", "must be > 0", source)
     _check(c.max_cached_depth is None or c.max_cached_depth >= 0, "max_cached_depth",
            "must be >= 0", source)
+    _check(c.max_cached_depth is None or c.max_cached_depth <= limits.MAX_CACHED_DEPTH,
+           "max_cached_depth", f"must be <= {limits.MAX_CACHED_DEPTH:,} (documents; omit it "
+           "for no limit)", source)
     _check(all(t >= 0 for t in c.fail_gpu_at_s), "fail_gpu_at_s",
            "failure times must be >= 0", source)
     _check(0 <= c.answer_distance <= 2, "answer_distance",
