@@ -190,13 +190,18 @@ def _number(data: dict, key: str, source: str, where: str, minimum: float = 0.0)
     return number
 
 
-def mixed_steps_from_dict(data: object, *, name: str, source: str) -> MixedSteps:
-    where = "mixed_steps"
+def _check_model(data: object, where: str, model: str, source: str) -> None:
+    """A profile term is an object naming the model it is written in (``model``)."""
     if not isinstance(data, dict):
         raise ProfileError("must be an object", file=source, field=where)
-    if data.get("model") != MIXED_MODEL:
-        raise ProfileError(f"unknown model {data.get('model')!r}; expected {MIXED_MODEL!r}",
+    if data.get("model") != model:
+        raise ProfileError(f"unknown model {data.get('model')!r}; expected {model!r}",
                            file=source, field=f"{where}.model")
+
+
+def mixed_steps_from_dict(data: object, *, name: str, source: str) -> MixedSteps:
+    where = "mixed_steps"
+    _check_model(data, where, MIXED_MODEL, source)
     for key in ("chunk_tokens", "batch_sizes", "context_tokens", "seconds"):
         if not isinstance(data.get(key), list):
             raise ProfileError("missing or not a list", file=source, field=f"{where}.{key}")
@@ -238,11 +243,7 @@ def mixed_steps_from_dict(data: object, *, name: str, source: str) -> MixedSteps
 
 def step_overhead_from_dict(data: object, *, source: str) -> StepOverhead:
     where = "step_overhead"
-    if not isinstance(data, dict):
-        raise ProfileError("must be an object", file=source, field=where)
-    if data.get("model") != OVERHEAD_MODEL:
-        raise ProfileError(f"unknown model {data.get('model')!r}; expected {OVERHEAD_MODEL!r}",
-                           file=source, field=f"{where}.model")
+    _check_model(data, where, OVERHEAD_MODEL, source)
     fit = data.get("fit", {})
     if not isinstance(fit, dict):
         raise ProfileError("must be an object", file=source, field=f"{where}.fit")
