@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -302,6 +303,42 @@ def test_builtin_name_works_like_the_others(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     json.loads(result.stdout)
+
+
+def test_builtin_runs_on_its_own_arrivals_unless_a_rate_is_given(tmp_path):
+    """The issue: ragpulse's own arrivals by default. Each request's recorded arrival is the
+    trace's (read here from the packaged files' clock, not from the run's config), and --rate
+    replaces them with Poisson arrivals."""
+    own = resolve_trace("ragpulse", n_requests=40)
+    result = runner.invoke(app, ["run", "--trace", "ragpulse", "--requests", "40", "--json",
+                                 "--out", str(tmp_path / "own")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["config"]["arrival"] == "trace"
+    records = pd.read_parquet(tmp_path / "own" / "requests.parquet").sort_values("request_id")
+    assert np.allclose(records["arrival_s"].to_numpy(), own.arrival_s)
+    result = runner.invoke(app, ["run", "--trace", "ragpulse", "--requests", "40", "--rate",
+                                 "0.5", "--json", "--out", str(tmp_path / "poisson")])
+    assert result.exit_code == 0, result.output
+    poisson = pd.read_parquet(tmp_path / "poisson" / "requests.parquet")
+    assert not np.allclose(np.sort(poisson["arrival_s"].to_numpy()),
+                           own.arrival_s)
+
+
+def test_a_sweep_over_ragpulse_gives_the_runs_it_stands_for(tmp_path):
+    """The built-in name in a sweep: each point's row is the single run with its settings."""
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", "--set", "trace=ragpulse", "--set", "requests=60",
+                                 "--axis", "policy=pgdsf,lru", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out / "results.parquet").set_index("policy")
+    for policy in ("pgdsf", "lru"):
+        single = runner.invoke(app, ["run", "--trace", "ragpulse", "--requests", "60",
+                                     "--policy", policy, "--json"])
+        assert single.exit_code == 0, single.output
+        summary = json.loads(single.stdout)
+        for field in ("token_hit_rate", "ttft_mean_s", "throughput_rps", "doc_tokens"):
+            if field in summary:
+                assert rows.loc[policy, field] == pytest.approx(summary[field]), field
 
 
 def test_builtin_retimes_to_another_rate(tmp_path):
