@@ -51,6 +51,38 @@ def test_one_replica_on_the_fleets_clock_is_the_one_engine_run_to_the_last_bit()
     assert (fleet.columns["replica"] == 0).all()
 
 
+
+def _starting_at(start_s: float, n: int):
+    """mmlu's first n requests with their clock moved on by ``start_s`` (logged traffic keeps
+    its wall-clock timestamps: an epoch time, say), the first request no longer at t = 0."""
+    import dataclasses
+
+    trace = resolve_trace("mmlu", n_requests=n)
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s + start_s)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "kv-aware"])
+@pytest.mark.parametrize("start_s", [100.0, 1.7e9])
+def test_a_fleet_on_a_trace_whose_clock_starts_late_serves_nothing_before_it_arrives(
+        start_s, router):
+    """The fleet's arrival loop starts as one engine's: its first request waits for its own
+    planned time (it was delivered at t = 0, a TTFT of -start_s), whether the router decides
+    ahead (round-robin: each replica timed from its own start) or at each arrival; and one
+    replica is the one-engine run of the same trace, column by column."""
+    trace = _starting_at(start_s, 120)
+    config = build_config({"trace": "mmlu", "replicas": 2, "router": router, "seed": 3})
+    columns = run_fleet(trace, config, PROFILE).columns
+    assert (columns["first_token_s"] >= columns["arrival_s"]).all()
+    assert (columns["ttft_s"] >= 0).all()
+    assert _same(columns["arrival_s"], trace.arrival_s)
+    one = config.replace(replicas=1)
+    alone = run_simulation(trace, one, PROFILE)
+    fleet = FleetSimulation(trace, one, PROFILE).run()
+    for name, values in alone.columns.items():
+        if name != "decision_s":
+            assert _same(values, fleet.columns[name]), name
+
+
 def test_least_loaded_counts_requests_or_tokens():
     request = RouteRequest(0, [A], [10])
     state = FleetState(requests=[1, 3, 2], tokens=[900, 100, 400])

@@ -7,7 +7,8 @@ when the run was stopped), no TTFT below zero.
 test_fuzz_readers.py fuzzes the readers alone; this drives what they feed (the configuration's
 checks, the simulator, the writing of results) with what got through. The examples are few so
 the default suite stays fast (about 10 s); RAGSIM_FUZZ_EXAMPLES=300 searches harder. On the
-code before issue 32's fixes it failed on nested JSON and TOML (RecursionError tracebacks).
+code before issue 32's fixes it failed on nested JSON and TOML (RecursionError tracebacks), and
+on a fleet given a trace whose clock starts late (a negative TTFT).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -55,7 +56,8 @@ def with_deep(text: str) -> str:
 WORDS = st.sampled_from(["lru", "pgdsf", "fifo", "mixed", "prefill-first", "poisson", "gamma",
                          "trace", "sequential", "on", "off", "auto", "fixed", "window",
                          "lifetime", "head", "arrival", "synthetic", "none", "1GiB", "0",
-                         "64MiB", "vllm", "sglang", "ragcache", "vllm-apc", "hash"])
+                         "64MiB", "vllm", "sglang", "ragcache", "vllm-apc", "hash",
+                         "round-robin", "least-loaded", "kv-aware"])
 VALUES = st.one_of(SCALARS, WORDS, st.lists(SCALARS, max_size=3), st.just(DEEP_MARK))
 # every setting a config may hold, but where the input comes from (fuzzed on their own)
 FIELDS = sorted({
@@ -69,7 +71,7 @@ FIELDS = sorted({
     "batch_kv_sharing", "scheduler", "fail_gpu_at_s", "gpu_failure_rate_per_h",
     "host_replicas", "replicate_every_s", "gpu_recovery_s", "retry_timeout_s", "max_retries",
     "answer_cache", "answer_distance", "answer_l1_size", "answer_ttl_s", "instances",
-    "answer_routing", "colour"})
+    "answer_routing", "replicas", "router", "colour"})
 
 
 class Hang(Exception):
@@ -179,6 +181,9 @@ ROW_JUNK = st.one_of(SCALARS, st.none(), st.lists(st.one_of(SCALARS, st.none()),
 @st.composite
 def traces(draw) -> list:
     rows = good_rows(draw(st.integers(1, 8)))
+    start_s = draw(st.sampled_from([0.0, 100.0, 1.7e9]))  # logged wall-clock timestamps
+    for row in rows:
+        row["arrival_s"] += start_s
     for _ in range(draw(st.integers(0, 3))):
         row = rows[draw(st.integers(0, len(rows) - 1))]
         key = draw(st.sampled_from(sorted(row)))
@@ -196,12 +201,23 @@ def traces(draw) -> list:
     return rows
 
 
+# one engine, or a fleet whose router decides ahead (round-robin) or at each arrival
+FLEETS = st.sampled_from([[], ["--replicas", "2", "--router", "round-robin"],
+                          ["--replicas", "2", "--router", "least-loaded"],
+                          ["--replicas", "3", "--router", "kv-aware"]])
+
+
 @FUZZ
-@given(rows=traces(), arrival=st.sampled_from(["trace", "poisson", "sequential"]))
-def test_odd_jsonl_traces_end_cleanly(rows, arrival):
+@given(rows=traces(), arrival=st.sampled_from(["trace", "poisson", "sequential"]),
+       fleet=FLEETS)
+@example(rows=[{**row, "arrival_s": row["arrival_s"] + 100.0} for row in good_rows()],
+         arrival="trace", fleet=["--replicas", "2", "--router", "least-loaded"])
+def test_odd_jsonl_traces_end_cleanly(rows, arrival, fleet):
+    """A fleet too, on a trace whose clock starts late (before issue 32's fleet fix its first
+    request was served at t = 0: a TTFT of -100 s)."""
     folder = Path(tempfile.mkdtemp(prefix="ragsim-fuzz-cli-"))
     path = write_jsonl(rows, folder)
-    run_and_check(["--trace", str(path), "--arrival", arrival,
+    run_and_check(["--trace", str(path), "--arrival", arrival, *fleet,
                    *(["--rate", "2"] if arrival == "poisson" else [])])
 
 

@@ -281,6 +281,13 @@ class FleetSimulation:
                 return
             self._deliver(self.arrived)
 
+    def _first_arrivals(self, _event: simpy.Event) -> None:
+        """The open loop's start, as one engine's (``Pipeline._first_arrivals``): nothing has
+        arrived yet, so the first request waits for its own planned time like every other (a
+        trace whose clock starts late, at an epoch timestamp say, must not have its first
+        request served at t = 0). A router decided ahead times it from its replica's start."""
+        self._arrivals(None)
+
     def _deliver(self, i: int) -> None:
         if self.answers is not None:  # the fleet's answer cache first: a hit meets no replica
             answered, lookup_s = self.answers.lookup(i, self.env.now)
@@ -345,7 +352,7 @@ class FleetSimulation:
         no_progress = None
         if self.n:
             env = self.env
-            env.timeout_at(env.now, urgent=True).callbacks.append(self._arrivals)
+            env.timeout_at(env.now, urgent=True).callbacks.append(self._first_arrivals)
             for replica in self.replicas:
                 env.process(replica._background())
             with cyclic_gc_paused():
