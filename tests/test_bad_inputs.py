@@ -91,6 +91,28 @@ def test_a_null_inside_stage_lists_names_row_and_field(tmp_path, row0, times0, s
         assert f"requests.parquet, row 0, field '{field}': {says}" in line
 
 
+
+@pytest.mark.parametrize("seconds", [31 * 86400.0, 1e300], ids=["31-days", "1e300"])
+def test_a_stage_time_past_the_longest_duration_names_the_file(tmp_path, seconds):
+    """A measured stage longer than MAX_DURATION_S (a unit mistake, and a run that would tick
+    through it for ever) is refused by the trace's reader, naming file, row and field: the
+    run's own check named only the row, so nothing said which file to look in."""
+    def add_stages(table):
+        n = table.num_rows
+        stages = pa.array([[[k % 3, 5]] for k in range(n)], STAGES)
+        times = pa.array([[seconds] if k == 3 else [0.01] for k in range(n)],
+                         pa.list_(pa.float64()))
+        return (table.append_column("stages", stages).append_column("stage_times_s", times)
+                .replace_schema_metadata(table.schema.metadata))
+
+    folder = with_requests_table(small_trace(tmp_path / "t"), add_stages)
+    for command in (["run", "--trace", str(folder), "--search-latency", "trace", "--json"],
+                    ["replay", "--trace", str(folder), "--json"]):
+        line = one_error_line(runner.invoke(app, command))
+        assert f"{folder / 'requests.parquet'}, row 3, field 'stage_times_s'" in line
+        assert "30 days" in line
+
+
 def test_a_request_without_recorded_stages_is_still_accepted(tmp_path):
     """A null for a whole request's stages means none were recorded for it (the format lets
     a request have none): not an error."""

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ragsim.errors import TraceError
+from ragsim.limits import MAX_DURATION_S
 from ragsim.traces.schema import (
     INFO_KEY,
     OPTIONAL_DOCUMENT_COLUMNS,
@@ -354,7 +355,9 @@ def _check_session_ids(column: pa.Array, src: str) -> pa.Array:
 
 def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> pa.Array:
     """Per-stage search times: finite, >= 0, one per recorded stage (they describe the stages,
-    so a trace cannot have times without stages)."""
+    so a trace cannot have times without stages), none past MAX_DURATION_S (a day-long stage
+    is a unit mistake; refused here, the message names the file, not only when a run reads
+    the times)."""
     field = "stage_times_s"
     if stages is None:
         raise TraceError("stage times need a 'stages' column to describe", file=src, field=field)
@@ -381,4 +384,10 @@ def _check_stage_times(column: pa.Array, stages: pa.Array | None, src: str) -> p
         row = int(pc.list_parent_indices(column).to_numpy()[bad])
         raise TraceError(f"must be finite and >= 0, got {values[bad]}", file=src, row=row,
                          field=field)
+    bad = _first_bad(values > MAX_DURATION_S)
+    if bad is not None:
+        row = int(pc.list_parent_indices(column).to_numpy()[bad])
+        raise TraceError(f"a search stage of {values[bad]:.4g} s is longer than "
+                         f"{MAX_DURATION_S:,.0f} s (30 days): are the times in seconds?",
+                         file=src, row=row, field=field)
     return column
