@@ -38,6 +38,17 @@ n_requests = 200
 system = ["ragcache", "vllm"]
 rate_rps = [1.0, 4.0]
 """
+# two systems over host memory, 100 requests at the default rate: both keep up, so both
+# throughputs are the arrival rate (within 0.2%), and 2 seeds give a t band of +-12.7 SE
+HOST_MEM_RUN = """
+seeds = [0, 1]
+[base]
+trace = "mmlu"
+n_requests = 100
+[axes]
+system = ["ragcache", "vllm"]
+host_mem = ["2GiB", "10GiB"]
+"""
 
 
 def _sweep(tmp: Path, text: str) -> Path:
@@ -155,3 +166,4 @@ def test_rate_preset_and_ttft_cdf(run_sweep):
             for i in ids]))
         np.testing.assert_allclose(line.get_xdata(), ttft)
         assert line.get_ydata()[-1] == 1.0 and len(ttft) == 2 * 200
+

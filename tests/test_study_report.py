@@ -4,6 +4,7 @@ filled (read back from the browser's DOM)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -16,6 +17,7 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from ragsim.cli import app
+from tests.test_study_plot import HOST_MEM_RUN
 from tests.test_study_plot import RUN as SWEEP
 
 runner = CliRunner()
@@ -29,6 +31,7 @@ class _Dom(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.images: list[str] = []
+        self.alts: list[str] = []
         self.rows = 0
         self.cells: list[str] = []
         self.text: list[str] = []
@@ -37,6 +40,7 @@ class _Dom(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag == "img":
             self.images.append(dict(attrs).get("src", ""))
+            self.alts.append(dict(attrs).get("alt", ""))
         elif tag == "tr":
             self.rows += 1
         elif tag in ("td", "th"):
@@ -198,3 +202,32 @@ def test_curves_that_coincide_are_named_not_drawn(tmp_path):
     assert "Not drawn (their curves coincide)" in text and "every max_retries" in text
     captions = [t for t in dom.text if "one curve per max_retries" in t]
     assert captions == []  # none drawn against rate with a curve per max_retries
+
+
+def _report_of(out: Path, tmp_path: Path) -> _Dom:
+    page = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", str(out), "--out", str(page)])
+    assert result.exit_code == 0, result.output
+    dom = _Dom()
+    dom.feed(page.read_text())
+    return dom
+
+
+@pytest.fixture(scope="module")
+def host_mem_sweep(tmp_path_factory) -> Path:
+    from tests.test_study_plot import _sweep
+
+    return _sweep(tmp_path_factory.mktemp("host_mem"), HOST_MEM_RUN)
+
+
+def test_captions_give_swept_sizes_in_gib(host_mem_sweep, tmp_path):
+    """Swept over host memory (2 and 10 GiB): the CDF is drawn at the smallest, and its caption
+    says ``2 GiB``, not ``2147483648`` (the column's values are numpy integers)."""
+    dom = _report_of(host_mem_sweep, tmp_path)
+    captions = dom.alts  # each figure's caption is also its image's alt text
+    assert len(captions) == len(dom.images) > 0
+    assert any("host_cache_bytes = 2 GiB)" in c for c in captions), captions
+    for caption in captions:
+        assert caption in dom.text
+        assert not re.search(r"\d{7,}", caption), caption  # no size in bytes
+

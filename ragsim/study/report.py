@@ -13,6 +13,7 @@ import base64
 import html
 import io
 import json
+import numbers
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ from ragsim.study.plot import GiB, aggregate, draw_cdf, draw_curves, label, scal
 from ragsim.study.results import POINTS_DIR, RESULTS_FILE, SWEEP_FILE, read_results
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
     from matplotlib.figure import Figure
 
@@ -100,14 +103,20 @@ def sweep_figures(out_dir: Path, table: pd.DataFrame,
         rest = [n for n in varying if n != by]
         part = table
         fixed = []
-        for name in rest:  # the CDF at the first value of every other swept option
-            first = sorted(part[name].unique(), key=str)[0]
+        for name in rest:  # the CDF at the smallest value of every other swept option
+            first = sorted(part[name].unique(), key=_order(table, name))[0]
             part = part[part[name] == first]
             fixed.append(f"{name} = {_cell(name, first)}")
         caption = "TTFT CDF" + (f" per {by}" if by else "") + (
             f" ({', '.join(fixed)})" if fixed else "") + ", requests of every seed pooled"
         figures.append((draw_cdf(out_dir, part, by), caption))
     return figures
+
+
+def _order(table: pd.DataFrame, name: str) -> Callable[[object], object]:
+    """Sort key of a swept column's values: numbers by value (as text, 10 GiB would come
+    before 2 GiB), anything else by its text."""
+    return float if _numeric(table, name) else str
 
 
 def _curves_coincide(table: pd.DataFrame, x: str, y: str, by: str) -> bool:
@@ -146,10 +155,12 @@ def summary_table(table: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def _cell(column: str, value) -> str:
-    """A swept value as the table shows it: sizes in GiB, as the figures draw them."""
-    if column.endswith("_bytes") and isinstance(value, int | float) and value == value:
-        return f"{value / GiB:g} GiB"
+def _cell(column: str, value: object) -> str:
+    """A swept value as the table shows it: sizes in GiB, as the figures draw them. Values
+    taken from a column are numpy's numbers (not ``int``), so any real number counts."""
+    if (column.endswith("_bytes") and isinstance(value, numbers.Real)
+            and not isinstance(value, bool) and value == value):
+        return f"{float(value) / GiB:g} GiB"
     return str(value)
 
 
