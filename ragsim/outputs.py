@@ -70,6 +70,18 @@ def check_out_file(path: Path, flag: str = "--out") -> None:
     check_out_dir(path.parent if str(path.parent) else Path("."), flag)
 
 
+def claim_output_file(path: Path, *, force: bool = False, flag: str = "--out") -> None:
+    """``check_out_file``, and refuse a file that is already there (an earlier result: a
+    profile measured for an hour) unless ``force``. Called before the work, so that a refusal
+    costs nothing; a job's own partial state beside it (``OUT.partial.json``) is not the
+    result and does not count."""
+    check_out_file(path, flag)
+    if path.exists() and not force:
+        raise RagsimInputError(f"holds an earlier result; give another file, or "
+                               f"{label_on('force')} to replace it", file=str(path),
+                               field=flag)
+
+
 def _files_of(inputs: Iterable[str | os.PathLike | None]) -> set[Path]:
     """The real paths of the files the inputs name (a folder: the files directly in it)."""
     found: set[Path] = set()

@@ -73,6 +73,70 @@ def test_replay_refuses_an_earlier_result_too(tmp_path, small_trace):
     assert not (out / "config.toml").exists()
 
 
+def test_validate_refuses_an_earlier_validation_too(tmp_path):
+    """validate --out over an earlier comparison: refused (exit 2, nothing touched) unless
+    --force, as run's --out is (the 'real' side simulated: seconds, not minutes)."""
+    out = tmp_path / "v"
+    args = ("validate", "--out", str(out), "--backend", "sim", "--requests", "20", "--json")
+    assert invoke(*args).exit_code == 0
+    before = files_of(out)
+    result = invoke(*args, "--requests", "10")
+    assert result.exit_code == 2 and "holds an earlier result" in result.stderr
+    assert "--force" in result.stderr and files_of(out) == before
+    assert invoke(*args, "--requests", "10", "--force").exit_code == 0
+    assert json.loads((out / "validation.json").read_text())["requests"] == 10
+
+
+def test_the_python_validate_takes_force(tmp_path):
+    from ragsim.api.validation import setup_validation
+
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "validation.json").write_text("{}\n")
+    with pytest.raises(RagsimInputError, match=r"earlier result.*force=True"):
+        setup_validation(out, backend="sim", requests=5)
+    assert setup_validation(out, backend="sim", requests=5, force=True).out_dir == out
+
+
+class _Measured(Exception):
+    """What the profiler stand-in raises: the command got past its checks to the measuring."""
+
+
+def test_profile_refuses_an_earlier_profile_but_resumes_its_own_partial(tmp_path, monkeypatch):
+    """profile --out over a finished profile is refused before any measuring unless --force;
+    an interrupted measurement (only OUT.partial.json there) resumes without it."""
+    import ragsim.profiles.profiler as profiler
+
+    def measure(*args, **kwargs):
+        raise _Measured
+
+    monkeypatch.setattr(profiler, "run_profile", measure)
+    out = tmp_path / "p.json"
+    args = ("profile", "--layers", "2", "--hidden", "256", "--quick", "--out", str(out))
+    (tmp_path / "p.json.partial.json").write_text("{}")  # an interrupted measurement's state
+    assert isinstance(invoke(*args).exception, _Measured)
+    out.write_text('{"measured": "an hour ago"}')
+    result = invoke(*args)
+    assert result.exit_code == 2 and "holds an earlier result" in result.stderr
+    assert "--force" in result.stderr and out.read_text() == '{"measured": "an hour ago"}'
+    assert isinstance(invoke(*args, "--force").exception, _Measured)
+
+
+def test_plan_refuses_an_earlier_plan_and_force_replaces_it_whole(tmp_path):
+    out = tmp_path / "plan"
+    args = ("plan", "--requests", "50", "--replicas", "1", "--host-mem", "0", "--jobs", "1",
+            "--json", "--out", str(out))
+    assert invoke(*args).exit_code == 0
+    before = files_of(out)
+    result = invoke(*args, "--rate", "2")
+    assert result.exit_code == 2 and "holds an earlier result (plan.json)" in result.stderr
+    assert files_of(out) == before
+    # forced: another plan's candidates (another sweep's points) replace the earlier ones
+    assert invoke(*args, "--rate", "2", "--force").exit_code == 0
+    assert json.loads((out / "plan.json").read_text())["rate_rps"] == 2.0
+    assert set(pd.read_parquet(out / "results.parquet")["rate_rps"]) == {2.0}
+
+
 def test_a_trace_is_never_written_into_a_runs_folder_or_over_its_source(tmp_path, small_trace):
     run1 = tmp_path / "run1"
     assert invoke("run", "--trace", str(small_trace), "--requests", "5", "--json", "--out",

@@ -106,7 +106,8 @@ def test_an_interrupted_plan_json_leaves_the_previous_one(tmp_path, monkeypatch)
     monkeypatch.setattr(pathlib.Path, "write_text", cut)
     with pytest.raises(OSError):
         plan(trace="mmlu", rate=1.0, slo="ttft_p90_s<=5", requests=100, replicas=[1],
-             host_mem=[0], prices=str(tmp_path / "prices.toml"), jobs=1, out_dir=out)
+             host_mem=[0], prices=str(tmp_path / "prices.toml"), jobs=1, out_dir=out,
+             force=True)
     assert json.loads((out / "plan.json").read_text()) == {"previous": True}
     assert [p.name for p in out.iterdir() if p.name.endswith(".json")] == ["plan.json"]
 

@@ -106,19 +106,38 @@ def _run_quietly(spec, folder: Path, jobs: int, progress: bool, what: str):
     return read_results(folder)
 
 
+PLAN_FILE = "plan.json"
+MARGIN_DIR = "margin"  # the winner's margin sweep, beside the candidates'
+
+
+def _forget_earlier_plan(out: Path) -> None:
+    """A forced plan over an earlier one starts from nothing: the earlier plan's tables go
+    (its candidates are another sweep's points, which the sweep would refuse to mix with the
+    new ones); its plan.json stays until the new one replaces it whole. A folder without
+    plan.json is an interrupted plan: kept, so that it resumes."""
+    from ragsim.study.results import RESULTS_FILE
+
+    if not (out / PLAN_FILE).exists():
+        return
+    for path in (out / RESULTS_FILE, out / MARGIN_DIR / RESULTS_FILE):
+        path.unlink(missing_ok=True)
+
+
 def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
          model: str = "mistral-7b", system: str = "ragcache",
          host_mem: list[str | int] | None = None, replicas: list[int] | None = None,
          requests: int = 2000, seeds: int = 1, prices: str | Path | None = None,
          jobs: int | None = None, out_dir: str | Path | None = None,
          plot: str | Path | None = None, router: str | list[str] = "round-robin",
-         progress: bool = False) -> dict:
+         progress: bool = False, force: bool = False) -> dict:
     """The cheapest GPU type, GPU count, host memory and router that meet ``slo`` at ``rate``,
     searched with the simulator over ``model``'s shipped profiles, as ``ragsim plan`` finds it:
     the dict ``plan --json`` prints (``best``, ``candidates``, ``margin_curve``, ...).
-    ``router`` is one router or a list of them, each tried for every fleet."""
+    ``router`` is one router or a list of them, each tried for every fleet. An earlier plan
+    in ``out_dir`` is replaced only with ``force``; an interrupted one (no plan.json yet)
+    resumes."""
     from ragsim.figures import check_plot_path
-    from ragsim.outputs import check_out_dir
+    from ragsim.outputs import claim_output_dir
     from ragsim.study import plan as planning
     from ragsim.study.executors import default_jobs
 
@@ -143,8 +162,10 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
     if plot_file is not None:
         check_plot_path(plot_file, field=label("plot"))
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        check_out_dir(out, label("out_dir"))
+    if out is not None:  # before the candidates run: an earlier plan must not be lost
+        claim_output_dir(out, writes=(PLAN_FILE,), force=force, flag=label("out_dir"),
+                         inputs=(prices,))
+        _forget_earlier_plan(out)
     price_table = planning.load_prices(Path(prices) if prices is not None else None)
     options = planning.gpu_options(model, price_table)
     host_gib = ([as_bytes(h, "host_mem") / planning.GiB for h in host_mem]
@@ -170,7 +191,7 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
         from ragsim.study.spec import parse_sweep
 
         margin_spec = parse_sweep({"seeds": list(range(seeds)), "points": points}, "<plan>")
-        margin = _run_quietly(margin_spec, folder / "margin", jobs or default_jobs(),
+        margin = _run_quietly(margin_spec, folder / MARGIN_DIR, jobs or default_jobs(),
                               progress, "margin")
         for f in planning.MARGIN_FACTORS:
             rows = margin[abs(margin["rate_rps"] - rate * f) < 1e-12]
@@ -185,7 +206,7 @@ def plan(trace: str = "mmlu", rate: float = 1.0, slo: str = "ttft_p90_s<=0.5",
         from ragsim.atomic import write_text_atomically
 
         # whole or not at all: a plan.json cut by a full disk or a signal must not look finished
-        write_text_atomically(out / "plan.json", json.dumps(result, indent=2) + "\n")
+        write_text_atomically(out / PLAN_FILE, json.dumps(result, indent=2) + "\n")
     if plot_file is not None and curve:
         from ragsim.figures import save_figure
 

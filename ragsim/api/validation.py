@@ -19,6 +19,10 @@ from ragsim.api.options import as_bytes, label
 from ragsim.errors import RagsimInputError
 
 DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
+# what a validation writes directly in its folder (one comparison, or the table of loads): any
+# of them there is an earlier validation, which --out replaces only with force
+VALIDATION_FILES = ("validation.json", "requests.parquet", "config.toml", "loads.json",
+                    "loads.parquet")
 # configuration fields this command sets -> its options, so an error names what the user typed
 _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
@@ -258,14 +262,15 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      search_latency: str | None = None, replay_decisions: bool = False,
                      replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None,
-                     reuse: str | None = None) -> ValidationSetup:
+                     reuse: str | None = None, force: bool = False) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
-    chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress."""
+    chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress. ``force``:
+    replace an earlier validation in ``out_dir`` (refused otherwise, before any work)."""
     from ragsim import validation as v
     from ragsim.backends import CPU_PROFILES
     from ragsim.extras import require_extra
-    from ragsim.outputs import check_out_dir
+    from ragsim.outputs import claim_output_dir
 
     notes: list[tuple[str, bool]] = []
 
@@ -275,7 +280,9 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
             on_note(text, warning)
 
     out_dir = Path(out_dir)
-    check_out_dir(out_dir, label("out_dir"))  # before the runs: a typo must not cost them
+    # before the runs: a typo, an earlier validation or an input there must not cost them
+    claim_output_dir(out_dir, writes=VALIDATION_FILES, force=force, flag=label("out_dir"),
+                     inputs=(config, trace, profile, reference_profile))
     if backend not in v.BACKENDS:
         raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
                                field=label("backend"))

@@ -257,17 +257,19 @@ DEFAULT_PROFILE_ENTRIES = (1_000, 10_000, 100_000)
 
 
 def measure_answer_profile(out_file: Path, *, redis_url: str | None,
-                           entries: list[int] | None, samples: int) -> None:
+                           entries: list[int] | None, samples: int,
+                           force: bool = False) -> None:
     """``ragsim profile --answer-cache``: the latency profile of the real tiers, written to
-    ``out_file`` (the simulator's ``run --answer-cache --answer-profile FILE`` reads it)."""
-    from ragsim.cli.common import check_out_file
+    ``out_file`` (the simulator's ``run --answer-cache --answer-profile FILE`` reads it);
+    an earlier one there is replaced only with ``force``."""
+    from ragsim.outputs import claim_output_file
 
     require_answers("ragsim profile --answer-cache", embedder=True)
     sizes = sorted(set(entries or DEFAULT_PROFILE_ENTRIES))
     if sizes[0] < 1 or samples < 1:
         raise RagsimInputError("--answer-entries and --answer-samples must be >= 1",
                                field="--answer-entries")
-    check_out_file(out_file)  # before the measuring: a typo must not cost it
+    claim_output_file(out_file, force=force)  # before the measuring, which it would cost
     from ragsim.atomic import write_text_atomically
     from ragsim.realrun.answers.golden import answer_server
     from ragsim.realrun.answers.latency import measure

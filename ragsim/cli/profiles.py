@@ -13,7 +13,6 @@ from rich.table import Table
 from ragsim.cli.common import (
     Command,
     Group,
-    check_out_file,
     err,
     friendly_errors,
     name_table,
@@ -23,6 +22,7 @@ from ragsim.cli.common import (
     require_extra,
 )
 from ragsim.errors import RagsimInputError
+from ragsim.outputs import claim_output_file
 from ragsim.units import format_bytes
 
 ANSWERS = "Answer cache"
@@ -38,6 +38,9 @@ def profile(
     out_file: Annotated[Path | None, typer.Option("--out", help="Profile JSON to write. "
                         "\\[default: profile.json; answer-profile.json with --answer-cache]")
                         ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an earlier profile in --out (an interrupted measurement "
+        "resumes from OUT.partial.json without it).")] = False,
     layers: Annotated[int | None, typer.Option(help="Scale down: this many layers.")] = None,
     hidden: Annotated[int | None, typer.Option(
         help="Scale down: this hidden size (heads, KV heads and MLP scale with it).")] = None,
@@ -78,7 +81,7 @@ def profile(
 
         return measure_answer_profile(out_file or Path("answer-profile.json"),
                                       redis_url=redis_url, entries=answer_entries,
-                                      samples=answer_samples)
+                                      samples=answer_samples, force=force)
     out_file = out_file or Path("profile.json")
     if engine not in ("torch", "vllm"):
         raise RagsimInputError(f"must be torch or vllm, got {engine!r}", field="--engine")
@@ -87,7 +90,8 @@ def profile(
 
         require_engine("ragsim profile --engine vllm")
     require_extra("profile", "ragsim profile")
-    check_out_file(out_file)  # before the measuring: a typo must not cost it
+    # before the measuring: a typo, or an earlier profile it would replace, must not cost it
+    claim_output_file(out_file, force=force)
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
     from ragsim.profiles.steps import iteration_ratio_lines

@@ -222,6 +222,9 @@ def plan(
                                              show_default=False)] = None,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Keep the candidates' sweep here (results.parquet, plan.json).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an earlier plan in --out (an interrupted one resumes without "
+        "it).")] = False,
     plot_file: Annotated[Path | None, typer.Option(
         "--plot", help="Draw the margin curve (.png, .svg).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -237,7 +240,7 @@ def plan(
                        host_mem=host_mem, replicas=replicas, requests=requests, seeds=seeds,
                        router=router or "round-robin",
                        prices=prices, jobs=jobs, out_dir=out_dir, plot=plot_file,
-                       progress=not json_output)
+                       progress=not json_output, force=force)
     if json_output:
         print_json(result)
         return

@@ -111,6 +111,8 @@ def validate(
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a target is missed (for CI); the verdict decides on the "
         "raw errors only.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace an earlier validation in --out.")] = False,
 ) -> None:
     """Measure how far the simulation is from a real engine on the same trace and settings."""
     from ragsim.api.validation import setup_validation
@@ -136,7 +138,8 @@ def validate(
             profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
             scheduler=scheduler, reference_profile=reference_profile,
             search_latency=search_latency, replay_decisions=replay_decisions, replicas=replicas,
-            router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse)
+            router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse,
+            force=force)
     finally:
         if phases.live.is_started:
             phases.stop()
