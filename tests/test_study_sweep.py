@@ -247,6 +247,40 @@ def test_bad_sweep_files_are_one_line_exit_2(tmp_path, text, where):
     assert not (out / "results.parquet").exists()
 
 
+
+PASSWORD = "s3cr3t-PW"
+REDIS = f"redis://:{PASSWORD}@127.0.0.1:1"
+
+
+@pytest.mark.parametrize(("args", "where"), [
+    (["--set", f"answer_redis_url={REDIS}"], "field 'base.answer_redis_url'"),
+    (["--axis", f"redis_url={REDIS},redis://:other-{PASSWORD}@127.0.0.1:2"],
+     "field 'axes.redis_url'"),
+    (["--axis", f"answer_redis_url={REDIS}"], "field 'axes.answer_redis_url'"),
+    (["--set", "answer_namespace=team-a"], "field 'base.answer_namespace'"),
+    (["--file"], "field 'base.answer_redis_url'"),
+], ids=["set", "axis-alias", "axis", "namespace", "file"])
+def test_a_users_redis_is_refused_by_a_sweep_without_its_password(tmp_path, args, where):
+    """A sweep records its settings (sweep.toml, results.parquet) and says them in errors: a
+    Redis URL given to it wrote its password into --out. It is refused, one line naming the key
+    and never the value, before anything is written."""
+    out = tmp_path / "out"
+    if args == ["--file"]:
+        spec = tmp_path / "sweep.toml"
+        spec.write_text(f'[base]\ntrace = "mmlu"\nanswer_redis_url = "{REDIS}"\n')
+        args = [str(spec)]
+    command = ["sweep", *args, "--set", "trace=mmlu", "--set", "n_requests=20", "--jobs", "1",
+               "--out", str(out)]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], lines
+    assert PASSWORD not in result.output
+    written = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert not any(PASSWORD.encode() in p.read_bytes() for p in written), written
+
+
 def test_flags_make_the_same_sweep_as_a_file(tmp_path):
     text = """
 seeds = [0, 1]

@@ -38,6 +38,10 @@ MODES = ("run", "replay")
 _TOP_KEYS = {"format", "version", "seeds", "base", "axes", "points"}
 # keys of ``ragsim run`` that are not configuration fields (they pick how it runs)
 RUN_ONLY = ("backend", "device", "threads")
+# a user's own Redis (its address may hold a password) and the key prefix there: a sweep writes
+# its settings to sweep.toml and results.parquet and says them in errors, so it refuses them
+# (its points serve the answer cache from a simulation or an embedded server, never a user's)
+NOT_SWEPT = ("answer_redis_url", "answer_namespace")
 # replay's options named as run's configuration fields or replay's own summary config, so one
 # sweep file can switch modes and columns read the same
 REPLAY_ALIASES = {
@@ -118,8 +122,16 @@ def _normalise(table: dict, where: str, mode: str, source: str) -> dict:
                         f"{', '.join(sorted(names))}")
         if name in normal:
             raise _fail(source, f"{where}.{key}", f"sets {name} twice")
+        _refuse_not_swept(name, f"{where}.{key}", source)
         normal[name] = value
     return normal
+
+
+def _refuse_not_swept(name: str, where: str, source: str) -> None:
+    """One line naming the key, never its value: a Redis URL's password must not be echoed."""
+    if name in NOT_SWEPT:
+        raise _fail(source, where, "a user's Redis is not a sweep setting (a sweep records its "
+                    "settings in its files); give it to one `ragsim run`")
 
 
 def load_sweep(path: str | Path | None, *, settings: list[str] = (), axes: list[str] = (),
