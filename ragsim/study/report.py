@@ -21,7 +21,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ragsim.errors import RagsimInputError
-from ragsim.study.plot import GiB, aggregate, draw_cdf, draw_curves, label, scale
+from ragsim.study.plot import (
+    COINCIDE_RTOL,
+    GiB,
+    aggregate,
+    cdf_quantiles,
+    cdf_samples,
+    coincide,
+    draw_cdf,
+    draw_curves,
+    label,
+    scale,
+)
 from ragsim.study.results import POINTS_DIR, RESULTS_FILE, SWEEP_FILE, read_results
 
 if TYPE_CHECKING:
@@ -94,23 +105,35 @@ def sweep_figures(out_dir: Path, table: pd.DataFrame,
                 title = f"{label(y)} vs {label(x)}" + (f" ({fixed})" if fixed else "")
                 if by is not None and _curves_coincide(part, x, y, by):
                     # one line hiding the others says nothing: said in words instead
-                    not_drawn.append(f"{title}: every {by} gives the same values")
+                    not_drawn.append(f"{title}: every {by} gives the same values "
+                                     f"(within {COINCIDE_RTOL:.0%})")
                     continue
                 figures.append((draw_curves(part, x, y, by, title=title),
                                 title + (f", one curve per {by}" if by else "")))
     if (table["mode"] == "run").all() and _has_records(out_dir, table):
-        by = next((n for n in varying if not _numeric(table, n)), None)
-        rest = [n for n in varying if n != by]
-        part = table
-        fixed = []
-        for name in rest:  # the CDF at the smallest value of every other swept option
-            first = sorted(part[name].unique(), key=_order(table, name))[0]
-            part = part[part[name] == first]
-            fixed.append(f"{name} = {_cell(name, first)}")
-        caption = "TTFT CDF" + (f" per {by}" if by else "") + (
-            f" ({', '.join(fixed)})" if fixed else "") + ", requests of every seed pooled"
-        figures.append((draw_cdf(out_dir, part, by), caption))
+        figures += _cdf_figure(out_dir, table, varying, not_drawn)
     return figures
+
+
+def _cdf_figure(out_dir: Path, table: pd.DataFrame, varying: list[str],
+                not_drawn: list[str]) -> list[tuple[Figure, str]]:
+    """The TTFT CDF per the first swept option that is not a number, at the smallest value of
+    every other; none (named in ``not_drawn``) when the CDFs agree at every percentile."""
+    by = next((n for n in varying if not _numeric(table, n)), None)
+    part = table
+    fixed = []
+    for name in [n for n in varying if n != by]:
+        first = sorted(part[name].unique(), key=_order(table, name))[0]
+        part = part[part[name] == first]
+        fixed.append(f"{name} = {_cell(name, first)}")
+    caption = "TTFT CDF" + (f" per {by}" if by else "") + (
+        f" ({', '.join(fixed)})" if fixed else "")
+    samples = cdf_samples(out_dir, part, by)
+    if by is not None and coincide(cdf_quantiles(samples)):
+        not_drawn.append(f"{caption}: every {by} gives the same percentiles "
+                         f"(within {COINCIDE_RTOL:.0%})")
+        return []
+    return [(draw_cdf(out_dir, part, by), caption + ", requests of every seed pooled")]
 
 
 def _order(table: pd.DataFrame, name: str) -> Callable[[object], object]:
@@ -120,13 +143,13 @@ def _order(table: pd.DataFrame, name: str) -> Callable[[object], object]:
 
 
 def _curves_coincide(table: pd.DataFrame, x: str, y: str, by: str) -> bool:
-    """Whether every curve has the same means at every x (to 1 part in 10^9)."""
+    """Whether every curve has the same means at every x, to within ``COINCIDE_RTOL`` (see
+    ``coincide`` for why not exactly)."""
     stats = aggregate(table, x, y, by)
     if stats[by].nunique() < 2:
         return False
     means = stats.pivot_table(index=x, columns=by, values="mean", dropna=False)
-    values = means.to_numpy(dtype=float)
-    return bool(np.allclose(values, values[:, :1], rtol=1e-9, atol=0, equal_nan=True))
+    return coincide(means.to_numpy(dtype=float))
 
 
 def _has_records(out_dir: Path, table: pd.DataFrame) -> bool:
