@@ -208,3 +208,34 @@ def test_sim_fingerprint_tells_equal_runs_from_changed_ones(tmp_path):
     assert result.returncode == 1
     assert "columns: ['ttft_s']" in result.stdout
     assert result.stdout.endswith("1 of 51 configurations differ\n")
+
+
+def test_reuse_table_prints_each_load_memory_and_rule_with_throughput_paired_by_seed():
+    out = run_script("reuse_table.py", "--traces", "wiki-trivia", "--requests", "40",
+                     "--seeds", "2")
+    assert ("| trace | load | offered req/s | memory | reuse | hit (gpu+host) | pos-free | recomp "
+            "| TTFT mean [95% CI] ms | TTFT p90 ms | TTFT / prefix | throughput [95% CI] req/s "
+            "| throughput / prefix |") in out
+    rows = rows_of(out, "wiki-trivia")
+    assert [tuple(r[1:5]) for r in rows] == [
+        (load, rate, memory, rule) for load, rate in (("moderate", "2"), ("saturation", "48"))
+        for memory in ("gpu", "gpu+host") for rule in ("prefix", "blend:0.15", "epic:32")]
+    assert all(len(r) == 13 for r in rows)
+    assert all(r[10] == r[12] == "1.000 [1.000, 1.000]" for r in rows if r[4] == "prefix")
+
+    # saturation, GPU only, epic:32 by the CLI over the same two seeds: throughput with its
+    # interval, and over prefix's on the same seed
+    def by_cli(reuse: str) -> dict:
+        return cli_json("run", "--trace", "wiki-trivia", "--requests", "40", "--rate", "48",
+                        "--gpu-mem", "3GiB", "--host-mem", "0GiB", "--seed", "0", "--seeds",
+                        "2", "--reuse", reuse)
+
+    epic, prefix = by_cli("epic:32"), by_cli("prefix")
+    low, high = epic["ci95"]["throughput_rps"]
+    row = rows[8]
+    assert row[11] == f"{epic['mean']['throughput_rps']:.2f} [{low:.2f}, {high:.2f}]"
+    ratios = [a / b for a, b in zip(epic["by_seed"]["throughput_rps"],
+                                    prefix["by_seed"]["throughput_rps"], strict=True)]
+    assert row[12] == (f"{sum(ratios) / len(ratios):.3f} [{min(ratios):.3f}, "
+                       f"{max(ratios):.3f}]")
+    assert row[12] != "1.000 [1.000, 1.000]"  # at saturation the rules' throughputs differ
