@@ -210,6 +210,69 @@ def test_sim_fingerprint_tells_equal_runs_from_changed_ones(tmp_path):
     assert result.stdout.endswith("1 of 51 configurations differ\n")
 
 
+def test_fleet_scale_prints_each_fleet_size_with_the_simulated_time_ragsim_run_gives():
+    out = run_script("fleet_scale.py", "--requests", "200", "--replicas", "1,2")
+    lines = out.splitlines()
+    assert lines[0] == "mmlu, 200 requests, 2 req/s per replica, router round-robin"
+    assert lines[1].split() == ["replicas", "CPU", "s", "wall", "s", "req/CPU-s", "simulated",
+                                "s", "16", "x", "1M", "would", "take"]
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "2"] and all(r[-1] == "min" for r in rows)
+    for r in rows:
+        n = int(r[0])
+        # the script's settings through the CLI: the same load per replica, 32 GiB host each
+        simulated = cli_json("run", "--trace", "mmlu", "--requests", "200", "--rate", str(2 * n),
+                             "--replicas", str(n), "--router", "round-robin", "--host-mem",
+                             "32GiB")["simulated_s"]
+        assert r[4] == f"{simulated:,.0f}", (r, simulated)
+        # minutes for a million requests at the printed speed (that printed to the request per
+        # CPU-second, so within half a request of the true one)
+        speed = number(r[3])
+        assert abs(float(r[5]) - 1e6 / speed / 60) <= 0.05 + 1e6 * 0.5 / speed**2 / 60, r
+
+
+def test_fleet_table_prints_every_router_and_its_cells_are_what_ragsim_run_gives():
+    out = run_script("fleet_table.py", "--traces", "mmlu", "--replicas", "2",
+                     "--requests-per-replica", "20")
+    lines = out.splitlines()
+    assert lines[0] == ("total memory 64.00 GiB GPU + 256.00 GiB host, split evenly; "
+                        "20 requests per replica")
+    assert lines[1].split() == ["trace", "N", "req/s", "router", "hit", "rate", "TTFT", "mean",
+                                "p90", "imbalance", "GPU", "busy"]
+    rows = {line[20:42].strip(): line[:20].split() + line[42:].split() for line in lines[2:]}
+    assert list(rows) == ["round-robin", "random", "session", "least-loaded",
+                          "prefix-affinity", "kv-aware", "kv-aware, 1 s late"]
+    assert all(r[:3] == ["mmlu", "2", "3.0"] and len(r) == 8 for r in rows.values())
+    # kv-aware by the CLI: the fleet's rate, half the totals per replica, seed 0
+    s = cli_json("run", "--trace", "mmlu", "--requests", "40", "--rate", "3", "--replicas", "2",
+                 "--router", "kv-aware", "--gpu-mem", "32GiB", "--host-mem", "128GiB")
+    assert rows["kv-aware"][3:] == [f"{s['token_hit_rate']:.1%}", f"{s['ttft_mean_s']:.3f}s",
+                                    f"{s['ttft_p90_s']:.3f}s", f"{s['load_imbalance']:.2f}",
+                                    f"{s['gpu_busy_imbalance']:.2f}"]
+
+
+def test_router_table_prints_every_timing_free_router_as_ragsim_replay_gives_it():
+    out = run_script("router_table.py", "--traces", "mmlu", "--replicas", "2", "--requests",
+                     "200")
+    lines = out.splitlines()
+    assert lines[0] == "total memory 16.00 GiB GPU + 64.00 GiB host, split evenly"
+    rows = {line[20:37].strip(): line.split() for line in lines[2:]}
+    assert list(rows) == ["(one server)", "round-robin", "random", "session",
+                          "prefix-affinity"]
+
+    def replay(*args: str) -> dict:
+        return cli_json("replay", "--trace", "mmlu", "--requests", "200", "--seed", "0", *args)
+
+    one = replay("--gpu-mem", "16GiB", "--host-mem", "64GiB")
+    assert rows["(one server)"] == ["mmlu", "1", "(one", "server)",
+                                    f"{one['token_hit_rate']:.1%}", "-"]
+    s = replay("--replicas", "2", "--router", "prefix-affinity", "--gpu-mem", "8GiB",
+               "--host-mem", "32GiB")
+    assert rows["prefix-affinity"] == ["mmlu", "2", "prefix-affinity",
+                                       f"{s['token_hit_rate']:.1%}", f"{s['load_imbalance']:.2f}"]
+    assert rows["round-robin"][-1] == "1.00"  # 200 requests over 2 replicas, in turn
+
+
 def test_reuse_table_prints_each_load_memory_and_rule_with_throughput_paired_by_seed():
     out = run_script("reuse_table.py", "--traces", "wiki-trivia", "--requests", "40",
                      "--seeds", "2")
