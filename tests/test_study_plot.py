@@ -167,3 +167,25 @@ def test_rate_preset_and_ttft_cdf(run_sweep):
         np.testing.assert_allclose(line.get_xdata(), ttft)
         assert line.get_ydata()[-1] == 1.0 and len(ttft) == 2 * 200
 
+
+def test_bands_stop_where_the_metric_does(tmp_path):
+    """Over 2 seeds the Student-t interval of a throughput near 0.95 req/s runs from about -1
+    to 3 and a hit rate's past 1: the band is cut at 0 (and at 1 for a rate of hits), the
+    note says so, and the line of means is the table's."""
+    out = _sweep(tmp_path, HOST_MEM_RUN)
+    table = pd.read_parquet(out / "results.parquet")
+    for y, high in (("throughput_rps", np.inf), ("token_hit_rate", 1.0)):
+        groups = table.groupby(["system", "host_cache_bytes"])[y]
+        half = stats.t.ppf(0.975, groups.count() - 1) * groups.sem()
+        # what an uncut band would draw: below 0 req/s, above a hit rate of 1
+        assert (groups.mean() - half).min() < 0 or (groups.mean() + half).max() > high
+        ax = plot_figure(out, table, x="host_mem", y=y, by="system").axes[0]
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 2
+        for band in bands:
+            heights = band.get_paths()[0].vertices[:, 1]
+            assert heights.min() >= 0 and heights.max() <= high
+        assert any("cut to the values the metric can take" in t.get_text() for t in ax.texts)
+        line = next(ln for ln in ax.get_lines() if ln.get_label() == "system = vllm")
+        means = table[table["system"] == "vllm"].groupby("host_cache_bytes")[y].mean()
+        np.testing.assert_allclose(line.get_ydata(), means.to_numpy(), rtol=1e-12)

@@ -29,6 +29,9 @@ MAX_SEED_LINES = 8  # up to this many seeds, each is drawn as its own thin line
 # curves closer than this share of their value are one line (see ``coincide``)
 COINCIDE_RTOL = 0.01
 CDF_LEVELS = np.linspace(0.01, 0.99, 99)  # the quantiles two CDFs are compared at
+# metrics that cannot be negative (times, rates, sizes, counts of tokens) and those that are
+# shares (hit rates, busy fractions): a band is cut at the range the metric can take
+_NON_NEGATIVE = ("_s", "_ms", "_rps", "_bytes", "_tokens", "_rate", "_fraction")
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,17 @@ def label(column: str) -> str:
 def scale(column: str) -> float:
     """What a column's values are divided by to be drawn in its label's unit."""
     return float(GiB) if column.endswith("_bytes") else 1.0
+
+
+def bounds(column: str) -> tuple[float, float]:
+    """The values a metric can take. A Student-t band over 2 seeds is wide (+-12.7 standard
+    errors): around a throughput of 0.95 req/s it ran from -1 to 3 req/s, a hit rate's past 1;
+    drawn as is it shows values no run can have, so bands are cut to this range."""
+    if "hit_rate" in column or column.endswith("_fraction"):
+        return 0.0, 1.0
+    if column.endswith(_NON_NEGATIVE):
+        return 0.0, float("inf")
+    return float("-inf"), float("inf")
 
 
 def coincide(curves: np.ndarray) -> bool:
@@ -210,13 +224,17 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
     # each seed's own line, thin, when there are few: curves that share seeds are compared
     # seed by seed (a gap every seed shows is real even where the bands overlap)
     per_seed = 1 < seeds <= MAX_SEED_LINES and "seed" in table.columns
+    low, high = (b / scale(y) for b in bounds(y))
+    cut = False
     for value, curve in groups:
         curve = curve.sort_values(x)
         xs = curve[x].to_numpy(dtype=float) / scale(x)
         name = None if by is None else f"{plain(by)} = {_shown(value)}"
         ys = {k: curve[k].to_numpy(dtype=float) / scale(y) for k in ("mean", "lo", "hi")}
         (line,) = ax.plot(xs, ys["mean"], marker="o", label=name)
-        ax.fill_between(xs, ys["lo"], ys["hi"], alpha=0.2, color=line.get_color(), linewidth=0)
+        cut |= bool((ys["lo"] < low).any() or (ys["hi"] > high).any())
+        ax.fill_between(xs, np.clip(ys["lo"], low, high), np.clip(ys["hi"], low, high),
+                        alpha=0.2, color=line.get_color(), linewidth=0)
         if per_seed:
             rows = table if by is None else table[table[by].astype(str) == str(value)]
             for seed, one in rows.groupby("seed", sort=True):
@@ -232,7 +250,8 @@ def draw_curves(table: pd.DataFrame, x: str, y: str, by: str | None = None,
         ax.set_yscale("log", nonpositive="clip")
     ax.set_title(title or f"{label(y)} vs {label(x)}", fontsize=10)
     note = (f"mean over {seeds} seeds; band: {CONFIDENCE:.0%} confidence interval of the mean "
-            "(Student's t)" + ("; thin lines: each seed" if per_seed else "") if seeds > 1
+            "(Student's t" + (", cut to the values the metric can take" if cut else "") + ")"
+            + ("; thin lines: each seed" if per_seed else "") if seeds > 1
             else "one seed (no confidence band)")
     ax.text(0.99, 0.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7,
             color="0.4")
