@@ -81,6 +81,38 @@ def test_save_writes_what_out_writes_and_keeps_an_earlier_result(tmp_path):
     assert _simulated(again.summary) == _simulated(run.summary)
 
 
+
+def _folder_bytes(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("call", ["simulate", "replay", "config"])
+def test_save_never_writes_over_what_the_run_read(tmp_path, call):
+    """``simulate(trace=D).save(D, force=True)`` replaced the trace's requests.parquet (the
+    command line refused it; the API did not pass the run's inputs): ``force`` replaces an
+    earlier result, never an input (a trace, a config file)."""
+    from ragsim.traces import resolve_trace, write_trace
+
+    folder = tmp_path / "input"
+    write_trace(resolve_trace("mmlu", n_requests=40), folder)
+    if call == "config":
+        (folder / "config.toml").write_text(
+            'format = "ragsim.config"\nversion = 1\n[run]\nn_requests = 40\n')
+        result = ragsim.simulate(folder / "config.toml")
+        named = "config.toml"
+    elif call == "simulate":
+        result = ragsim.simulate(trace=str(folder))
+        named = "requests.parquet"
+    else:
+        result = ragsim.replay(str(folder))
+        named = "requests.parquet"
+    before = _folder_bytes(folder)
+    with pytest.raises(ragsim.RagsimInputError, match=f"own input \\({named}") as raised:
+        result.save(folder, force=True)
+    assert str(folder) in str(raised.value)
+    assert _folder_bytes(folder) == before
+
+
 @pytest.mark.parametrize(("options", "named", "says"), [
     ({"rate": -1}, "rate", "positive rate"),
     ({"host_mem": "3parsecs"}, "host_mem", "unknown size unit"),

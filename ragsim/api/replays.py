@@ -70,6 +70,7 @@ class ReplaySetup:
     costs: Profile
     drift: float | None = None
     notes: list[str] = field(default_factory=list)
+    inputs: tuple = ()  # what it reads, as given (trace, profile, model): never written over
 
     def execute(self, on_progress: Callable[[int], None] | None = None,
                 on_start: Callable[[int], None] | None = None) -> Replay:
@@ -81,7 +82,8 @@ class ReplaySetup:
                              **generator_settings(self.drift))
         if on_start is not None:
             on_start(data.n_requests)
-        return Replay(run_replay(data, c, self.costs, on_progress), data.n_requests)
+        return Replay(run_replay(data, c, self.costs, on_progress), data.n_requests,
+                      inputs=self.inputs)
 
 
 def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: str = "lifetime",
@@ -151,7 +153,7 @@ def setup_replay(trace: str = "mmlu", policy: str = "pgdsf", frequency_scope: st
     costs = load_profile(profile)
     if drift is not None and not 0.0 <= drift <= 1.0:
         raise RagsimInputError("must lie in [0, 1]", field=label("drift"))
-    return ReplaySetup(config, costs, drift, notes)
+    return ReplaySetup(config, costs, drift, notes, inputs=(trace, profile, model))
 
 
 # replay's options, read from the one place that declares them

@@ -222,7 +222,7 @@ class RunSetup:
         if self.backend == "vllm":  # the settings taken from vLLM (validate records them so too)
             result.summary["backend_terms"] = {name: getattr(result.config, name)
                                                for name in self.terms}
-        return Run(result)
+        return Run(result, inputs=self.inputs)
 
 
 def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads: int = 0,
@@ -271,9 +271,11 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
 @dataclass
 class Result:
     """What a run or a replay hands back: its summary, its per-request records and its
-    configuration, and ``save`` writing them as ``--out`` does."""
+    configuration, and ``save`` writing them as ``--out`` does. ``inputs``: what it read (the
+    trace, the configuration file, the profiles), which ``save`` refuses to write over."""
 
     result: object
+    inputs: tuple = field(default=(), kw_only=True)
 
     @property
     def summary(self) -> dict:
@@ -295,11 +297,12 @@ class Result:
 
     def save(self, out_dir: str | Path, *, force: bool = False) -> Path:
         """Write what ``--out`` writes, as one result set; an earlier result there is replaced
-        only with ``force``."""
+        only with ``force``, an input (the trace's own requests.parquet, say) never."""
         from ragsim.outputs import RUN_FILES, claim_output_dir, save_run_result
 
         out_dir = Path(out_dir)
-        claim_output_dir(out_dir, writes=RUN_FILES, force=force, flag=label("out_dir"))
+        claim_output_dir(out_dir, writes=RUN_FILES, force=force, inputs=self.inputs,
+                         flag=label("out_dir"))
         save_run_result(out_dir, self.requests, self.summary, self._config_toml(),
                         flag=label("out_dir"))
         return out_dir
