@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -189,3 +190,23 @@ def test_bands_stop_where_the_metric_does(tmp_path):
         line = next(ln for ln in ax.get_lines() if ln.get_label() == "system = vllm")
         means = table[table["system"] == "vllm"].groupby("host_cache_bytes")[y].mean()
         np.testing.assert_allclose(line.get_ydata(), means.to_numpy(), rtol=1e-12)
+
+
+def test_the_readme_tour_plots_by_the_name_it_swept(tmp_path):
+    """The tour sweeps ``host_mem`` and plots it by that name (one name per quantity, not the
+    results' ``host_cache_bytes``): its two commands, run as written on fewer requests."""
+    lines = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    sweep = shlex.split(next(ln for ln in lines if ln.startswith("ragsim sweep ")))[1:]
+    plot = shlex.split(next(ln for ln in lines if ln.startswith("ragsim plot ")))[1:]
+    swept = {a.split("=")[0] for a, flag in zip(sweep[1:], sweep, strict=False)
+             if flag == "--axis"}
+    assert plot[plot.index("--x") + 1] in swept, (plot, swept)
+    out = tmp_path / "sw"
+    sweep[sweep.index("--out") + 1] = str(out)
+    result = runner.invoke(app, [*sweep, "--set", "n_requests=100", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    plot[1] = str(out)
+    plot[plot.index("--out") + 1] = str(tmp_path / "hits.png")
+    result = runner.invoke(app, plot)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hits.png").read_bytes()[:4] == b"\x89PNG"
