@@ -161,21 +161,29 @@ def test_position_free_hits_are_not_needed_for_the_engine_to_run_them():
     assert np.asarray(run.result.columns["position_free_hit_tokens"]).sum() == 0
 
 
-def test_validate_on_torch_compares_a_blended_run_with_its_simulation(tmp_path):
-    """``validate --backend torch --reuse blend:0.15``: the real run and the simulation are
-    compared as for prefix reuse (hit agreement per request), and the report carries both
-    sides' position-free counts and the engine's own, which agree."""
+@pytest.mark.parametrize("reuse", ["blend:0.15", "epic:4"])
+def test_validate_on_torch_compares_a_blended_run_with_its_simulation(tmp_path, reuse):
+    """``validate --backend torch --reuse blend:0.15`` (and ``epic:4``, issue 29: validate
+    covers both rules): the real run and the simulation are compared as for prefix reuse (hit
+    agreement per request), and the report carries both sides' position-free counts and the
+    engine's own, which agree."""
     import ragsim
 
     found = ragsim.validate(tmp_path, backend="torch", requests=8, sequential=True,
-                            reuse="blend:0.15")
+                            reuse=reuse)
     report = found.report
-    assert report["reuse"] == "blend:0.15"
+    assert report["reuse"] == reuse
     assert report["hit_agreement"] == 1.0
     counts = report["position_free"]
     assert counts["agree"] is True
     assert counts["real"] == counts["sim"] == counts["engine"]
-    assert counts["sim"]["position_free_hit_tokens"] > 0
+    free = counts["sim"]["position_free_hit_tokens"]
+    recomputed = counts["sim"]["blend_recomputed_tokens"]
+    assert free > 0
+    if reuse.startswith("epic"):  # the first 4 tokens of each reused document
+        assert 0 < recomputed < free and recomputed % 4 == 0
+    else:  # 15% of each reused document's tokens, rounded per document
+        assert 0.1 < recomputed / free < 0.2
     assert report["real"]["backend"] == "torch"
 
 
