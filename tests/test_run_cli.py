@@ -66,6 +66,27 @@ def test_table_output_and_systems_listing():
         assert name in listing.stdout
 
 
+def test_systems_json_says_which_engine_version_and_source_files_todays_presets_follow():
+    """Issue 26's interface: ``ragsim systems --json`` gives each preset with ``follows``
+    (engine, version, source files), so a reader can check a preset against the code it
+    claims to follow; today's host-tier systems name the files their rules were read from."""
+    result = runner.invoke(app, ["systems", "--json"])
+    assert result.exit_code == 0, result.output
+    systems = json.loads(result.stdout)
+    for name, engine, root in (("sglang-hicache", "SGLang", "python/sglang/srt/"),
+                               ("vllm-offload", "vLLM", "vllm/")):
+        follows = systems[name]["follows"]
+        assert follows["engine"] == engine, name
+        assert isinstance(follows["version"], str) and follows["version"].strip(), name
+        assert follows["files"] and all(f.startswith(root) and f.endswith(".py")
+                                        for f in follows["files"]), follows["files"]
+    assert any("hiradix_cache" in f for f in systems["sglang-hicache"]["follows"]["files"])
+    assert any("offloading_connector" in f for f in systems["vllm-offload"]["follows"]["files"])
+    # the rest say what they follow too (the paper's baselines: its description, no files)
+    for name, entry in systems.items():
+        assert {"engine", "version", "files"} <= set(entry["follows"]), name
+
+
 def test_bad_flags_and_files_give_one_clear_line(tmp_path):
     result = runner.invoke(app, ["run", "--system", "tgi"])
     assert result.exit_code == 2 and "system" in result.output
