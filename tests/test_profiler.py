@@ -219,7 +219,7 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
         pass
 
     def stop_after_first_group(phase, done, total):
-        if phase == sweeps:
+        if phase == sweeps and done == 1:  # (done 0 says the phase begins)
             assert total > 2
             raise Stop
 
@@ -239,6 +239,73 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
     assert len(raw["held_out_batches"]) == 2 and len(profile.obtained["validation"][
         "held_out_prefill"]) == 2
     assert not (tmp_path / "p.json.partial.json").exists()
+
+
+class _Recorded:
+    """The torch engine, each timed call written into ``log`` as it starts."""
+
+    TIMED = ("decode", "copy", "sample", "sweeps", "blend_selection")
+
+    def __init__(self, engine, log: list) -> None:
+        self._engine, self._log = engine, log
+
+    def __getattr__(self, name: str):
+        found = getattr(self._engine, name)
+        if name not in self.TIMED:
+            return found
+
+        def timed(*args, **kwargs):
+            self._log.append(("work", name))
+            return found(*args, **kwargs)
+
+        return timed
+
+
+def test_every_phase_is_reported_before_its_work(tmp_path):
+    """A quick profile was silent from ~19 s to ~100 s: the held-out decode points and the step
+    overhead reported nothing, and the prefill sweeps only once their first group had ended.
+    Every timed call must run under a report of its phase that still has work to come."""
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=2, hidden=128).with_dtype("fp32")
+    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 64], batch_sizes=[1, 2],
+                       context_tokens=[16, 32], batches=2, held_out_points=1,
+                       held_out_batches=1, copy_bytes=[2**12, 2**16], warmup=0,
+                       repetitions=1, held_out_decode=2, overhead_rows=[1, 4])
+    log: list = []
+    engine = _Recorded(TorchEngine(spec, "cpu", "fp32", 1, 0), log)
+    run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=tmp_path / "p.json",
+                engine=engine, progress=lambda *report: log.append(("report", *report)))
+    phase_of = {"decode": ("decode", "held-out decode points"), "copy": ("transfers",),
+                "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
+                                                         "points",),
+                "blend_selection": ("blend selection pass",)}
+    last = None
+    for entry in log:
+        if entry[0] == "report":
+            last = entry[1:]
+            continue
+        assert last is not None, f"{entry[1]} ran before any phase was reported"
+        phase, done, total = last
+        assert phase in phase_of[entry[1]] and done < total, (entry[1], last)
+    reported = [entry[1] for entry in log if entry[0] == "report"]
+    assert list(dict.fromkeys(reported)) == [
+        "decode", "held-out decode points", "transfers", "step overhead",
+        "prefill grid, batches, held-out points", "blend selection pass"]
+    finals = {phase: (done, total) for _, phase, done, total in
+              (e for e in log if e[0] == "report")}
+    assert all(done == total for done, total in finals.values())  # each ended at its total
+
+
+def test_each_phase_is_one_line_where_stderr_is_no_terminal(capsys):
+    """In a log or CI the bars draw nothing: each phase still says, once, that it began."""
+    from ragsim.cli.common import phased_progress
+
+    progress, report = phased_progress()
+    with progress:
+        for phase, done, total in (("decode", 0, 6), ("decode", 3, 6), ("decode", 6, 6),
+                                   ("transfers", 0, 3), ("transfers", 3, 3)):
+            report(phase, done, total)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]  # (rich ends
+    assert lines == ["decode: 6 steps", "transfers: 3 steps"]  # a stopped display with a blank)
 
 
 def test_the_torch_profiler_measures_the_blend_selection_pass(tmp_path):

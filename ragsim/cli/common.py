@@ -169,13 +169,17 @@ def counting_progress(total: int, label: str, enabled: bool):
 
 def phased_progress():
     """A progress display with one bar per phase, and the ``(phase, done, total)`` callback long
-    jobs (profiling, trace building) report through."""
+    jobs (profiling, trace building) report through. Where stderr is no terminal (a log, CI, a
+    pipe) the bars draw nothing, so each phase is one line there as it starts: a job of minutes
+    is never silent."""
     progress = make_bar()
     tasks: dict[str, int] = {}
 
     def report(phase: str, done: int, total: int) -> None:
         if phase not in tasks:
             tasks[phase] = progress.add_task(phase, total=total)
+            if not err.is_terminal:
+                err.print(f"{phase}: {total:,} steps", markup=False, highlight=False)
         progress.update(tasks[phase], completed=done)
 
     return progress, report

@@ -411,6 +411,17 @@ def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     return latency, 1.0 / per_byte if per_byte > 0 else float("inf")
 
 
+SWEEPS_PHASE = "prefill grid, batches, held-out points"
+
+
+def _starting(report: Progress, phase: str, total: int) -> None:
+    """Say a phase has begun before its first (possibly minute-long) step: a display that
+    heard of a phase only when a step ended showed nothing for over a minute of a quick
+    profile. A phase with nothing to measure is not shown."""
+    if total:
+        report(phase, 0, total)
+
+
 def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: ProfilePlan,
                 out: Path, threads: int | None = 1, seed: int = 0,
                 kv_capacity_bytes: int | None = None, label: str = "",
@@ -450,19 +461,24 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                                "bilinear grid at each chunk size)", field="plan")
 
     cells = [(bs, ctx) for bs in plan.batch_sizes for ctx in plan.context_tokens]
+    _starting(report, "decode", len(cells))
     for i, (bs, ctx) in enumerate(cells):
         if _key(bs, ctx) not in state.decode:
             m = engine.decode(bs, ctx, w, r)
             state.decode[_key(bs, ctx)] = [m.median_s, m.min_s, m.max_s]
             save()
         report("decode", i + 1, len(cells))
-    for i, (bs, ctx) in enumerate(_held_out_decode_points(plan, seed)):
+    held_out = _held_out_decode_points(plan, seed)
+    _starting(report, "held-out decode points", len(held_out))
+    for i, (bs, ctx) in enumerate(held_out):
         if i >= len(state.held_out_decode):
             m = engine.decode(bs, ctx, w, r)
             state.held_out_decode.append({"batch": bs, "context": ctx, "seconds": m.median_s,
                                           "min_s": m.min_s, "max_s": m.max_s})
             save()
+        report("held-out decode points", i + 1, len(held_out))
 
+    _starting(report, "transfers", len(plan.copy_bytes))
     for i, n_bytes in enumerate(plan.copy_bytes):
         for direction in ("h2d", "d2h"):
             if _key(n_bytes) + direction not in state.copies:
@@ -471,17 +487,21 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                 save()
         report("transfers", i + 1, len(plan.copy_bytes))
     sample = getattr(engine, "sample", None)  # vLLM's timed step() already samples
-    for rows in plan.overhead_rows if sample is not None else ():
+    overhead_rows = plan.overhead_rows if sample is not None else []
+    _starting(report, "step overhead", len(overhead_rows))
+    for i, rows in enumerate(overhead_rows):
         if _key(rows) not in state.sampling:
             m = sample(rows, w, r)
             state.sampling[_key(rows)] = [m.median_s, m.min_s, m.max_s]
             save()
+        report("step overhead", i + 1, len(overhead_rows))
 
     units = _sweep_units(plan, seed)
     if whole_cached is not None:
         units = [replace(u, passes=[([whole_cached(a) for a in cached], new)
                                     for cached, new in u.passes]) for u in units]
     groups = _sweep_groups(units, spec.kv_bytes_per_token, kv_capacity_bytes // 2)
+    _starting(report, SWEEPS_PHASE, len(groups))
     for g, group in enumerate(groups):
         if g >= state.groups_done:
             passes = [pass_ for unit in group for pass_ in unit.passes]
@@ -498,11 +518,12 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             state.sweep_speed.append(timed.sweep_speed)
             state.groups_done = g + 1
             save()
-        report("prefill grid, batches, held-out points", g + 1, len(groups))
+        report(SWEEPS_PHASE, g + 1, len(groups))
 
     # an engine that runs blended prefills (the torch engine) times their selection pass
     measure_selection = getattr(engine, "blend_selection", None)
     if measure_selection is not None and state.blend_selection_s_per_token is None:
+        _starting(report, "blend selection pass", 1)
         state.blend_selection_s_per_token = measure_selection(plan)
         save()
         report("blend selection pass", 1, 1)
