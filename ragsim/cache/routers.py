@@ -35,7 +35,9 @@ routers it models, a cache-aware router keeps its own approximate picture of wha
   lowest logit wins, ties drawn at random (seeded; Dynamo's temperature 0). Blocks are
   counted as tokens / block (a document need not end on a block boundary), a request's
   generated tokens are not counted (Dynamo adds them as they are generated), and the
-  prompt's documents are its shared blocks (its query is its own). Needs the clock.
+  prompt's documents are its shared blocks (its query is its own). Needs the clock. This is
+  Dynamo's cost only: llm-d's weighted prefix-cache and load scorers are not modelled
+  (docs/model.md section 10 says how the two relate).
 
 What a router learns from the replicas (their caches, their outstanding requests and tokens)
 may be ``staleness`` seconds late (``--router-staleness``, ``FleetState``); what it keeps itself
