@@ -65,6 +65,24 @@ def test_a_refused_candidate_is_a_miss_and_counted():
         assert cache.lookup("Explain what os.execle does.", 1.0, embedding=vec).hit
 
 
+def test_a_hit_from_another_question_is_false_though_its_answer_is_equal():
+    """Two distinct questions with one answer (GSM8K's 100 questions have 72 answers): the
+    second's semantic hit on the first's entry serves the right text for the wrong question,
+    a false hit; a declared paraphrase of the first served from it is not one."""
+    from ragsim.realrun.answers.golden import Golden, _golden_passes
+    from ragsim.realrun.answers.stores import VectorIndex
+
+    golden = Golden(["What is 3 + 4?", "What is 5 + 2?"], ["7", "7"],
+                    paraphrases=[("Tell me 3 + 4.", 0)])
+    result = _golden_passes(golden, ModelSharedStore(), lambda text: np.ones(8, np.float32),
+                            config=AnswerCacheConfig(guard="none"), index=VectorIndex(),
+                            cold_l1=False, progress=None)
+    assert result["first_pass_hit_rate"] == 0.5  # the second question, from the first's entry
+    assert result["first_pass_false_hits"] == 1 and result["false_hit_rate"] == 0.5
+    assert result["second_pass_false_hits"] == 1  # L1 holds the first's entry for it
+    assert result["paraphrase_hit_rate"] == 1.0 and result["paraphrase_false_hit_rate"] == 0.0
+
+
 def test_an_unknown_guard_is_refused():
     with pytest.raises(ValueError, match="guard"):
         AnswerCacheConfig(guard="cosine")

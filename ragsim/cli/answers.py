@@ -125,10 +125,10 @@ def golden(
     json_output: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Replay a golden set twice: the second pass should be (nearly) all hits, with the first
-    pass's answers, much faster (the article's acceptance test). A hit that serves another
-    answer than the file gives is a false hit (on distinct questions, every first-pass hit
-    from another question). The file's answers stand in for RAG, so no LLM runs; the timing
-    is the answer cache's own work."""
+    pass's answers, much faster (the article's acceptance test). A hit served from another
+    question's entry (not the question asked, nor a paraphrase of it) is a false hit, though
+    its answer be equal; so is one serving another answer than the file gives. The file's
+    answers stand in for RAG, so no LLM runs; the timing is the answer cache's own work."""
     check_index_options(algorithm=algorithm, m=m, ef_construction=ef_construction,
                         ef_runtime=ef_runtime, epsilon=epsilon)
     require_answers("ragsim answers golden", embedder=True)
