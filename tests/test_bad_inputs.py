@@ -590,3 +590,11 @@ def test_the_real_mooncake_sample_is_chained(mooncake_sample, tmp_path):
     result = runner.invoke(app, ["trace", "import-mooncake", str(mooncake_sample),
                                  str(tmp_path / "t")])
     assert result.exit_code == 0 and "warning" not in result.stderr, result.output
+
+
+def test_generating_no_requests_is_refused_before_the_folder_is_made(tmp_path):
+    out = tmp_path / "out"
+    line = one_error_line(runner.invoke(app, ["trace", "generate", "mmlu", str(out),
+                                              "--requests", "0"]))
+    assert "field '--requests'" in line and "must be > 0" in line
+    assert not out.exists()

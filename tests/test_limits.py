@@ -84,3 +84,36 @@ def test_memory_problem_says_how_much_is_needed(monkeypatch):
     assert limits.memory_problem(1000, limits.RUN_BYTES_PER_REQUEST) is None
     problem = limits.memory_problem(10**9, limits.RUN_BYTES_PER_REQUEST)
     assert problem is not None and "1,000,000,000 requests" in problem and "1,863 GiB" in problem
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["run"], ["replay"], ["trace", "generate", "mmlu", "OUT"]],
+                         ids=["run", "replay", "trace-generate"])
+def test_a_billion_requests_are_refused_before_allocating(monkeypatch, tmp_path, command):
+    """Past this machine's memory (16 GiB here, whatever the machine running the test has) a
+    run, a replay and a generated trace are one line naming --requests, not a MemoryError
+    after minutes; nothing is written."""
+    monkeypatch.setattr(limits, "physical_memory_bytes", lambda: 16 * 2**30)
+    out = tmp_path / "out"
+    command = [str(out) if part == "OUT" else part for part in command]
+    line = _one_error_line(runner.invoke(app, [*command, "--requests", "1000000000"]))
+    assert "field '--requests'" in line and "1,000,000,000 requests" in line
+    assert not out.exists()
+
+
+def test_a_gpu_that_never_recovers_is_stopped_naming_the_flags(monkeypatch):
+    """Failing about once a second and down a day each time, the GPU serves nothing and the
+    run only ticks through failures: the watchdog stops it, naming the flags to change."""
+    monkeypatch.setattr(limits, "NO_PROGRESS_WALL_S", 0.3)
+    result = runner.invoke(app, ["run", "--requests", "3", "--gpu-failure-rate", "3600",
+                                 "--gpu-recovery", "86400", "--max-retries", "1000", "--json"])
+    line = _one_error_line(result)
+    assert "no progress" in line
+    assert "--gpu-failure-rate" in line and "--gpu-recovery" in line
