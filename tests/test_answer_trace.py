@@ -114,6 +114,29 @@ def test_stored_embeddings_without_text_enable_the_semantic_tier():
     assert result.columns["answer_false_hit"].tolist() == [False, True, False]
 
 
+def test_a_guard_without_text_to_compare_is_said_off_and_recorded():
+    """Embeddings but no question text: the entity guard has no words, so it is turned off;
+    the run says so among its warnings and records the guard it applied (the configuration
+    still says what was asked). With text, or with no guard asked, nothing is said."""
+    base = resolve_trace("mmlu", seed=0, n_requests=3)
+    vectors = np.array([[1, 0, 0], [2, 0.01, 0], [0, 1, 0]], dtype=np.float32)
+    trace = dataclasses.replace(base, answer_key=pa.array(["k0", "k1", "k2"]),
+                                query_embedding=vectors)
+    profile = load_profile("a10g-mistral-7b")
+    settings = {"trace": "mmlu", "answer_cache": True, "arrival": "sequential"}
+    summary = run_simulation(trace, build_config(settings), profile).summary
+    assert summary["config"]["answer_guard"] == "entities"  # asked
+    assert summary["answer_cache_guard"] == "none"  # applied
+    assert any("false-hit guard (entities) is off" in w for w in summary["warnings"])
+    asked_none = run_simulation(trace, build_config({**settings, "answer_guard": "none"}),
+                                profile).summary
+    assert not any("guard" in w for w in asked_none["warnings"])
+    texts = dataclasses.replace(trace, query_text=pa.array(["a b", "a c", "d e"]))
+    with_text = run_simulation(texts, build_config(settings), profile).summary
+    assert with_text["answer_cache_guard"] == "entities"
+    assert not any("guard" in w for w in with_text["warnings"])
+
+
 def test_embedding_column_changes_nothing_without_the_answer_cache(tmp_path):
     base = resolve_trace("mmlu", seed=0, n_requests=200)
     rng = np.random.default_rng(0)

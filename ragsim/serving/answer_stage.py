@@ -109,6 +109,7 @@ class AnswerStage:
             cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "semantic": False})
         elif not real_text:  # keys stand for the text: the guard has no words to compare
             cache_config = AnswerCacheConfig(**{**cache_config.as_dict(), "guard": "none"})
+        self.guard = cache_config.guard if self.semantic else "none"  # what was applied
         self.shared = self._shared_store()
         self.instances = Instances(cache_config, self.shared, config.instances,
                                    routing=config.answer_routing)
@@ -202,11 +203,17 @@ class AnswerStage:
         cols["answer_distance"] = self.distance.copy()
 
     def warnings(self) -> list[str]:
-        """What the run changed of what was asked (said, so that no tier goes quietly)."""
+        """What the run changed of what was asked (said, so that no tier and no guard goes
+        quietly: the recorded configuration still says what was asked)."""
         if self.config.answer_semantic and not self.semantic:
             return ["the answer cache's semantic tier is off: this trace holds neither its "
                     "questions' text nor their embeddings (a trace built with `ragsim trace "
                     "build --query-embeddings`, or its text, enables it)"]
+        if self.semantic and self.guard != self.config.answer_guard:
+            return [f"the semantic tier's false-hit guard ({self.config.answer_guard}) is off: "
+                    "this trace holds its questions' embeddings but not their text, so the "
+                    "guard has no words to compare and semantic hits are decided by distance "
+                    "alone (a trace built with its text keeps the guard)"]
         return []
 
     def summary(self, cols: dict[str, np.ndarray]) -> dict:
@@ -235,6 +242,7 @@ class AnswerStage:
             "answer_cache_false_hit_rate": float(self.false_hit.sum()) / n_hits if n_hits
             else 0.0,
             "answer_cache_semantic": self.semantic,
+            "answer_cache_guard": self.guard,  # applied; the configuration says what was asked
             "answer_cache_counters": self.instances.counters.as_dict(),
             "answer_cache_latency": self.latency_record(),
             "answer_cache_ttft_mean_s_hits": float(np.nanmean(ttft[answered]))
