@@ -11,8 +11,9 @@
 #    ragcache at over, 90, 50 and idle, REQUESTS requests a load (default 300), with
 #    --replay-decisions;
 # 3. vLLM's CPU engine (VLLM_PYTHON: the python of the vLLM lane's venv, default
-#    .venv-vllm/bin/python; skipped when absent): vllm, vllm-apc and ragcache on the same loads,
-#    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`;
+#    .venv-vllm/bin/python; skipped when absent): vllm-apc, ragcache and vllm on the same loads,
+#    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on
+#    vLLM's steps profiled here by the first (--profile-now) and given to the others;
 # 4. prints one markdown table of every load point (raw errors first; the speed probe, the cost
 #    model / decisions split and the search error beside them) into OUT_DIR/table.md, for
 #    docs/validation.md.
@@ -64,14 +65,21 @@ load "torch ragcache after"
 
 RESULTS=(torch-ragcache)
 if [ -x "$VPY" ]; then
-  for system in vllm vllm-apc ragcache; do
+  # vLLM's steps measured on this machine for the first system (--profile-now: the quick plan
+  # reaching what the runs ask), the same profile for the others: the shipped CPU vLLM profile
+  # was measured on another machine, and its prices would be the error measured
+  VPROFILE=(--profile-now)
+  for system in vllm-apc ragcache vllm; do
     echo "== vLLM engine: $system =="
     load "vllm $system before"
     "$VPY" -m ragsim validate --backend vllm --trace "$TRACE" --system "$system" \
       --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions \
-      --json --out "$OUT/vllm-$system" > "$OUT/vllm-$system.json"
+      "${VPROFILE[@]}" --json --out "$OUT/vllm-$system" > "$OUT/vllm-$system.json"
     load "vllm $system after"
     RESULTS+=("vllm-$system")
+    if [ -f "$OUT/vllm-vllm-apc/profile.json" ]; then
+      VPROFILE=(--profile "$OUT/vllm-vllm-apc/profile.json")
+    fi
   done
 else
   echo "no vLLM venv at $VPY (bash .ci/run-vllm builds one): the vLLM rows are skipped"
