@@ -263,3 +263,33 @@ def test_a_cdf_whose_curves_coincide_is_named_not_drawn(tmp_path):
     text = " ".join(dom.text)
     assert "TTFT CDF per policy: every policy gives the same percentiles (within 1%)" in text
     assert dom.images == []
+
+
+def test_a_runs_page_carries_its_intervals_and_marks_an_unstable_range(tmp_path):
+    """Issue 26: a range that spans more than 2x is flagged in the summary, the report and
+    findings. A run with --seeds and --sensitivity shows each metric's interval and range; a
+    summary whose TTFT range spans 3x (made by hand) is marked UNSTABLE on its row only."""
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--requests", "100", "--seeds", "2", "--sensitivity",
+                                 "--json", "--out", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    page = tmp_path / "run.html"
+    assert runner.invoke(app, ["report", str(run_dir), "--out", str(page)]).exit_code == 0
+    dom = _Dom()
+    dom.feed(page.read_text())
+    assert "Uncertainty" in " ".join(dom.text)
+    assert "95% interval" in dom.cells and "range repriced" in dom.cells
+
+    from ragsim.study.report import uncertainty_table
+
+    summary = {"ttft_mean_s": 1.0, "token_hit_rate": 0.5, "seeds": [0, 1],
+               "mean": {"ttft_mean_s": 1.1, "token_hit_rate": 0.5},
+               "ci95": {"ttft_mean_s": [0.9, 1.3], "token_hit_rate": [0.45, 0.55]},
+               "sensitivity": {"ttft_mean_s": [0.5, 1.5], "token_hit_rate": [0.49, 0.51]},
+               "sensitivity_unstable": ["ttft_mean_s"]}
+    table = uncertainty_table(summary).set_index("metric")
+    assert table.loc["ttft_mean_s", "95% interval"] == "[0.9, 1.3]"
+    assert table.loc["ttft_mean_s", "range repriced"] == "0.5-1.5"
+    assert table.loc["ttft_mean_s", "stability"].startswith("UNSTABLE")
+    assert table.loc["token_hit_rate", "stability"] == ""
+    assert uncertainty_table({"ttft_mean_s": 1.0}) is None

@@ -261,9 +261,55 @@ def run_report(out_dir: Path) -> str:
         parts += ["<h2>Figures</h2>", _figure(fig, f"TTFT CDF over {len(ttft)} requests")]
     parts += ["<h2>Summary</h2>", _table_html(pd.DataFrame(
                   {"metric": list(metrics), "value": [str(v) for v in metrics.values()]})),
+              *_uncertainty_html(summary),
               "<h2>Configuration</h2>", _table_html(pd.DataFrame(
                   {"setting": list(config), "value": [str(v) for v in config.values()]}))]
     return _page(f"ragsim run {out_dir.name}", parts)
+
+
+def uncertainty_table(summary: dict) -> pd.DataFrame | None:
+    """A run's intervals and ranges (``--seeds``, ``--sensitivity``) as one row per metric, a
+    range that spans more than 2x marked UNSTABLE as ``run``'s table and findings.md mark it:
+    a page that showed only the first seed's value would be the knife-edge headline the
+    uncertainty options exist to prevent. None when the run has neither."""
+    import pandas as pd
+
+    intervals = summary.get("ci95") or {}
+    ranges = summary.get("sensitivity") or {}
+    if not intervals and not ranges:
+        return None
+    unstable = set(summary.get("sensitivity_unstable") or [])
+    mean = summary.get("mean") or {}
+    rows = []
+    for metric in [*intervals, *(k for k in ranges if k not in intervals)]:
+        row = {"metric": metric, "value": summary.get(metric)}
+        if intervals:
+            row["mean over seeds"] = mean.get(metric)
+            row["95% interval"] = _pair(intervals.get(metric), "[{:.4g}, {:.4g}]")
+        if ranges:
+            row["range repriced"] = _pair(ranges.get(metric), "{:.4g}-{:.4g}")
+            row["stability"] = "UNSTABLE (range > 2x)" if metric in unstable else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pair(low_high: list[float] | None, form: str) -> str:
+    return "" if low_high is None else form.format(*low_high)
+
+
+def _uncertainty_html(summary: dict) -> list[str]:
+    table = uncertainty_table(summary)
+    if table is None:
+        return []
+    how = []
+    if summary.get("seeds"):
+        how.append(f"Student-t 95% intervals over seeds {summary['seeds'][0]}-"
+                   f"{summary['seeds'][-1]}")
+    if summary.get("sensitivity_perturbations"):
+        names = ", ".join(str(p.get("name")) for p in summary["sensitivity_perturbations"])
+        how.append(f"ranges over the run repriced as profiled and under {names}")
+    return ["<h2>Uncertainty</h2>", f"<p>{html.escape('; '.join(how))}.</p>",
+            _table_html(table)]
 
 
 def build_report(out_dir: Path) -> str:
