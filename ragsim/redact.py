@@ -66,3 +66,13 @@ def redact(text: str, *urls: str | None) -> str:
         for secret in secrets_of(url):
             text = text.replace(secret, MASK)
     return text
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the secrets of every URL in it masked, for messages that echo what a user
+    typed: a mistyped option (``--set redis://:PW@host``, no ``=``) can put a URL where no
+    field says one is."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text)

@@ -259,7 +259,11 @@ REDIS = f"redis://:{PASSWORD}@127.0.0.1:1"
     (["--axis", f"answer_redis_url={REDIS}"], "field 'axes.answer_redis_url'"),
     (["--set", "answer_namespace=team-a"], "field 'base.answer_namespace'"),
     (["--file"], "field 'base.answer_redis_url'"),
-], ids=["set", "axis-alias", "axis", "namespace", "file"])
+    # mistyped: no '=' (the whole text echoed), or a URL whose query holds the '=' (the URL
+    # taken as an option's name)
+    (["--set", REDIS], "must be KEY=VALUE"),
+    (["--set", f"{REDIS}?password=x"], "not a `ragsim run` option"),
+], ids=["set", "axis-alias", "axis", "namespace", "file", "no-equals", "url-as-key"])
 def test_a_users_redis_is_refused_by_a_sweep_without_its_password(tmp_path, args, where):
     """A sweep records its settings (sweep.toml, results.parquet) and says them in errors: a
     Redis URL given to it wrote its password into --out. It is refused, one line naming the key

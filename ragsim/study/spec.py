@@ -31,6 +31,7 @@ from pathlib import Path
 import tomli_w
 
 from ragsim.errors import RagsimInputError
+from ragsim.redact import redact_urls
 
 SWEEP_FORMAT = "ragsim.sweep"
 SWEEP_VERSION = 1
@@ -94,7 +95,8 @@ class Sweep:
 
 
 def _fail(source: str, where: str, message: str) -> RagsimInputError:
-    return RagsimInputError(message, file=source, field=where)
+    """One line naming the file and field; a URL the user typed anywhere in it is masked."""
+    return RagsimInputError(redact_urls(message), file=source, field=redact_urls(where))
 
 
 def _option_names(mode: str) -> tuple[set[str], dict[str, str]]:
@@ -167,7 +169,7 @@ def _flag(text: str, flag: str, *, split: bool) -> tuple[str, object]:
     (numbers, true/false, quoted strings) or else as text (``lru``, ``8GiB``)."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise RagsimInputError(f"must be KEY=VALUE, got {text!r}", field=flag)
+        raise RagsimInputError(f"must be KEY=VALUE, got {redact_urls(text)!r}", field=flag)
     if split:
         return key.strip(), [_value(v.strip(), flag) for v in value.split(",")]
     return key.strip(), _value(value.strip(), flag)
