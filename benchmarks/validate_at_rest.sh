@@ -52,7 +52,7 @@ for name, text in sorted(topics.items()):
 print(len(rows), "passages")
 EOF
   "$PY" -m ragsim trace build --corpus "$OUT/corpus.jsonl" --questions gsm8k \
-    --requests 1500 --out "$OUT/heldout"
+    --requests 1300 --out "$OUT/heldout"
 fi
 TRACE="$OUT/heldout"
 

@@ -8,6 +8,7 @@ a search of 1e300 s and a million answer-cache instances hung or ran out of memo
 from __future__ import annotations
 
 import pytest
+from test_bad_inputs import one_error_line
 from typer.testing import CliRunner
 
 from ragsim import limits
@@ -86,14 +87,6 @@ def test_memory_problem_says_how_much_is_needed(monkeypatch):
     assert problem is not None and "1,000,000,000 requests" in problem and "1,863 GiB" in problem
 
 
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("command", [["run"], ["replay"], ["trace", "generate", "mmlu", "OUT"]],
                          ids=["run", "replay", "trace-generate"])
 def test_a_billion_requests_are_refused_before_allocating(monkeypatch, tmp_path, command):
@@ -103,7 +96,7 @@ def test_a_billion_requests_are_refused_before_allocating(monkeypatch, tmp_path,
     monkeypatch.setattr(limits, "physical_memory_bytes", lambda: 16 * 2**30)
     out = tmp_path / "out"
     command = [str(out) if part == "OUT" else part for part in command]
-    line = _one_error_line(runner.invoke(app, [*command, "--requests", "1000000000"]))
+    line = one_error_line(runner.invoke(app, [*command, "--requests", "1000000000"]))
     assert "field '--requests'" in line and "1,000,000,000 requests" in line
     assert not out.exists()
 
@@ -114,6 +107,6 @@ def test_a_gpu_that_never_recovers_is_stopped_naming_the_flags(monkeypatch):
     monkeypatch.setattr(limits, "NO_PROGRESS_WALL_S", 0.3)
     result = runner.invoke(app, ["run", "--requests", "3", "--gpu-failure-rate", "3600",
                                  "--gpu-recovery", "86400", "--max-retries", "1000", "--json"])
-    line = _one_error_line(result)
+    line = one_error_line(result)
     assert "no progress" in line
     assert "--gpu-failure-rate" in line and "--gpu-recovery" in line
