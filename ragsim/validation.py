@@ -577,6 +577,28 @@ def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: s
                        progress=progress)
 
 
+def profile_vllm_here(out: Path, *, layers: int, hidden: int, block_tokens: int, seed: int,
+                      progress=None, needs: dict[str, int] | None = None) -> Profile:
+    """Profile vLLM's CPU engine on this machine (``ragsim profile --engine vllm``'s
+    measurement, the quick plan reaching ``needs``) for the scaled-down model the runs serve,
+    at the runs' block: a validation against vLLM priced with a profile measured elsewhere
+    measures the other machine (the shipped CPU vLLM profile is one)."""
+    from ragsim.profiles.models import resolve_model, scaled_down
+    from ragsim.profiles.profiler import ProfilePlan
+    from ragsim.realrun.vllm.profile import profile_vllm
+
+    spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
+    spec = spec.with_dtype("fp32")
+    plan = ProfilePlan.quick()
+    if needs:
+        plan = plan.covering(**{**needs, "batch_size": min(needs["batch_size"],
+                                                             CPU_PROFILE_MAX_BATCH)})
+    return profile_vllm(spec, name=f"cpu-vllm-{spec.name}", plan=plan, out=out,
+                        block_tokens=block_tokens, kv_cache_bytes=2**30, seed=seed,
+                        label=f"vLLM; scaled down from {BASE_MODEL}: {spec.num_layers} layers, "
+                        f"hidden {spec.hidden_size}", progress=progress)
+
+
 # --------------------------------------------------------------------------- load points
 def parse_loads(text: str) -> list[str]:
     """``idle,50,90,over`` -> the points in the order they run: the overload point first (its

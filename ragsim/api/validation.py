@@ -76,7 +76,7 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
 
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
                   layers: int | None, hidden: int | None, device: str, threads: int | None,
-                  seed: int, needs=None, on_phase=None):
+                  seed: int, needs=None, on_phase=None, block_tokens: int = 32):
     """The profile as ``run`` resolves it, one measured now (``profile_now``, at the default
     profile's scale unless ``layers``/``hidden`` say otherwise; its plan reaches what the runs
     will ask, ``needs(kv_bytes_per_token)``), or the default."""
@@ -92,6 +92,13 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
     default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
     if not profile_now:
         return default
+    if backend == "vllm":  # vLLM's own steps timed (its scheduler, paged attention, sampling)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return v.profile_vllm_here(
+            out_dir / "profile.json", layers=layers or default.model.num_layers,
+            hidden=hidden or default.model.hidden_size, block_tokens=block_tokens, seed=seed,
+            progress=on_phase,
+            needs=None if needs is None else needs(default.model.kv_bytes_per_token))
     out_dir.mkdir(parents=True, exist_ok=True)
     # on a CPU the default profile's scale; on a GPU the full model unless told otherwise
     on_cpu = device == "cpu"
@@ -291,7 +298,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                                field=label("profile"))
     if backend == "vllm" and profile is None and device == "cpu" and not profile_now:
         profile = CPU_PROFILES["vllm"]  # measured on vLLM's CPU engine (docs/vllm.md)
-    if backend == "vllm" and profile is None:
+    if backend == "vllm" and profile is None and not profile_now:
         raise RagsimInputError(f"{label('backend')} vllm needs a profile of vLLM itself: "
                                "measure one with ragsim profile --engine vllm and give it as "
                                f"{label('profile')}", field=label("profile"))
@@ -333,7 +340,10 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
                           device=device, threads=threads, seed=seed,
                           needs=lambda kv_bytes: v.run_needs(data, resolved, kv_bytes),
-                          on_phase=on_profile_phase)
+                          on_phase=on_profile_phase,
+                          # vLLM's block where the run pages prefixes, else ragsim profile's
+                          block_tokens=(resolved.prefix_block_tokens
+                                        if resolved.prefix_block_tokens > 1 else 32))
     v.engine_scale(costs, layers, hidden)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
