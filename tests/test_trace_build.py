@@ -558,3 +558,21 @@ def test_cli_bad_input_exits_2_with_one_error_line(tmp_path):
                                  str(questions), "--out", str(tmp_path / "t"), "--index", "lsh"])
     assert result.exit_code == 2 and result.stderr.count("error:") == 1
     assert "--index" in result.stderr
+
+
+def test_embedding_gives_the_process_its_torch_threads_back(tmp_path):
+    """The embedder runs on one torch thread, but torch's count is the whole process's: a real
+    run that embedded its questions left its engine on one thread (vLLM's CPU engine then ran
+    ~1.65x slower than its profile). After an embedding the count is what it was."""
+    import torch
+
+    from ragsim.traces.corpus.embedding import Embedder
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        vectors = Embedder(cache_dir=tmp_path).embed(["What is a cache?", "Why is it hot?"])
+        assert vectors.shape[0] == 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

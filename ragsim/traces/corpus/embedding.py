@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,23 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Embed on one thread (~10x faster than the default on a 2-core machine: DESIGN.md), and
+    give the process its thread count back after: torch's count is the whole process's, and an
+    engine in the same process (a real run embedding its questions before the clock starts)
+    kept the one thread (vLLM's CPU engine then ran its steps ~1.65x slower than its profile,
+    measured at rest)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class Embedder:
     """Loads the model lazily: a build whose texts are all cached never loads it."""
 
@@ -71,11 +89,8 @@ class Embedder:
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-            import torch
             from sentence_transformers import SentenceTransformer
 
-            # one thread is ~10x faster than the default on a 2-core machine (DESIGN.md)
-            torch.set_num_threads(1)
             self._model = SentenceTransformer(str(self.model_dir), device="cpu")
         return self._model
 
@@ -123,13 +138,15 @@ class Embedder:
         missing = sorted({k: i for i, k in enumerate(keys) if not was_cached[i]}.values())
         if missing:
             new_vectors = np.empty((len(missing), self.dimension), dtype=np.float32)
-            for start in range(0, len(missing), CALL_SIZE):
-                batch = missing[start:start + CALL_SIZE]
-                new_vectors[start:start + len(batch)] = self.model.encode(
-                    [texts[i] for i in batch], batch_size=BATCH_SIZE,
-                    normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-                if progress is not None:
-                    progress(len(batch))
+            with one_torch_thread():
+                for start in range(0, len(missing), CALL_SIZE):
+                    batch = missing[start:start + CALL_SIZE]
+                    new_vectors[start:start + len(batch)] = self.model.encode(
+                        [texts[i] for i in batch], batch_size=BATCH_SIZE,
+                        normalize_embeddings=True, convert_to_numpy=True,
+                        show_progress_bar=False)
+                    if progress is not None:
+                        progress(len(batch))
             new_keys = [keys[i] for i in missing]
             self._save_part(new_keys, new_vectors)
             cache.update(zip(new_keys, new_vectors, strict=True))
