@@ -114,6 +114,7 @@ class RealRun(RealSearchDriving, Pipeline):
         if self.start is not None:
             self.start.wait()
         self.env.sync()  # the clock starts now, not when the model was built
+        self.start_searches_at_arrivals()
         try:
             result = super().run()
         finally:

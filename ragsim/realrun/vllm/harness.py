@@ -331,6 +331,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         before = self._probe() if self.speed_probes else None
         self.env.process(self._serve())
         self.env.sync()  # the clock starts now, not when the engine was built
+        self.start_searches_at_arrivals()
         try:
             result = super().run()
         finally:
