@@ -234,6 +234,32 @@ def test_a_front_end_begins_each_search_at_its_arrival_and_once(built):
         search.close()
 
 
+def test_the_search_leaves_the_engines_thread_count_alone(built):
+    """The search's workers run faiss on one thread each, and the engine keeps its own count:
+    OpenMP's count is the calling thread's and faiss shares torch's runtime, so setting it on
+    the pipeline's thread put the engine on one thread (vLLM's CPU engine served ~1.6x slower
+    than its profile)."""
+    import faiss
+    import torch
+
+    from ragsim.realrun.search import RealSearch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    faiss_threads = faiss.omp_get_max_threads()  # the same runtime as torch's, or its own
+    try:
+        search = RealSearch(built["trace"], workers=1)
+        try:
+            search.run_stage(0, 1, 2).result(timeout=30)
+            assert torch.get_num_threads() == 2
+            assert faiss.omp_get_max_threads() == faiss_threads
+            assert search.pool.submit(faiss.omp_get_max_threads).result(timeout=30) == 1
+        finally:
+            search.close()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_without_text_the_real_run_waits_the_recorded_stage_times():
     trace = resolve_trace("wiki-trivia", n_requests=5)
     config = build_config({"trace": "wiki-trivia", "system": "ragcache", "profile": PROFILE,

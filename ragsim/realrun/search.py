@@ -100,9 +100,13 @@ class RealSearch:
         self.index = StagedIndex(doc_vectors, spec, seed=int(info["seed"]))
         self.top_k = int(info.get("top_k") or max(len(trace.docs_of(0)), 1))
         self._recorded = trace.stages
-        faiss.omp_set_num_threads(1)  # one worker, one core: as trace build measured
+        # one worker, one core, as trace build measured: set in each worker thread, since
+        # OpenMP's thread count is the calling thread's and faiss shares torch's runtime (set
+        # on the pipeline's thread it put the engine on one thread: vLLM's CPU engine served
+        # every validation ~1.6x slower than its profile, measured at rest)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers),
-                                       thread_name_prefix="search")
+                                       thread_name_prefix="search",
+                                       initializer=faiss.omp_set_num_threads, initargs=(1,))
         self._open: dict[int, Any] = {}  # request -> its search, between stages
         self._lists: dict[tuple[int, int], list[int]] = {}  # (request, stage) -> its list
         self._stage_ends: dict[int, list[Future]] = {}  # request -> each stage's end, running
