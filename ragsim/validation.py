@@ -555,10 +555,13 @@ def run_needs(trace: Trace, config: SimConfig, kv_bytes_per_token: int) -> dict[
 
 def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: str,
                  threads: int | None, seed: int, progress=None,
-                 needs: dict[str, int] | None = None) -> Profile:
-    """Profile the torch engine on this machine (``ragsim profile``'s measurement, the quick
-    plan reaching ``needs``: ``run_needs``) for the scaled-down model the engine runs; the
-    profile is written to ``out``."""
+                 needs: dict[str, int] | None = None, engine: str = "torch",
+                 block_tokens: int = 32) -> Profile:
+    """Profile ``engine`` on this machine (``ragsim profile [--engine vllm]``'s measurement,
+    the quick plan reaching ``needs``: ``run_needs``) for the scaled-down model it serves; the
+    profile is written to ``out``. vLLM's steps are timed at the runs' ``block_tokens``: a
+    validation against vLLM priced with a profile measured elsewhere (the shipped CPU vLLM
+    profile) measures the other machine."""
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
 
@@ -570,33 +573,17 @@ def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: s
         if device == "cpu":
             needs = {**needs, "batch_size": min(needs["batch_size"], CPU_PROFILE_MAX_BATCH)}
         plan = plan.covering(**needs)
+    label = (f"scaled down from {BASE_MODEL}: {spec.num_layers} layers, hidden "
+             f"{spec.hidden_size}" if layers or hidden else BASE_MODEL)
+    if engine == "vllm":
+        from ragsim.realrun.vllm.profile import profile_vllm
+
+        return profile_vllm(spec, name=f"{device}-vllm-{spec.name}", plan=plan, out=out,
+                            block_tokens=block_tokens, kv_cache_bytes=2**30, seed=seed,
+                            label=f"vLLM; {label}", progress=progress)
     return run_profile(spec, name=f"{device}-{spec.name}", device=device, dtype=dtype,
-                       plan=plan, out=out, threads=threads or 1, seed=seed,
-                       label=f"scaled down from {BASE_MODEL}: {spec.num_layers} layers, "
-                       f"hidden {spec.hidden_size}" if layers or hidden else BASE_MODEL,
+                       plan=plan, out=out, threads=threads or 1, seed=seed, label=label,
                        progress=progress)
-
-
-def profile_vllm_here(out: Path, *, layers: int, hidden: int, block_tokens: int, seed: int,
-                      progress=None, needs: dict[str, int] | None = None) -> Profile:
-    """Profile vLLM's CPU engine on this machine (``ragsim profile --engine vllm``'s
-    measurement, the quick plan reaching ``needs``) for the scaled-down model the runs serve,
-    at the runs' block: a validation against vLLM priced with a profile measured elsewhere
-    measures the other machine (the shipped CPU vLLM profile is one)."""
-    from ragsim.profiles.models import resolve_model, scaled_down
-    from ragsim.profiles.profiler import ProfilePlan
-    from ragsim.realrun.vllm.profile import profile_vllm
-
-    spec = scaled_down(resolve_model(BASE_MODEL), layers=layers, hidden=hidden)
-    spec = spec.with_dtype("fp32")
-    plan = ProfilePlan.quick()
-    if needs:
-        plan = plan.covering(**{**needs, "batch_size": min(needs["batch_size"],
-                                                             CPU_PROFILE_MAX_BATCH)})
-    return profile_vllm(spec, name=f"cpu-vllm-{spec.name}", plan=plan, out=out,
-                        block_tokens=block_tokens, kv_cache_bytes=2**30, seed=seed,
-                        label=f"vLLM; scaled down from {BASE_MODEL}: {spec.num_layers} layers, "
-                        f"hidden {spec.hidden_size}", progress=progress)
 
 
 # --------------------------------------------------------------------------- load points

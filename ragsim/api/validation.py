@@ -92,13 +92,6 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
     default = load_profile(v.DEFAULT_TORCH_CPU_PROFILE)
     if not profile_now:
         return default
-    if backend == "vllm":  # vLLM's own steps timed (its scheduler, paged attention, sampling)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        return v.profile_vllm_here(
-            out_dir / "profile.json", layers=layers or default.model.num_layers,
-            hidden=hidden or default.model.hidden_size, block_tokens=block_tokens, seed=seed,
-            progress=on_phase,
-            needs=None if needs is None else needs(default.model.kv_bytes_per_token))
     out_dir.mkdir(parents=True, exist_ok=True)
     # on a CPU the default profile's scale; on a GPU the full model unless told otherwise
     on_cpu = device == "cpu"
@@ -107,7 +100,9 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
         layers=layers or (default.model.num_layers if on_cpu else None),
         hidden=hidden or (default.model.hidden_size if on_cpu else None),
         device=device, threads=threads, seed=seed, progress=on_phase,
-        needs=None if needs is None else needs(default.model.kv_bytes_per_token))
+        needs=None if needs is None else needs(default.model.kv_bytes_per_token),
+        # vLLM's own steps (its scheduler, paged attention, sampling) for a vLLM validation
+        engine="vllm" if backend == "vllm" else "torch", block_tokens=block_tokens)
 
 
 def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
