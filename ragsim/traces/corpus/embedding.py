@@ -15,14 +15,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ragsim.atomic import write_atomically
 from ragsim.errors import RagsimInputError
+from ragsim.traces.corpus.threads import one_thread
 
 DEFAULT_EMBEDDER = "minilm"
 # sentence-transformers sorts each call's texts by length, so padding stays small; batches of
@@ -55,21 +55,14 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
+def one_torch_thread():
     """Embed on one thread (~10x faster than the default on a 2-core machine: DESIGN.md), and
-    give the process its thread count back after: torch's count is the whole process's, and an
-    engine in the same process (a real run embedding its questions before the clock starts)
-    kept the one thread (vLLM's CPU engine then ran its steps ~1.65x slower than its profile,
-    measured at rest)."""
+    give the thread its count back after: an engine in the same process (a real run embedding
+    its questions before the clock starts) kept the one thread otherwise (vLLM's CPU engine
+    ran its steps ~1.6x slower than its profile, measured at rest)."""
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return one_thread(torch.get_num_threads, torch.set_num_threads)
 
 
 class Embedder:

@@ -23,12 +23,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ragsim.errors import RagsimInputError
+from ragsim.traces.corpus.threads import one_thread
 
 INDEX_KINDS = ("ivf", "hnsw")
 
@@ -228,12 +228,6 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
     return float(per_query.mean())
 
 
-@contextmanager
-def single_thread(faiss) -> Iterator[None]:
+def single_thread(faiss):
     """faiss's OpenMP pool at one thread inside the block (restored after)."""
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(before)
+    return one_thread(faiss.omp_get_max_threads, faiss.omp_set_num_threads)
