@@ -299,14 +299,18 @@ def cdf_quantiles(samples: dict[object, np.ndarray]) -> np.ndarray:
 
 
 def draw_cdf(out_dir: Path, table: pd.DataFrame, by: str | None,
-             column: str = "ttft_s") -> Figure:
+             column: str = "ttft_s", samples: dict[object, np.ndarray] | None = None
+             ) -> Figure:
     """Per-request ``column`` CDFs, one per value of ``by``, pooling the seeds' requests (from
-    each point's ``requests.parquet``; a sweep run with --no-records has none)."""
+    each point's ``requests.parquet``, or ``samples`` already read by ``cdf_samples``; a sweep
+    run with --no-records has none)."""
     from ragsim.figures import new_figure
 
+    if samples is None:
+        samples = cdf_samples(out_dir, table, by, column)
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
-    for value, data in cdf_samples(out_dir, table, by, column).items():
+    for value, data in samples.items():
         data = np.sort(data)
         ys = np.arange(1, len(data) + 1) / len(data)
         ax.step(data, ys, where="post",

@@ -133,7 +133,8 @@ def _cdf_figure(out_dir: Path, table: pd.DataFrame, varying: list[str],
         not_drawn.append(f"{caption}: every {by} gives the same percentiles "
                          f"(within {COINCIDE_RTOL:.0%})")
         return []
-    return [(draw_cdf(out_dir, part, by), caption + ", requests of every seed pooled")]
+    return [(draw_cdf(out_dir, part, by, samples=samples),
+             caption + ", requests of every seed pooled")]
 
 
 def _order(table: pd.DataFrame, name: str) -> Callable[[object], object]:
