@@ -246,9 +246,12 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     from ragsim.profiles.profiler import ProfilePlan
     from ragsim.realrun.vllm.profile import profile_vllm
 
+    from ragsim.profiles.grid import monotone_values
+
     plan = replace(ProfilePlan.quick(), cached_tokens=[0, 1, 100, 256], new_tokens=[1, 16, 64],
                    batch_sizes=[1, 2], context_tokens=[64, 128], batches=2, held_out_points=2,
-                   held_out_batches=2, warmup=1, repetitions=2)
+                   held_out_batches=2, warmup=1, repetitions=2, mixed_chunk_tokens=[16, 64],
+                   mixed_batch_sizes=[1, 2], mixed_context_tokens=[64, 128], held_out_mixed=2)
     out = tmp_path / "vllm.json"
     made = profile_vllm(load_profile(PROFILE).model, name="cpu-vllm-test", plan=plan, out=out,
                         block_tokens=BLOCK, kv_cache_bytes=2**27)
@@ -260,6 +263,43 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     assert saved.engine.startswith("vLLM ") and saved.engine == made.engine
     assert len(saved.obtained["raw"]["batches"]) == 2
     assert all(v > 0 for row in saved.prefill.values for v in row)
+    # vLLM's kernels pad nothing; its step() samples, so no step overhead is added to it
+    assert saved.batched_prefill.padding == "none" and saved.step_overhead is None
+    # mixed steps measured on vLLM's own steps: each level is the raw steps with the running
+    # requests less the chunk alone (its first raw entry), in plan order
+    mixed = saved.mixed_steps
+    assert mixed is not None and mixed.chunk_tokens == [16.0, 64.0]
+    assert mixed.fit["chunk_cached_tokens"] == 96  # the fewest whole blocks the grid has
+    for level, k in zip(mixed.levels, (16, 64), strict=True):
+        times = [t[0] for t in mixed.fit["raw"][str(k)]]  # alone, (1,64) (1,128) (2,64) (2,128)
+        increments = [[max(t - times[0], 0.0) for t in times[1:3]],
+                      [max(t - times[0], 0.0) for t in times[3:5]]]
+        assert np.allclose(level.values, monotone_values(increments), rtol=0, atol=1e-15)
+    held = saved.obtained["validation"]["held_out_mixed"]
+    assert len(held) == 2 and all(h["predicted"] > 0 and h["seconds"] > 0 for h in held)
+    assert saved.obtained["validation"]["iteration_ratios"]["mixed_steps"]["points"] == 2
+
+
+def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_decodes():
+    """What the profile times as a mixed step is what vLLM's scheduler ran: one step that
+    schedules the prompt's new tokens over its cached prefix and one token for each running
+    request (seen in the scheduler's own output)."""
+    from ragsim.realrun.vllm.harness import _watch_scheduler
+    from ragsim.realrun.vllm.profile import VllmTimer
+
+    timer = VllmTimer.build(load_profile(PROFILE).model, block_tokens=BLOCK,
+                            kv_cache_bytes=2**27, max_model_len=512, max_batched_tokens=2048)
+    cached, new = [64, 128, 96, 160], [40, 1, 1, 1]  # 40 new over 64 cached; 3 running
+    for slot, a in enumerate(cached):  # the prefixes' own prefills are not what is checked
+        timer.prefix(a, slot)
+    seen = _watch_scheduler(timer.llm)
+    timer.sweeps([(cached, new)], 0, 1, mixed=[True])
+    steps = [(sum(out.num_scheduled_tokens.values()), len(out.num_scheduled_tokens),
+              [r.num_computed_tokens for r in out.scheduled_new_reqs]) for out in seen]
+    # the running requests' prompts (their prefixes cached: 1 token each, at most), then the
+    # timed step: 40 + 3 tokens over 4 requests, the prompt's 64 cached tokens computed
+    assert (43, 4, [64]) in steps
+    assert not timer.llm.has_unfinished_requests()  # the running requests were aborted
 
 
 @pytest.fixture(scope="module")

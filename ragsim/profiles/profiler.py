@@ -195,6 +195,9 @@ class TorchEngine:
     ``TorchModel.decode``, the very methods the reference engine serves requests with.
     """
 
+    # what a batched pass computes: every row left-padded under a 2-D mask (BatchedPrefill)
+    padding = "left_masked"
+
     def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
                  seed: int) -> None:
         self._attach(TorchModel.build(spec, device, dtype, threads, seed), seed)
@@ -274,8 +277,12 @@ class TorchEngine:
         return self.sweeps([(cached, new)], warmup, repetitions).passes[0]
 
     def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
-               repetitions: int) -> Timed:
+               repetitions: int, mixed: list[bool] | None = None) -> Timed:
         """Every pass (cached lengths, new lengths: one row per request) timed once per sweep.
+
+        ``mixed`` (per pass) marks mixed steps, whose rows after the first are decode rows
+        (one new token over their cached context): this engine runs a mixed step as exactly
+        such a pass, so it times them like any other.
 
         Each sweep times every pass once, so a slow spell of a shared machine lands on all of
         them alike instead of inflating the few measured during it: grid points, the batches
@@ -377,9 +384,14 @@ class TimingEngine(Protocol):
     another engine's steps (vLLM's, ``ragsim.realrun.vllm.profile.VllmTimer``)."""
 
     device: Any  # a torch device (its ``type``: "cpu" or "cuda")
+    padding: str  # what its batched prefills compute (``BatchedPrefill.padding``)
 
     def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
-               repetitions: int) -> Timed: ...
+               repetitions: int, mixed: list[bool] | None = None) -> Timed:
+        """Each pass timed once per sweep; ``mixed[i]``: pass i is a mixed step (its first row
+        a prompt chunk, the others running requests that decode one token over their cached
+        context), which an engine with a scheduler runs as such."""
+        ...
 
     def decode(self, batch: int, context: int, warmup: int, repetitions: int
                ) -> Measurement: ...
@@ -412,6 +424,8 @@ def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
 
 
 SWEEPS_PHASE = "prefill grid, batches, held-out points"
+# the units whose passes (all but a level's first, its chunk alone) are mixed steps
+MIXED_KINDS = ("mixed_level", "held_out_mixed")
 
 
 def _starting(report: Progress, phase: str, total: int) -> None:
@@ -505,7 +519,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     for g, group in enumerate(groups):
         if g >= state.groups_done:
             passes = [pass_ for unit in group for pass_ in unit.passes]
-            timed = engine.sweeps(passes, w, r)
+            mixed = [unit.kind in MIXED_KINDS and len(new) > 1
+                     for unit in group for _, new in unit.passes]
+            timed = engine.sweeps(passes, w, r, mixed=mixed)
             found = iter(timed.passes)
             for unit in group:
                 measured = [next(found) for _ in unit.passes]
@@ -597,7 +613,8 @@ def _sweep_units(plan: ProfilePlan, seed: int) -> list[SweepUnit]:
 def _chunk_cached_tokens(plan: ProfilePlan) -> int:
     """The cached tokens under the prompt chunk of a mixed-step measurement: the fewest the
     grid measured above zero (a torch step with decode rows runs its masked attention path, on
-    which the grid's columns with cached tokens were measured; vLLM rounds it to 0)."""
+    which the grid's columns with cached tokens were measured; on vLLM, the fewest whole
+    blocks the grid has)."""
     return min((a for a in plan.cached_tokens if a > 0), default=0)
 
 
@@ -693,7 +710,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                           [float(b) for b in plan.batch_sizes],
                           [float(c) for c in plan.context_tokens], monotone_values(raw_decode))
     batched = fit_batched_prefill(
-        prefill, "left_masked", _batches(state.batches), _batches(state.held_out_batches),
+        prefill, engine.padding, _batches(state.batches), _batches(state.held_out_batches),
         fitted_against=f"{len(state.batches)} measured batches of 2-4 requests, timed in the "
                        f"grid's sweeps",
         heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests, "

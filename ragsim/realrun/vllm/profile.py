@@ -12,6 +12,14 @@ describe vLLM (its scheduler, paged attention, prefix-cache lookups), not transf
   one step when they fit ``max_num_batched_tokens``.
 * **decode**: ``batch`` requests of ``context`` tokens are prefilled, then single steps (one
   token for each) are timed.
+* **mixed steps** (a prompt chunk beside running requests): ``b`` requests of ``c`` tokens
+  (each on a cached prefix of its own, so setting them up costs one short step) are prefilled
+  until each has its first token, so that they run; then a prompt of ``k`` new tokens over a
+  cached prefix is added and the one step in which vLLM's scheduler decodes the running
+  requests and prefills the prompt is timed (a timing in which the prompt does not get its
+  first token, or a running request does not decode, is refused); the running requests are
+  then aborted. The chunk alone is timed as any prefill, in the same sweeps, so the profile's
+  increment (``MixedSteps``) is what the running requests add to vLLM's step.
 * **copies**: vLLM on a CPU has no host tier, so a host->host copy of a KV-sized buffer (what
   the torch profiler measures on a CPU too).
 
@@ -31,9 +39,16 @@ import numpy as np
 from ragsim.profiles.models import ModelSpec
 from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 
+# tokens a mixed step's running request may generate: its first (set-up) and the timed
+# step's, with room to spare; it is aborted after the timed step
+MIXED_DECODE_TOKENS = 8
+
 
 class VllmTimer:
     """vLLM's steps, timed the way the profiler's ``TorchEngine`` times forward passes."""
+
+    # vLLM's kernels run each request over its own tokens: nothing is padded (BatchedPrefill)
+    padding = "none"
 
     def __init__(self, llm, settings: EngineSettings, vocab_size: int, seed: int = 0) -> None:
         """Time steps of ``llm``, an engine built with ``settings`` (prefix caching on for
@@ -85,17 +100,19 @@ class VllmTimer:
                                        f"was not reused ({out.num_cached_tokens} were): give "
                                        "vLLM more KV memory")
 
-    def prefix(self, tokens: int) -> list[int]:
+    def prefix(self, tokens: int, slot: int = 0) -> list[int]:
         """The token ids of a prefix of ``tokens`` (rounded down to whole blocks) that sits in
-        vLLM's prefix cache: computed once by a request of its own."""
+        vLLM's prefix cache: computed once by a request of its own. Prefixes of another
+        ``slot`` hold other tokens (a mixed step's running requests each read their own KV,
+        as distinct requests do)."""
         whole = tokens // self.block * self.block
-        if whole not in self._prefixes:
+        if (whole, slot) not in self._prefixes:
             ids = self._tokens(whole)
             if whole:
                 self._add([*ids, *self._tokens(1)], 1)  # the last prompt token is never cached
                 self._drain()
-            self._prefixes[whole] = ids
-        return self._prefixes[whole]
+            self._prefixes[whole, slot] = ids
+        return self._prefixes[whole, slot]
 
     def _pass(self, cached: list[int], new: list[int]) -> float:
         """One timed prefill: rows of (cached prefix, fresh new tokens) added at once, the
@@ -108,19 +125,60 @@ class VllmTimer:
         self._drain(expected)
         return time.perf_counter() - started
 
+    def _until_first_tokens(self, requests: int) -> None:
+        """Step until ``requests`` requests (those just added) have their first token."""
+        first: set[str] = set()
+        while len(first) < requests:
+            for out in self.llm.step():
+                if out.outputs and out.outputs[0].token_ids:
+                    first.add(out.request_id)
+
+    def _mixed(self, cached: list[int], new: list[int]) -> float:
+        """One timed mixed step: ``cached[0]`` cached and ``new[0]`` new tokens of a prompt
+        prefilled in the step in which requests of ``cached[1:]`` tokens decode."""
+        llm, running = self.llm, []
+        for slot, context in enumerate(cached[1:], start=1):
+            prefix = self.prefix(context, slot)
+            fresh = self._tokens(max(context - len(prefix), 1))
+            running.append(self._add([*prefix, *fresh], MIXED_DECODE_TOKENS))
+        self._until_first_tokens(len(running))  # their prompts (mostly cached)
+        prefix = self.prefix(cached[0])
+        chunk = self._add([*prefix, *self._tokens(max(new[0], 1))], 1)
+        started = time.perf_counter()
+        outputs = {out.request_id: out for out in llm.step()}
+        took = time.perf_counter() - started
+        got = outputs.get(chunk)
+        if got is None or not got.outputs or not got.outputs[0].token_ids \
+                or got.num_cached_tokens < len(prefix):
+            raise RuntimeError(f"a profiled mixed step did not prefill its prompt of "
+                               f"{new[0]} new tokens over {len(prefix)} cached ones in one "
+                               "step: give vLLM a larger token budget or more KV memory")
+        decoded = [key for key in running
+                   if key in outputs and len(outputs[key].outputs[0].token_ids) == 2]
+        if len(decoded) < len(running):
+            raise RuntimeError(f"only {len(decoded)} of a profiled mixed step's "
+                               f"{len(running)} running requests decoded in it")
+        llm.abort_request(running)
+        self._drain()
+        return took
+
     # ------------------------------------------------------------------ the interface
     def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
-               repetitions: int):
-        """Every pass timed once per sweep (the profiler's ``TorchEngine.sweeps``)."""
+               repetitions: int, mixed: list[bool] | None = None):
+        """Every pass timed once per sweep (the profiler's ``TorchEngine.sweeps``); a pass
+        flagged in ``mixed`` is a mixed step (``_mixed``), its rows after the first the
+        running requests' contexts."""
         from ragsim.profiles.profiler import Measurement, Timed
 
-        for cached, _ in passes:  # prefixes first: their own prefills are not timed
-            for a in cached:
-                self.prefix(a)
+        mixed = mixed or [False] * len(passes)
+        for (cached, _), is_mixed in zip(passes, mixed, strict=True):
+            # prefixes first: their own prefills are not timed
+            for slot, a in enumerate(cached):
+                self.prefix(a, slot if is_mixed else 0)
         times: list[list[float]] = [[] for _ in passes]
         for sweep in range(warmup + repetitions):
             for k, (cached, new) in enumerate(passes):
-                took = self._pass(cached, new)
+                took = self._mixed(cached, new) if mixed[k] else self._pass(cached, new)
                 if sweep >= warmup:
                     times[k].append(took)
         medians = [float(np.median(t)) for t in times]
@@ -137,12 +195,7 @@ class VllmTimer:
         for _ in range(batch):
             self._add(self._tokens(context), steps + 2)
         llm = self.llm
-        # until every request has its first token (prefill steps, maybe mixed with decode)
-        first = set()
-        while len(first) < batch:
-            for out in llm.step():
-                if out.outputs and out.outputs[0].token_ids:
-                    first.add(out.request_id)
+        self._until_first_tokens(batch)  # prefill steps, maybe mixed with decode
         times = []
         for i in range(steps):
             started = time.perf_counter()
@@ -200,17 +253,15 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
 
     from ragsim.profiles.profiler import run_profile
 
-    # mixed steps are not measured on vLLM yet: its "decode rows" would be one-token prefills
-    # on cached prefixes, not running requests, and no run here has checked that they cost
-    # what vLLM's decodes do; its mixed steps stay priced additively (an upper bound on its
-    # varlen kernels). Its timed step() samples already: no step overhead either.
-    plan = replace(plan, mixed_chunk_tokens=[], held_out_mixed=0, overhead_rows=[])
+    # a timed step() samples and hands its tokens back already: no step overhead of its own
+    plan = replace(plan, overhead_rows=[])
 
     def whole(tokens: int) -> int:
         return tokens // block_tokens * block_tokens
 
     longest = whole(max(plan.cached_tokens)) + max(plan.new_tokens) + 8
-    longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8)
+    longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8,
+                  max(plan.mixed_context_tokens, default=0) + MIXED_DECODE_TOKENS + 1)
     max_len = -(-longest // block_tokens) * block_tokens
     timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
                             max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
