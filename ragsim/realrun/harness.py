@@ -2,8 +2,8 @@
 
 The same pipeline as the simulator (``ragsim.serving``: arrivals, staged search, the request
 pool, the engine's continuous batching over the knowledge tree, faults, records, summary), on a
-wall clock (``simpy.rt``, not strict: an iteration that overruns is late, never an error) with
-``TorchIterations``: every prefill and decode is a forward pass of a real transformer, the
+wall clock (``clock.WakeableClock``: ``simpy.rt``, not strict, woken by the search workers; an
+iteration that overruns is late, never an error) with ``TorchIterations``: every prefill and decode is a forward pass of a real transformer, the
 tree's nodes hold real KV tensors, tier moves are real copies. Searches take the trace's recorded
 or the modelled stage times, waited in real time.
 
@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import simpy
-import simpy.rt
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.answers.stage import real_answer_stage
+from ragsim.realrun.clock import WakeableClock
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
 from ragsim.realrun.search import RealSearchDriving
@@ -75,7 +74,7 @@ class RealRun(RealSearchDriving, Pipeline):
         if clock_start_s is not None:  # a fleet's replica: the fleet's clock, not its own
             first_s = clock_start_s
         self.start = start  # a fleet's barrier: every replica's clock starts at once
-        env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
+        env = WakeableClock(initial_time=first_s)
         self.iterations: TorchIterations | None = None
         model = self.model
         texts, why_no_text = trace_texts(trace)

@@ -205,9 +205,6 @@ class RealSearch:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-POLL_S = 0.0005  # how often the clock looks at a running search stage
-
-
 class RealSearchDriving:
     """A real run's pipeline searching for real (``RealSearch``) where the trace allows it and
     the configuration asks (``search_latency = "trace"``): the pipeline's modelled search
@@ -275,15 +272,8 @@ class RealSearchDriving:
         return list(self.real_search.stage_list(i, stage))
 
     def _when_done(self, future: Future):
-        """An event that fires once a search worker finished ``future``: the clock polls it
-        (a worker thread cannot wake a SimPy environment), so a stage that ends during a
-        forward pass or an engine step is seen right after it, as an engine loop would."""
-        done = self.env.event()
-        self.env.process(self._poll(future, done))
-        return done
-
-    def _poll(self, future: Future, done):
-        while not future.done():
-            yield self.env.timeout(POLL_S)
-        future.result()  # a worker's error surfaces here, not silently
-        done.succeed()
+        """An event that fires once a search worker finished ``future``: the run's clock
+        (``clock.WakeableClock``) is woken by the worker, so a stage that ends while the clock
+        waits is seen at once, and one that ends during a forward pass or an engine step right
+        after it, as an engine loop would see it."""
+        return self.env.when_done(future)

@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 import numpy as np
 import simpy
-import simpy.rt
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.clock import WakeableClock
 from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
@@ -157,7 +157,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         arrivals = planned_arrivals(trace, config)
         first_s = float(arrivals.min()) if len(arrivals) and config.arrival != "sequential" \
             else 0.0
-        env = simpy.rt.RealtimeEnvironment(initial_time=first_s, factor=1.0, strict=False)
+        env = WakeableClock(initial_time=first_s)
         tiered = self.settings.kv_connector is not None
         super().__init__(trace, config, profile, env=env, iterations=lambda tree: _NoIterations(),
                          progress=progress, record_moves=tiered)
@@ -283,8 +283,7 @@ class VllmRun(RealSearchDriving, Pipeline):
 
     def _env_time(self, monotonic_s: float) -> float:
         """A vLLM timestamp (its engine core's ``time.monotonic()``) on the run's clock."""
-        env = self.env
-        return env.env_start + (monotonic_s - env.real_start) / env.factor
+        return self.env.env_time(monotonic_s)
 
     def _on_output(self, output) -> None:
         job = self._jobs[output.request_id]
