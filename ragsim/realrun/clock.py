@@ -39,8 +39,14 @@ class WakeableClock(simpy.rt.RealtimeEnvironment):
 
     def when_done(self, future: Future) -> simpy.Event:
         """An event that fires when ``future`` finishes, at the instant the clock sees it
-        (fails with the future's error: a worker's error surfaces in the process waiting)."""
+        (fails with the future's error: a worker's error surfaces in the process waiting).
+        Work already finished fires now, before whatever else is due now: a search's later
+        stages, done while the pipeline handled the first, are seen at once, as a loop that
+        looks at them finds them (not after the engine's next forward pass)."""
         done = self.event()
+        if future.done():
+            _settle(done, future)
+            return done
         self._outstanding += 1
 
         def finished(f: Future) -> None:  # on the thread that finished it

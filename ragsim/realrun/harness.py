@@ -3,9 +3,10 @@
 The same pipeline as the simulator (``ragsim.serving``: arrivals, staged search, the request
 pool, the engine's continuous batching over the knowledge tree, faults, records, summary), on a
 wall clock (``clock.WakeableClock``: ``simpy.rt``, not strict, woken by the search workers; an
-iteration that overruns is late, never an error) with ``TorchIterations``: every prefill and decode is a forward pass of a real transformer, the
-tree's nodes hold real KV tensors, tier moves are real copies. Searches take the trace's recorded
-or the modelled stage times, waited in real time.
+iteration that overruns is late, never an error) with ``TorchIterations``: every prefill and
+decode is a forward pass of a real transformer, the tree's nodes hold real KV tensors, tier
+moves are real copies. A trace built with its text is searched for real (``search.py``);
+otherwise searches take the trace's recorded or the modelled stage times, waited in real time.
 
 The model is the one the profile describes (``profile.model``), built with random weights, on
 the thread count the profile was measured with, so the simulator's costs and this engine are
