@@ -9,8 +9,8 @@ one batch share it; vLLM >= 0.4 forms its steps from decodes and prompt chunks (
 scheduler), taking as many prompts as its token budget and max_num_seqs allow. The presets
 they replace: ragcache speculates and reorders, counts single tokens (block 1) and shares
 nothing within a batch; vllm-apc counts blocks of 16 and shares; all three run prefill-first,
-at most 8 prompts a step. No vLLM is needed: these are the configuration's terms, checked before vLLM
-is started.
+at most 8 prompts a step. No vLLM is needed: these are the configuration's terms, checked
+before vLLM is started.
 """
 
 from __future__ import annotations

@@ -250,7 +250,8 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     plan = replace(ProfilePlan.quick(), cached_tokens=[0, 1, 100, 256], new_tokens=[1, 16, 64],
                    batch_sizes=[1, 2], context_tokens=[64, 128], batches=2, held_out_points=2,
                    held_out_batches=2, warmup=1, repetitions=2, mixed_chunk_tokens=[16, 64],
-                   mixed_batch_sizes=[1, 2], mixed_context_tokens=[64, 128], held_out_mixed=2)
+                   mixed_batch_sizes=[1, 2], mixed_context_tokens=[64, 128], held_out_mixed=2,
+                   wide_batch_rows=[8, 16], wide_row_tokens=16, held_out_wide=1)
     out = tmp_path / "vllm.json"
     made = profile_vllm(load_profile(PROFILE).model, name="cpu-vllm-test", plan=plan, out=out,
                         block_tokens=BLOCK, kv_cache_bytes=2**27)
@@ -277,6 +278,15 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     held = saved.obtained["validation"]["held_out_mixed"]
     assert len(held) == 2 and all(h["predicted"] > 0 and h["seconds"] > 0 for h in held)
     assert saved.obtained["validation"]["iteration_ratios"]["mixed_steps"]["points"] == 2
+    # wide batches (8 and 16 prompts of 16 tokens in one step): what each row adds to the grid's
+    # price of their tokens and pairs, from the raw timings; one held-out wide batch judged
+    bp = saved.batched_prefill
+    raw = {w["rows"]: w["seconds"] for w in saved.obtained["raw"]["wide_batches"]}
+    assert bp.wide is not None and bp.wide.rows == [8.0, 16.0] and bp.wide.row_new_tokens == 16
+    for n, extra in zip((8, 16), bp.wide.per_extra_request_s, strict=True):
+        assert extra == pytest.approx(max((raw[n] - bp.tokens_and_pairs_s([0] * n, [16] * n))
+                                          / (n - 1), 0.0))
+    assert saved.obtained["validation"]["iteration_ratios"]["wide_batches"]["points"] == 1
 
 
 def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_decodes():

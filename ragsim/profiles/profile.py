@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
@@ -55,6 +56,7 @@ from ragsim.profiles.steps import (
     MixedSteps,
     StepOverhead,
     mixed_steps_from_dict,
+    ratio_summary,
     step_overhead_from_dict,
 )
 
@@ -71,6 +73,42 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
 _OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead")
+
+
+# rows of the batches the fitted per-request term is measured on (ProfilePlan's random batches)
+FITTED_ROWS = 4
+
+
+@dataclass(frozen=True)
+class WideBatches:
+    """What each request adds to a batch of many (``per_extra_request_s[i]`` at ``rows[i]``
+    rows), measured on batches of ``row_new_tokens`` uncached tokens a row, up to the engine's
+    token budget. Why: on vLLM's CPU engine a request added to a batch of several costs more
+    than in a batch of two to four (measured: 8, 20 and 57 rows of 291 tokens took 47, 140 and
+    470 ms where the term fitted on two to four rows priced 33, 74 and 202 ms), and an engine
+    that takes every waiting prompt into a step runs such batches at load. Between
+    ``FITTED_ROWS`` and the first level the term moves linearly from the fitted one; past the
+    last level it stays there."""
+
+    rows: list[float]
+    per_extra_request_s: list[float]
+    row_new_tokens: int
+    heldout: dict | None = None
+
+    def extra_s(self, rows: int, fitted_s: float) -> float:
+        xs = [float(FITTED_ROWS), *self.rows]
+        ys = [fitted_s, *self.per_extra_request_s]
+        if rows <= xs[0]:
+            return fitted_s
+        if rows >= xs[-1]:
+            return ys[-1]
+        i = bisect_right(xs, rows) - 1
+        w = (rows - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + w * (ys[i + 1] - ys[i])
+
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "per_extra_request_s": list(self.per_extra_request_s),
+                "row_new_tokens": self.row_new_tokens, "heldout": self.heldout}
 
 
 @dataclass(frozen=True)
@@ -116,6 +154,7 @@ class BatchedPrefill:
     heldout_median_error: float | None = None
     heldout_max_error: float | None = None
     fit: dict = field(default_factory=dict)
+    wide: WideBatches | None = None  # batches of many rows, measured (vLLM's profiles)
 
     def equivalent_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
                      ) -> float:
@@ -168,9 +207,41 @@ class BatchedPrefill:
             return costliest
         if self._padded_beyond_grid(new_tokens):
             return self._padded_rows_s(cached_tokens, new_tokens)
-        batched = self.equivalent_s(cached_tokens, new_tokens) + self.per_extra_request_s * (
-            len(new_tokens) - 1)
-        return max(batched, costliest)
+        rows = len(new_tokens)
+        extra = (self.per_extra_request_s if self.wide is None
+                 else self.wide.extra_s(rows, self.per_extra_request_s))
+        return max(self.tokens_and_pairs_s(cached_tokens, new_tokens) + extra * (rows - 1),
+                   costliest)
+
+    def tokens_and_pairs_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
+                           ) -> float:
+        """The batch's tokens and pairs priced on the grid (without the per-request term):
+        its equivalent request, or for a varlen batch of more new tokens than the grid
+        measured, grid-sized groups of its rows."""
+        if self.padding == "none" and sum(new_tokens) > max(self.grid.y_axis):
+            return self._grid_sized_groups_s(cached_tokens, new_tokens)
+        return self.equivalent_s(cached_tokens, new_tokens)
+
+    def _grid_sized_groups_s(self, cached_tokens: Sequence[float],
+                             new_tokens: Sequence[float]) -> float:
+        """A varlen batch with more new tokens than the grid measured, priced as consecutive
+        groups of its rows that each fit the grid, the step's fixed cost (``T(0, 1)``) paid
+        once. Its equivalent single request would lie far past the grid (a CPU vLLM step of
+        57 prompts of ~290 tokens: 16,384 tokens with the pairs of a prefix of -8,000), where
+        the extrapolated price fell to 21 ms for a step vLLM ran in 376-888 ms; each group's
+        equivalent request is one the grid was measured around. Rows are grouped in order;
+        a row larger than the grid is a group of its own."""
+        limit = max(self.grid.y_axis)
+        groups: list[tuple[list[float], list[float]]] = [([], [])]
+        for a, b in zip(cached_tokens, new_tokens, strict=True):
+            if groups[-1][1] and sum(groups[-1][1]) + b > limit:
+                groups.append(([], []))
+            groups[-1][0].append(a)
+            groups[-1][1].append(b)
+        seconds = sum(max(self.equivalent_s(a, b), *(self.grid.at(x, y) for x, y in
+                                                      zip(a, b, strict=True)))
+                      for a, b in groups)
+        return seconds - (len(groups) - 1) * self.grid.at(0.0, 1.0)
 
     def _padded_beyond_grid(self, new_tokens: Sequence[float]) -> bool:
         """A padded batch whose equivalent single request (rows x longest new tokens) lies past
@@ -199,16 +270,24 @@ class BatchedPrefill:
             held = (f"held-out error median {self.heldout_median_error:.1%}, max "
                     f"{self.heldout_max_error:.1%} over {self.fit.get('heldout_points', '?')} "
                     f"batches")
+        wide = ""
+        if self.wide is not None:
+            levels = ", ".join(f"{e * 1e3:.3g} ms at {r:g} rows" for r, e in
+                               zip(self.wide.rows, self.wide.per_extra_request_s, strict=True))
+            wide = f" (measured on wide batches: {levels})"
         return (f"batched prefill: the prefill grid's time for one request with the batch's "
                 f"tokens and query-key pairs ({self.padding} padding), + "
-                f"{self.per_extra_request_s * 1e3:.3g} ms per extra request, at least the "
-                f"costliest request alone; {held}")
+                f"{self.per_extra_request_s * 1e3:.3g} ms per extra request{wide}, at least "
+                f"the costliest request alone; {held}")
 
     def to_dict(self) -> dict:
-        return {"model": BATCH_MODEL, "padding": self.padding,
-                "per_extra_request_s": self.per_extra_request_s,
-                "heldout_median_error": self.heldout_median_error,
-                "heldout_max_error": self.heldout_max_error, "fit": self.fit}
+        out = {"model": BATCH_MODEL, "padding": self.padding,
+               "per_extra_request_s": self.per_extra_request_s,
+               "heldout_median_error": self.heldout_median_error,
+               "heldout_max_error": self.heldout_max_error, "fit": self.fit}
+        if self.wide is not None:
+            out["wide"] = self.wide.to_dict()
+        return out
 
 
 def batch_features(cached_tokens: Sequence[float], new_tokens: Sequence[float],
@@ -360,6 +439,9 @@ class Profile:
         for grid in ("prefill", "decode"):
             data[grid]["seconds"] = [[v * factor for v in row] for row in data[grid]["seconds"]]
         data["batched_prefill"]["per_extra_request_s"] *= factor
+        if self.batched_prefill.wide is not None:
+            wide = data["batched_prefill"]["wide"]
+            wide["per_extra_request_s"] = [e * factor for e in wide["per_extra_request_s"]]
         data["overhead_s"] *= factor
         if self.mixed_steps is not None:
             data["mixed_steps"] = self.mixed_steps.scaled(factor).to_dict()
@@ -564,7 +646,33 @@ def _batched(data: object, grid: BilinearGrid, version: int, source: str) -> Bat
         grid, padding,
         per_extra_request_s=_number(data, "per_extra_request_s", source, prefix=p,
                                     minimum=-math.inf),
-        fit=fit, **errors)
+        fit=fit, wide=_wide(data.get("wide"), source), **errors)
+
+
+def _wide(data: object, source: str) -> WideBatches | None:
+    if data is None:
+        return None
+    p = "batched_prefill.wide."
+    if not isinstance(data, dict):
+        raise ProfileError("must be an object or null", file=source, field=p[:-1])
+    rows, extras = data.get("rows"), data.get("per_extra_request_s")
+    for key, values in (("rows", rows), ("per_extra_request_s", extras)):
+        if not isinstance(values, list) or not values or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in values):
+            raise ProfileError("must be a non-empty list of finite numbers >= 0", file=source,
+                               field=p + key)
+    if len(rows) != len(extras):
+        raise ProfileError(f"has {len(extras)} entries but rows has {len(rows)}",
+                           file=source, field=p + "per_extra_request_s")
+    if any(b <= a for a, b in zip([FITTED_ROWS, *rows], rows, strict=False)):
+        raise ProfileError(f"must increase strictly from more than {FITTED_ROWS}", file=source,
+                           field=p + "rows")
+    heldout = data.get("heldout")
+    if heldout is not None and not isinstance(heldout, dict):
+        raise ProfileError("must be an object or null", file=source, field=p + "heldout")
+    return WideBatches([float(r) for r in rows], [float(e) for e in extras],
+                       int(_number(data, "row_new_tokens", source, prefix=p)), heldout)
 
 
 def _transfers(data: object, source: str) -> Transfers:
@@ -622,6 +730,28 @@ class Batches(NamedTuple):
     seconds: list[float]
 
 
+def with_wide_batches(model: BatchedPrefill, rows: Sequence[int], seconds: Sequence[float],
+                      row_new_tokens: int, heldout: Batches | None = None) -> BatchedPrefill:
+    """``model`` with the per-request term measured on wide batches: ``seconds[i]`` the time of
+    ``rows[i]`` uncached rows of ``row_new_tokens`` new tokens each, less the grid's price of
+    their tokens and pairs, per extra request (at least zero); judged on ``heldout`` batches
+    (their predicted / measured summary in ``wide.heldout``)."""
+    before = model.grid.extrapolated_queries
+    extras = []
+    for n, y in zip(rows, seconds, strict=True):
+        base = model.tokens_and_pairs_s([0.0] * n, [float(row_new_tokens)] * n)
+        extras.append(max((y - base) / (n - 1), 0.0))
+    wide = WideBatches([float(n) for n in rows], extras, int(row_new_tokens))
+    widened = replace(model, wide=wide)
+    if heldout is not None and heldout.seconds:
+        summary = ratio_summary([widened.iteration_s(a, b) for a, b in
+                                 zip(heldout.cached, heldout.new, strict=True)],
+                                heldout.seconds)
+        widened = replace(widened, wide=replace(wide, heldout=summary))
+    model.grid.extrapolated_queries = before  # fitting is not a simulation's lookup
+    return widened
+
+
 def fit_batched_prefill(grid: BilinearGrid, padding: str, fitted: Batches, heldout: Batches,
                         *, fitted_against: str, heldout_against: str) -> BatchedPrefill:
     """The batch model on ``grid``: its one term fitted to ``fitted``, judged on ``heldout``.
@@ -633,7 +763,7 @@ def fit_batched_prefill(grid: BilinearGrid, padding: str, fitted: Batches, heldo
     before = grid.extrapolated_queries
     base = BatchedPrefill(grid, padding)
     extra = [len(b) - 1 for b in fitted.new]
-    gap = [y - base.equivalent_s(a, b) for a, b, y in zip(*fitted, strict=True)]
+    gap = [y - base.tokens_and_pairs_s(a, b) for a, b, y in zip(*fitted, strict=True)]
     num = sum(g * k / y**2 for g, k, y in zip(gap, extra, fitted.seconds, strict=True))
     den = sum(k * k / y**2 for k, y in zip(extra, fitted.seconds, strict=True))
     # >= 0: what a request adds beyond its tokens and pairs (its LM head, its row) is work; a

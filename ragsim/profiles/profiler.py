@@ -54,7 +54,13 @@ from ragsim.profiles.heldout import (
     relative_errors,
 )
 from ragsim.profiles.models import ModelSpec
-from ragsim.profiles.profile import Batches, Profile, Transfers, fit_batched_prefill
+from ragsim.profiles.profile import (
+    Batches,
+    Profile,
+    Transfers,
+    fit_batched_prefill,
+    with_wide_batches,
+)
 from ragsim.profiles.steps import (
     ITERATION_MEDIAN_TARGET,
     ITERATION_P90_TARGET,
@@ -102,6 +108,12 @@ class ProfilePlan:
     # rows at which the engine's greedy sampling of a step's logits is timed (the per-step
     # overhead outside the timed passes); empty: not measured
     overhead_rows: list[int] = field(default_factory=list)
+    # wide batches (``profile.WideBatches``): that many uncached rows of ``wide_row_tokens``
+    # new tokens each, up to the engine's token budget, and ``held_out_wide`` random ones to
+    # judge them; empty: not measured (an engine that pads prices wide batches row by row)
+    wide_batch_rows: list[int] = field(default_factory=list)
+    wide_row_tokens: int = 256
+    held_out_wide: int = 0
 
     @classmethod
     def quick(cls) -> ProfilePlan:
@@ -182,6 +194,8 @@ class ProfilerState:
     held_out_mixed: list[dict] = field(default_factory=list)
     held_out_decode: list[dict] = field(default_factory=list)
     sampling: dict[str, list[float]] = field(default_factory=dict)  # rows -> [med, min, max]
+    wide_batches: list[dict] = field(default_factory=list)
+    held_out_wide: list[dict] = field(default_factory=list)
     sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
@@ -579,7 +593,9 @@ class SweepUnit:
     """What is timed together and recorded as one thing: a grid row (its passes share a prefix),
     a fitted or held-out batch, or a held-out single request."""
 
-    kind: str  # "grid", "batch", "held_out_batch" or "held_out_point"
+    # "grid", "batch", "held_out_batch", "held_out_point", "mixed_level", "held_out_mixed",
+    # "wide_batch" or "held_out_wide"
+    kind: str
     passes: list[tuple[list[int], list[int]]]
 
     def kv_tokens(self) -> int:
@@ -604,7 +620,8 @@ def _sweep_units(plan: ProfilePlan, seed: int) -> list[SweepUnit]:
         a = int(held_rng.integers(1, max(plan.cached_tokens) + 1))
         b = int(held_rng.integers(plan.new_tokens[1], max(plan.new_tokens) + 1))
         points.append(SweepUnit("held_out_point", [([a], [b])]))
-    kinds = [k for k in (grid, batches, points, *_mixed_units(plan, seed)) if k]
+    kinds = [k for k in (grid, batches, points, *_mixed_units(plan, seed),
+                         *_wide_units(plan, seed)) if k]
     # each unit at its fractional place in its own list, then all merged in that order
     place = sorted((((i + 0.5) / len(k), j, i) for j, k in enumerate(kinds) for i in range(len(k))))
     return [kinds[j][i] for _, j, i in place]
@@ -641,6 +658,28 @@ def _mixed_units(plan: ProfilePlan, seed: int) -> tuple[list[SweepUnit], list[Sw
     return levels, held
 
 
+def _wide_units(plan: ProfilePlan, seed: int) -> tuple[list[SweepUnit], list[SweepUnit]]:
+    """The wide batches (each level's rows of ``wide_row_tokens`` uncached tokens) and the
+    held-out ones: rows between the first and the last level, each of 64 to 512 new tokens
+    over a cached length of the grid up to 512, within the last level's tokens."""
+    if not plan.wide_batch_rows:
+        return [], []
+    k = plan.wide_row_tokens
+    levels = [SweepUnit("wide_batch", [([0] * n, [k] * n)]) for n in plan.wide_batch_rows]
+    rng = np.random.default_rng(seed + 19)
+    budget = max(plan.wide_batch_rows) * k
+    cached_choices = [a for a in plan.cached_tokens if a <= 512] or [0]
+    held = []
+    for _ in range(plan.held_out_wide):
+        n = int(rng.integers(min(plan.wide_batch_rows), max(plan.wide_batch_rows) + 1))
+        new = [int(b) for b in rng.integers(64, 513, size=n)]
+        while sum(new) > budget:
+            new.pop()
+        cached = [int(rng.choice(cached_choices)) for _ in new]
+        held.append(SweepUnit("held_out_wide", [(cached, new)]))
+    return levels, held
+
+
 def _held_out_decode_points(plan: ProfilePlan, seed: int) -> list[tuple[int, int]]:
     rng = np.random.default_rng(seed + 17)
     return [(int(rng.integers(1, max(plan.batch_sizes) + 1)),
@@ -674,6 +713,10 @@ def _record(state: ProfilerState, kind: str, cached: list[int], new: list[int],
         state.held_out_mixed.append({"cached": cached, "new": new, **spread})
     elif kind == "held_out_point":
         state.held_out.append({"cached": cached[0], "new": new[0], **spread})
+    elif kind == "wide_batch":
+        state.wide_batches.append({"rows": len(new), "new": new[0], **spread})
+    elif kind == "held_out_wide":
+        state.held_out_wide.append({"cached": cached, "new": new, **spread})
     else:
         target = state.held_out_batches if kind == "held_out_batch" else state.batches
         target.append({"cached": cached, "new": new, **spread})
@@ -715,6 +758,11 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                        f"grid's sweeps",
         heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests, "
                         f"timed in the same sweeps")
+    if state.wide_batches:
+        wide = sorted(state.wide_batches, key=lambda w: w["rows"])
+        batched = with_wide_batches(batched, [w["rows"] for w in wide],
+                                    [w["seconds"] for w in wide], plan.wide_row_tokens,
+                                    _batches(state.held_out_wide))
     held_errors = relative_errors([prefill.at(h["cached"], h["new"]) for h in state.held_out],
                                   [h["seconds"] for h in state.held_out])
     prefill_median, prefill_max = median_and_max(held_errors)
@@ -756,7 +804,9 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
             "timing": SWEEP_TIMING,
             "raw": {"prefill": state.prefill, "decode": state.decode,
                     "copies": state.copies, "batches": state.batches,
-                    "held_out_batches": state.held_out_batches},
+                    "held_out_batches": state.held_out_batches,
+                    **({"wide_batches": state.wide_batches,
+                        "held_out_wide": state.held_out_wide} if state.wide_batches else {})},
             "validation": {
                 "held_out_prefill": [{**h, "predicted": prefill.at(h["cached"], h["new"])}
                                      for h in state.held_out],
@@ -801,6 +851,8 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
         ratios["batches"] = ratio_summary(
             [profile.batched_prefill.iteration_s(b["cached"], b["new"])
              for b in state.held_out_batches], [b["seconds"] for b in state.held_out_batches])
+    if profile.batched_prefill.wide is not None and profile.batched_prefill.wide.heldout:
+        ratios["wide_batches"] = profile.batched_prefill.wide.heldout
     if state.held_out_decode:
         ratios["decode_points"] = ratio_summary(
             [profile.decode.at(d["batch"], d["context"]) for d in state.held_out_decode],

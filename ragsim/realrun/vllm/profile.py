@@ -21,6 +21,9 @@ describe vLLM (its scheduler, paged attention, prefix-cache lookups), not transf
   first token, or a running request does not decode, is refused); the running requests are
   then aborted. The chunk alone is timed as any prefill, in the same sweeps, so the profile's
   increment (``MixedSteps``) is what the running requests add to vLLM's step.
+* **wide batches**: 8 to 64 prompts in one step (up to the token budget), as vLLM takes every
+  waiting prompt at load; a request added to such a batch costs more than in a batch of two to
+  four (``profile.WideBatches``).
 * **copies**: vLLM on a CPU has no host tier, so a host->host copy of a KV-sized buffer (what
   the torch profiler measures on a CPU too).
 
@@ -40,6 +43,10 @@ import numpy as np
 from ragsim.profiles.models import ModelSpec
 from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 
+# wide batches on vLLM: 8 to 64 rows of 256 tokens (64 x 256: ragsim's default token budget,
+# 16,384), and four held-out ones
+WIDE_ROWS = [8, 16, 32, 64]
+HELD_OUT_WIDE = 4
 # tokens a mixed step's running request may generate: its first (set-up) and the timed
 # step's, with room to spare; it is aborted after the timed step
 MIXED_DECODE_TOKENS = 8
@@ -258,8 +265,10 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
 
     from ragsim.profiles.profiler import run_profile
 
-    # a timed step() samples and hands its tokens back already: no step overhead of its own
-    plan = replace(plan, overhead_rows=[])
+    # a timed step() samples and hands its tokens back already: no step overhead of its own;
+    # vLLM takes every waiting prompt into a step up to its token budget: wide batches measured
+    plan = replace(plan, overhead_rows=[], wide_batch_rows=plan.wide_batch_rows or WIDE_ROWS,
+                   held_out_wide=plan.held_out_wide or HELD_OUT_WIDE)
 
     def whole(tokens: int) -> int:
         return tokens // block_tokens * block_tokens
@@ -268,9 +277,9 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8,
                   max(plan.mixed_context_tokens, default=0) + MIXED_DECODE_TOKENS + 1)
     max_len = -(-longest // block_tokens) * block_tokens
+    budget = max(4 * max_len, 8192, max(plan.wide_batch_rows) * plan.wide_row_tokens)
     timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
-                            max_model_len=max_len, max_batched_tokens=max(4 * max_len, 8192),
-                            seed=seed)
+                            max_model_len=max_len, max_batched_tokens=budget, seed=seed)
     return run_profile(spec, name=name, device="cpu", dtype=spec.dtype, plan=plan, out=out,
                        threads=int(timer.torch.get_num_threads()), seed=seed,
                        kv_capacity_bytes=kv_cache_bytes, label=label, progress=progress,
