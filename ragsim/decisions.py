@@ -68,11 +68,17 @@ def measured_s(decision: dict) -> float:
 
 
 def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[str, np.ndarray],
-           price: Callable[[dict], float]) -> np.ndarray:
+           price: Callable[[dict], float], *, closed_loop: bool = False) -> np.ndarray:
     """Per request (the run's rows): the TTFT the real run's decisions give when each
     iteration costs ``price(decision)`` (``priced_s``: the simulator's prices; NaN where the
     request did not complete); a request no prefill served (an answer cache hit) keeps its
-    real TTFT."""
+    real TTFT.
+
+    ``closed_loop`` (a sequential run: each request arrives when the one before ended): a
+    request arrives in the replay as late as the replay runs behind the real run when it comes
+    (its arrival, search and entry into the pool shifted by that much). Replayed on the real
+    arrival times instead, prices 30% above the machine's made every request queue behind the
+    ones before it (a replay of an idle run at +2,900% of its TTFT)."""
     first_token = np.asarray(columns["first_token_s"], float)
     arrival = np.asarray(columns["arrival_s"], float)
     search_end = np.asarray(columns["search_end_s"], float)
@@ -80,24 +86,32 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
     # request -> the replayed end of its prefill that ended last by its first token (that one
     # gave it: a terminated speculation's earlier prefill did not)
     served: dict[int, float] = {}
+    shift: dict[int, float] = {}  # closed loop: request -> how late it arrives in the replay
     replayed_end = -np.inf
+    behind = 0.0  # closed loop: the replay's last iteration's end less the real one's
     for decision in decisions:
-        ready = max((submitted_s.get(j[0], decision["start_s"])
-                     for j in decision.get("jobs", ())), default=-np.inf)
+        jobs = decision.get("jobs", ())
+        if closed_loop:
+            for _, request, *_ in jobs:
+                shift.setdefault(request, behind)
+        ready = max((submitted_s.get(j[0], decision["start_s"]) + shift.get(j[1], 0.0)
+                     for j in jobs), default=-np.inf)
         start = decision["start_s"] if not np.isfinite(replayed_end) else max(replayed_end,
                                                                                  ready)
         replayed_end = start + price(decision)
+        behind = max(replayed_end - decision["end_s"], 0.0)
         # a vLLM step: the chunks that finished their prompts (vLLM stamps the first token
         # inside the step); a prefill: every job, unless the request's first token came
         # before the prefill ended (a later attempt's)
         completing = decision.get("completing")
-        for key, request, *_ in decision.get("jobs", ()):
+        for key, request, *_ in jobs:
             if key in completing if completing is not None \
                     else decision["end_s"] <= first_token[request] + _SAME_TIME_S:
                 served[request] = replayed_end
     for request, replayed in served.items():
         if np.isfinite(first_token[request]):
-            ttft[request] = max(replayed, search_end[request]) - arrival[request]
+            late = shift.get(request, 0.0)
+            ttft[request] = max(replayed, search_end[request] + late) - arrival[request] - late
     return ttft
 
 

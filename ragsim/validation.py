@@ -235,7 +235,8 @@ def replay_decisions(real, profile: Profile) -> np.ndarray | None:
 
     overlap = bool(real.config.overlap_swap)
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
-                  lambda decision: priced_s(decision, profile, overlap))
+                  lambda decision: priced_s(decision, profile, overlap),
+                  closed_loop=real.config.arrival == "sequential")
 
 
 def search_note(trace: Trace, config: SimConfig, backend: str) -> tuple[str, bool] | None:

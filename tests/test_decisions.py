@@ -59,6 +59,30 @@ def test_a_kept_speculation_waits_for_its_search_and_a_terminated_one_gives_noth
     assert ttft == pytest.approx([1.8 - 0.5, 2.05 - 0.6])
 
 
+def test_a_sequential_run_replays_each_request_from_when_the_one_before_ended():
+    """One request at a time, in the real run: request 0 arrives at 0.0, searches until 0.1,
+    is prefilled 0.1-0.3 and decoded 0.3-0.4; request 1 arrives at 1.0, searches until 1.1, is
+    prefilled 1.1-1.2. At 0.2 s a prefill and 0.1 s a decode the replay keeps up: both TTFTs
+    0.3 either way. At 2 s a prefill it does not: request 0's prefill 0.1-2.1, its decode
+    2.1-2.2, 1.8 s behind the real run. Open loop, request 1 still arrives at 1.0 and queues
+    behind them: prefill 2.2-4.2, TTFT 3.2, queueing the real run never had. Closed loop it
+    arrives 1.8 s late (2.8), searches until 2.9 and is prefilled 2.9-4.9: TTFT 2.1, the
+    search and its own prefill, as request 0's."""
+    decisions = [prefill(0.1, 0.3, (10, 0)), decode(0.3, 0.4), prefill(1.1, 1.2, (11, 1))]
+    cols = columns([0.0, 1.0], [0.1, 1.1], [0.3, 1.2])
+    entered = {10: 0.1, 11: 1.1}
+    for closed_loop in (False, True):
+        assert replay(decisions, entered, cols, price, closed_loop=closed_loop) == \
+            pytest.approx([0.3, 0.3])
+    slow = {"prefill": 2.0, "decode": 0.1}
+
+    def at(d):
+        return slow[d["kind"]]
+
+    assert replay(decisions, entered, cols, at) == pytest.approx([2.1, 3.2])
+    assert replay(decisions, entered, cols, at, closed_loop=True) == pytest.approx([2.1, 2.1])
+
+
 def test_a_request_no_prefill_served_keeps_its_real_ttft():
     cols = columns([0.0, 0.0], [0.0, 0.0], [0.3, 0.01])  # request 1: an answer cache hit
     ttft = replay([prefill(0.0, 0.3, (1, 0))], {1: 0.0}, cols, price)
