@@ -19,7 +19,7 @@
 #    docs/validation.md.
 #
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
-# |throughput error| <= 10% at overload. Took ~7 minutes on two cores (2026-12-03; docs/validation.md).
+# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores (2026-12-03; docs/validation.md).
 set -euo pipefail
 
 OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
