@@ -77,6 +77,7 @@ def test_the_wide_term_is_what_each_row_adds_to_the_measured_batch():
 def _profile_with_wide(tmp_path, wide: dict | None):
     data = load_profile("cpu-vllm-mistral-7b-l2-h256").to_dict()
     data["batched_prefill"]["padding"] = "none"
+    data["batched_prefill"].pop("wide", None)
     if wide is not None:
         data["batched_prefill"]["wide"] = wide
     path = tmp_path / "p.json"
