@@ -75,7 +75,8 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 _OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead")
 
 
-# rows of the batches the fitted per-request term is measured on (ProfilePlan's random batches)
+# the most rows of the batches the per-request term is fitted on (the profiler's random
+# batches draw 2 to this many)
 FITTED_ROWS = 4
 
 

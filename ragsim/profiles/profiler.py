@@ -55,6 +55,7 @@ from ragsim.profiles.heldout import (
 )
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.profile import (
+    FITTED_ROWS,
     Batches,
     Profile,
     Transfers,
@@ -732,7 +733,7 @@ def _random_batch(rng: np.random.Generator, plan: ProfilePlan) -> tuple[list[int
     segment, and the batch model prices that many tokens on the grid: rows x longest stays
     within the grid's new tokens, so the model is judged where the grid was measured (up to half
     the grid, the quick plan's batches were priced by extrapolation)."""
-    rows = int(rng.integers(2, 5))
+    rows = int(rng.integers(2, FITTED_ROWS + 1))
     cached = [int(rng.choice(plan.cached_tokens)) for _ in range(rows)]
     most = max(plan.new_tokens[-1] // rows, plan.new_tokens[1])
     new = [int(rng.integers(plan.new_tokens[1], most + 1)) for _ in range(rows)]

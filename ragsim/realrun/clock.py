@@ -37,6 +37,10 @@ class WakeableClock(simpy.rt.RealtimeEnvironment):
         """A ``time.monotonic()`` instant on this clock."""
         return self.env_start + (monotonic_s - self.real_start) / self.factor
 
+    def wall_time(self, env_s: float) -> float:
+        """The ``time.monotonic()`` instant of ``env_s`` on this clock."""
+        return self.real_start + (env_s - self.env_start) * self.factor
+
     def when_done(self, future: Future) -> simpy.Event:
         """An event that fires when ``future`` finishes, at the instant the clock sees it
         (fails with the future's error: a worker's error surfaces in the process waiting).
@@ -74,9 +78,7 @@ class WakeableClock(simpy.rt.RealtimeEnvironment):
             at = self.peek()
             if at is Infinity and not self._outstanding:
                 raise EmptySchedule
-            left = (float("inf") if at is Infinity
-                    else self.real_start + (at - self.env_start) * self.factor
-                    - time.monotonic())
+            left = float("inf") if at is Infinity else self.wall_time(at) - time.monotonic()
             if left <= 0:
                 break
             # a thread that finishes work sets the flag; sleep in bounded slices so that a

@@ -239,8 +239,8 @@ class RealSearchDriving:
             return
         env = self.env
         n_stages = self.search.n_stages
-        planned = sorted((env.real_start + (float(at) - env.env_start) * env.factor, i,
-                          n_stages(i)) for i, at in enumerate(self.arrival_s))
+        planned = sorted((env.wall_time(float(at)), i, n_stages(i))
+                         for i, at in enumerate(self.arrival_s))
         self.real_search.start_at(planned)
 
     def stop_real_search(self) -> None:
