@@ -3,7 +3,11 @@ the four online policies, each distinct one run once per session."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,20 @@ from ragsim.traces import resolve_trace
 from ragsim.traces.schema import Trace
 
 FOUR_POLICIES = ("pgdsf", "gdsf", "lru", "lfu")
+
+_SCRATCH_ROOT: Path | None = None
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh folder per hypothesis example (pytest's ``tmp_path`` is one per test, not per
+    example), inside one folder per test process that is removed when the process exits: the
+    fuzz tests make hundreds of folders a run, and left ~10,000 in the temporary folder of a
+    machine that ran the suite a few dozen times."""
+    global _SCRATCH_ROOT
+    if _SCRATCH_ROOT is None:
+        _SCRATCH_ROOT = Path(tempfile.mkdtemp(prefix="ragsim-tests-"))
+        atexit.register(shutil.rmtree, _SCRATCH_ROOT, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH_ROOT))
 
 
 def interrupt_progress(monkeypatch: pytest.MonkeyPatch, at_completed: int | None = None) -> None:

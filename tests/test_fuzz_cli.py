@@ -18,7 +18,6 @@ import json
 import math
 import os
 import signal
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +27,8 @@ import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
+
+from helpers import scratch_dir
 
 from ragsim.cli import app
 from ragsim.profiles.profile import load_profile
@@ -108,7 +109,7 @@ def write_jsonl(rows: list, folder: Path) -> Path:
 def run_and_check(args: list[str]) -> None:
     """``ragsim run ARGS --json --out DIR``: exit 0 or 2, never a traceback or a hang; a run
     that ends agrees with its trace."""
-    out = Path(tempfile.mkdtemp(prefix="ragsim-fuzz-cli-")) / "out"
+    out = scratch_dir("ragsim-fuzz-cli-") / "out"
     with time_limit(CASE_LIMIT_S):
         result = runner.invoke(app, ["run", *args, "--json", "--out", str(out)])
     assert "Traceback" not in result.output, result.output
@@ -168,7 +169,7 @@ def test_odd_configurations_end_cleanly(good_trace, data):
     text = _toml(data)
     if text is None:
         return
-    config = Path(tempfile.mkdtemp(prefix="ragsim-fuzz-cli-")) / "config.toml"
+    config = scratch_dir("ragsim-fuzz-cli-") / "config.toml"
     config.write_text(with_deep(text))
     run_and_check(["--config", str(config), "--trace", str(good_trace), "--requests", "8"])
 
@@ -215,7 +216,7 @@ FLEETS = st.sampled_from([[], ["--replicas", "2", "--router", "round-robin"],
 def test_odd_jsonl_traces_end_cleanly(rows, arrival, fleet):
     """A fleet too, on a trace whose clock starts late (before issue 32's fleet fix its first
     request was served at t = 0: a TTFT of -100 s)."""
-    folder = Path(tempfile.mkdtemp(prefix="ragsim-fuzz-cli-"))
+    folder = scratch_dir("ragsim-fuzz-cli-")
     path = write_jsonl(rows, folder)
     run_and_check(["--trace", str(path), "--arrival", arrival, *fleet,
                    *(["--rate", "2"] if arrival == "poisson" else [])])
@@ -247,7 +248,7 @@ def profiles(draw) -> dict:
 @FUZZ
 @given(data=profiles())
 def test_odd_profiles_end_cleanly(good_trace, data):
-    path = Path(tempfile.mkdtemp(prefix="ragsim-fuzz-cli-")) / "profile.json"
+    path = scratch_dir("ragsim-fuzz-cli-") / "profile.json"
     path.write_text(with_deep(json.dumps(data)))
     run_and_check(["--profile", str(path), "--trace", str(good_trace)])
 

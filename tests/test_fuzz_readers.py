@@ -13,7 +13,6 @@ import copy
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +21,8 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from helpers import scratch_dir
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile, load_profile
@@ -46,7 +47,7 @@ JUNK = st.one_of(SCALARS, st.lists(SCALARS, max_size=4),
 
 def _workdir() -> Path:
     """A fresh folder per example (pytest's tmp_path is one per test, not per example)."""
-    return Path(tempfile.mkdtemp(prefix="ragsim-fuzz-"))
+    return scratch_dir("ragsim-fuzz-")
 
 
 def assert_clean(read, where: Path) -> object | None:
