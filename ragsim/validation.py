@@ -380,6 +380,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         report["reuse"] = config.reuse
         report["position_free"] = position_free_counts(real.summary, sim.summary)
     report["real"], report["sim"] = real.summary, sim.summary
+    from ragsim.diagnosis import diagnose
+
+    report["diagnosis"] = diagnose(report)  # each missed target: its cause and next fix
     return report
 
 
@@ -670,4 +673,16 @@ def load_row(report: dict) -> dict:
             "adjusted_throughput_error": (report.get("speed_adjusted") or {}).get(
                 "throughput_error"),
             "interrupted": bool(report.get("interrupted", False)),
-            **{f"{name}_passed": passed for name, passed in marks.items()}}
+            **{f"{name}_passed": passed for name, passed in marks.items()},
+            **miss_columns(report.get("diagnosis") or [])}
+
+
+def miss_columns(diagnosis: list[dict]) -> dict:
+    """A load row's causes and next fixes (``ragsim.diagnosis``), flat for the loads table:
+    ``metric: cause`` for each missed target, and each distinct next fix once (None: none
+    missed); the full evidence is in the load's ``validation.json``."""
+    if not diagnosis:
+        return {"miss_causes": None, "next_fixes": None}
+    fixes = list(dict.fromkeys(miss["next_fix"] for miss in diagnosis))
+    return {"miss_causes": "; ".join(f"{m['metric']}: {m['cause']}" for m in diagnosis),
+            "next_fixes": " | ".join(fixes)}

@@ -24,11 +24,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import tomli_w
+from helpers import scratch_dir
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
-
-from helpers import scratch_dir
 
 from ragsim.cli import app
 from ragsim.profiles.profile import load_profile

@@ -19,10 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tomli_w
+from helpers import scratch_dir
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from helpers import scratch_dir
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.profile import Profile, load_profile

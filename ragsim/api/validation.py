@@ -32,9 +32,9 @@ _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "replicas": "replicas", "router": "router"}
 
 # how the verdict names each target
-_METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
-                 "ttft_p90_abs_error": "TTFT p90 |error| per request",
-                 "throughput_abs_error": "throughput |error|", "hit_agreement": "hit agreement"}
+METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
+                "ttft_p90_abs_error": "TTFT p90 |error| per request",
+                "throughput_abs_error": "throughput |error|", "hit_agreement": "hit agreement"}
 # on_run(label, total) -> (a context the run goes in, done(ended) -> None): a progress display
 RunProgress = Callable[[str, int], tuple]
 # on_note(text, warning): what a caller may print as the setup goes (warning: always shown)
@@ -159,7 +159,7 @@ class Validation:
             where = f" at load {report['load']}" if report.get("load") else ""
             for check in report["checks"]:
                 if check["passed"] is False:
-                    words = _METRIC_WORDS.get(check["metric"], check["metric"])
+                    words = METRIC_WORDS.get(check["metric"], check["metric"])
                     missed.append(f"{words} {check['value']:.1%} "
                                   f"(target {check['sense']} {check['target']:.0%}){where}")
         return missed

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ragsim.api.validation import DEFAULT_REQUESTS
+from ragsim.api.validation import DEFAULT_REQUESTS, METRIC_WORDS
 from ragsim.cli.common import (
     TRACE_NAMES,
     Command,
@@ -256,6 +256,16 @@ def _print_report(r: dict) -> None:
         c = r["components"][r["dominant_component"]]
         out.print(f"largest error: {r['dominant_component']} ({ms(c['error_s'])}): check "
                   f"{c['assumption']}", highlight=False)
+    _print_diagnosis(r.get("diagnosis") or [])
+
+
+def _print_diagnosis(diagnosis: list[dict]) -> None:
+    """Each missed target: its cause, the evidence read from the report and the next fix."""
+    for miss in diagnosis:
+        words = METRIC_WORDS.get(miss["metric"], miss["metric"])
+        out.print(f"[red]missed[/] {words} {miss['value']:.1%}: [bold]{miss['cause']}[/] "
+                  f"({miss['meaning']}). {'; '.join(miss['evidence'])}. "
+                  f"[bold]next:[/] {miss['next_fix']}", highlight=False, soft_wrap=True)
 
 
 def _speed(row: dict) -> str:
@@ -300,6 +310,10 @@ def _print_loads(combined: dict) -> None:
                   + "; ".join(f"{row['load']} {_pct(row['cost_model_error'])} / "
                               f"{_pct(row['decision_error'])}" for row in split),
                   highlight=False)
+    for row in combined["loads"]:
+        if row.get("miss_causes"):
+            out.print(f"[red]missed[/] at {row['load']}: {row['miss_causes']}. [bold]next:[/] "
+                      f"{row['next_fixes']}", highlight=False, soft_wrap=True)
     searched = [row for row in combined["loads"] if row.get("search_mean_error") is not None
                 and row.get("search_mode") == "faiss"]
     if searched:

@@ -1,0 +1,216 @@
+"""Why a validation point missed its target, and what to fix next, read from its own evidence.
+
+A validation report (``ragsim.validation.compare``) carries the evidence a reviewer reads by
+hand when a target is missed: the TTFT error split into the cost model and diverged decisions
+(``--replay-decisions``), each TTFT component's error, the real run's iterations priced by the
+profile against their measured time, the share of engine time past the profile's range, the
+machine's speed against the profile's (probes before and after the run) and the errors at that
+speed. This module reads them in that order and names, for every missed target, one cause from
+a fixed vocabulary (``CAUSES``), the evidence that points at it, and the next fix, so a miss is
+never just a number.
+
+The rules, in order (the first that holds names the cause):
+
+* hit agreement: the engine's cache hits differ from the policy core's (``cache_hits``);
+* decisions: the replay puts more of the mean error on diverged decisions than on the cost
+  model, and at least ``MATERIAL`` of it (``decisions``);
+* search: the search is the component with the largest error (``search``);
+* machine speed: the probes put the machine more than ``MATERIAL`` away from the profile's
+  speed, or moving by more during the run, and the errors at that speed meet the target
+  (``machine_speed``): the model priced a machine that was not there;
+* iteration costs: the profile prices the run's own iterations more than ``MATERIAL`` away
+  from their measured time (``iteration_costs``), or the engine's steps are not seen one by
+  one (vLLM) and the cost model carries the error;
+* otherwise queueing or the host copies, whichever component is largest (``queueing``,
+  ``host_copies``), and ``capacity`` for a throughput miss with iterations priced right;
+* a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``).
+
+Each rule is a reading of the report, not a measurement of its own: a cause is as good as the
+evidence behind it, which is given beside it. A machine whose speed moved is named as well
+when it is not the first cause (its evidence line says so).
+"""
+
+from __future__ import annotations
+
+# a share of the mean TTFT, a speed or an iteration-price ratio this far from agreement counts
+MATERIAL = 0.10
+
+CAUSES = {
+    "cache_hits": "the engine's cache hits differ from the policy core's",
+    "decisions": "the real run's decisions diverged from the simulator's",
+    "search": "the search's time differs from the simulated one",
+    "machine_speed": "the machine's speed moved away from the profile's",
+    "iteration_costs": "the profile misprices the engine's iterations",
+    "queueing": "requests queue differently with iterations priced right",
+    "host_copies": "the host->GPU copies take a different time",
+    "capacity": "the engine's capacity differs with iterations priced right",
+    "reference_profile": "the simulated reference is priced by another profile",
+}
+
+_NEXT_FIX = {
+    "cache_hits": "compare the policy core's block size and eviction with the engine's "
+                  "(backend_terms) request by request (requests.parquet, hits_agree)",
+    "decisions": "find the decisions that race with the wall clock (speculative prefills "
+                 "against search stages, admission at step boundaries) in the real run's "
+                 "requests.parquet, and make both sides decide at the same instant or model "
+                 "the race",
+    "search_real": "model the hand-off of a search to its workers and back (a thread wake-up "
+                   "each way and the loop's look at a finished stage), measured on the run's "
+                   "own pool, beside the trace's stage times",
+    "search_modelled": "measure this search tier (a trace built here with ragsim trace build, "
+                       "--search-latency trace) instead of the fixed search_s",
+    "machine_speed": "rerun at rest with the profile measured right before (--profile-now), "
+                     "or on a machine of its own; the errors at the machine's speed are the "
+                     "model's, the raw ones include the drift",
+    "iteration_costs_seen": "remeasure the profile the way the run executes its iterations "
+                            "(the run's engine settings, after a run's worth of steps), and "
+                            "look for a per-step cost it leaves out",
+    "iteration_costs_past": "extend the profile to the shapes the run reaches (more rows, "
+                            "longer contexts): ragsim profile with a wider grid",
+    "iteration_costs_unseen": "compare the profile's held-out errors with the run's shapes, and "
+                              "time the profile's steps the way the harness runs them (one "
+                              "engine, the run's settings, after a run's worth of steps)",
+    "queueing": "compare the batches both sides formed (--replay-decisions; the scheduler's "
+                "batch and token limits on both sides)",
+    "host_copies": "measure the host->GPU copy on this machine (ragsim profile's transfer "
+                   "rates) and check overlap_swap on both sides",
+    "capacity": "compare the batches the engine forms at overload (rows a step, token budget) "
+                "with the profile's batched-prefill and wide-batch timings",
+    "reference_profile": "nothing to fix in the model: this is a dry run of the comparison "
+                         "(--backend sim); validate against an engine (--backend torch or "
+                         "vllm)",
+}
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.1%}"
+
+
+def _speed(report: dict) -> dict | None:
+    """The machine's speed against the profile's, when it is material: the probes' factor away
+    from 1 by more than MATERIAL, or a change during the run of more than MATERIAL."""
+    speed = report.get("machine_speed")
+    if not speed:
+        return None
+    if abs(speed["factor"] - 1) > MATERIAL or abs(speed["change_during_run"]) > MATERIAL:
+        return speed
+    return None
+
+
+def _speed_words(speed: dict) -> str:
+    return (f"the machine ran the profile's own grid points x{speed['ratio_before']:.2f} before "
+            f"and x{speed['ratio_after']:.2f} after the run (x1.00: as fast as when profiled)")
+
+
+def _adjusted_meets(report: dict, metric: str) -> bool | None:
+    adjusted = report.get("speed_adjusted")
+    if not adjusted:
+        return None
+    marks = {c["metric"]: c["passed"] for c in adjusted["checks"]}
+    return marks.get(metric)
+
+
+def _largest_component(report: dict) -> tuple[str, dict] | None:
+    name = report.get("dominant_component")
+    return (name, report["components"][name]) if name else None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str]:
+    """(cause, next-fix key) for a miss the cost model carries: speed, iteration prices,
+    queueing, host copies or capacity."""
+    if report.get("real_is_simulated"):
+        evidence.append("the 'real' side is a second simulation")
+        return "reference_profile", "reference_profile"
+    speed = _speed(report)
+    if speed is not None:
+        evidence.append(_speed_words(speed))
+        meets = _adjusted_meets(report, metric)
+        if meets:
+            evidence.append("at that speed the target is met")
+            return "machine_speed", "machine_speed"
+        if meets is False:
+            evidence.append("at that speed the target is still missed")
+    ratio = report.get("iteration_time_ratio")
+    past = report.get("beyond_profile_time_share")
+    if ratio is not None:
+        evidence.append(f"the profile prices the run's own iterations at {ratio:.3f} of their "
+                        "measured time")
+        if past is not None and past > MATERIAL:
+            evidence.append(f"{past:.0%} of the engine's time went to iterations past the "
+                            "profile's range (extrapolated)")
+        if abs(ratio - 1) > MATERIAL:
+            key = ("iteration_costs_past" if past is not None and past > 2 * MATERIAL
+                   else "iteration_costs_seen")
+            return "iteration_costs", key
+    else:  # the engine's steps are its own (vLLM): the split is the only view of their prices
+        cost = report.get("cost_model_error")
+        if cost is None or abs(cost) > MATERIAL:
+            evidence.append("the engine runs its own steps, which are not timed one by one "
+                            "here: " + ("the replay's cost-model share is the view of their "
+                                        "prices" if cost is not None else
+                                        "--replay-decisions would split the error"))
+            return "iteration_costs", "iteration_costs_unseen"
+    if metric == "throughput_abs_error":
+        return "capacity", "capacity"
+    largest = _largest_component(report)
+    if largest is not None and largest[0] == "swap_in":
+        return "host_copies", "host_copies"
+    return "queueing", "queueing"
+
+
+def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
+    evidence: list[str] = []
+    decisions, cost = report.get("decision_error"), report.get("cost_model_error")
+    if decisions is not None:
+        evidence.append(f"of the mean error {_pct(report['ttft_mean_error'])}, the cost model "
+                        f"{_pct(cost)}, diverged decisions {_pct(decisions)}")
+        if abs(decisions) >= abs(cost) and abs(decisions) > MATERIAL:
+            return "decisions", "decisions", evidence
+    largest = _largest_component(report)
+    if largest is not None:
+        name, component = largest
+        evidence.append(f"largest component: {name}, {_ms(component['real_s'])} real against "
+                        f"{_ms(component['sim_s'])} simulated "
+                        f"({_pct(component['share_of_ttft'] or 0)} of the mean TTFT)")
+        if name in ("search", "search_wait"):
+            mode = report.get("search_mode", "modelled")
+            return "search", "search_real" if mode == "faiss" else "search_modelled", evidence
+    cause, key = _cost_side(report, metric, evidence)
+    return cause, key, evidence
+
+
+def _throughput_cause(report: dict) -> tuple[str, str, list[str]]:
+    evidence = [f"throughput {report['sim']['throughput_rps']:.2f} req/s simulated against "
+                f"{report['real']['throughput_rps']:.2f} real"]
+    cause, key = _cost_side(report, "throughput_abs_error", evidence)
+    return cause, key, evidence
+
+
+def diagnose(report: dict) -> list[dict]:
+    """One entry per missed target of ``report`` (a ``validation.compare`` report): the
+    metric, its value and target, the cause (a key of ``CAUSES``) and what it means, the
+    evidence read from the report, and the next fix. Empty when every target is met."""
+    misses = []
+    for check in report["checks"]:
+        if check["passed"] is not False:
+            continue
+        metric = check["metric"]
+        if metric == "hit_agreement":
+            cause, key = "cache_hits", "cache_hits"
+            evidence = [f"{1 - report['hit_agreement']:.1%} of the requests hit a different "
+                        "number of tokens in a tier"]
+        elif metric == "throughput_abs_error":
+            cause, key, evidence = _throughput_cause(report)
+        else:
+            cause, key, evidence = _ttft_cause(report, metric)
+        speed = _speed(report)
+        if cause in ("decisions", "search") and speed is not None:  # not read on their way
+            evidence.append(_speed_words(speed) + ": part of the error is the machine's")
+        misses.append({"metric": metric, "value": check["value"], "target": check["target"],
+                       "cause": cause, "meaning": CAUSES[cause], "evidence": evidence,
+                       "next_fix": _NEXT_FIX[key]})
+    return misses
