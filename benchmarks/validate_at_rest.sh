@@ -18,9 +18,17 @@
 #    model / decisions split and the search error beside them) into OUT_DIR/table.md, for
 #    docs/validation.md.
 #
+# Both engines, their profiles and their runs run on tcmalloc where it is installed (Debian and
+# Ubuntu: libtcmalloc-minimal4), as PyTorch's and vLLM's CPU guides say: on glibc's malloc a
+# step of a size the engine has not run costs up to 2x its repeated time, which no profile
+# measures (ragsim/profiles/allocator.py). ALLOCATOR=glibc runs them on glibc's malloc.
+#
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
 # |throughput error| <= 10% at overload. Took 7-9 minutes on two cores (2026-12-03; docs/validation.md).
 set -euo pipefail
+if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
+  export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
+fi
 
 OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
 REQUESTS=${2:-300}

@@ -70,6 +70,10 @@ _NEXT_FIX = {
     "iteration_costs_unseen": "compare the profile's held-out errors with the run's shapes, and "
                               "time the profile's steps the way the harness runs them (one "
                               "engine, the run's settings, after a run's worth of steps)",
+    "iteration_costs_allocator": "run the engine, and measure its profile, on tcmalloc "
+                                 "(LD_PRELOAD=libtcmalloc_minimal.so.4, as the engines' CPU "
+                                 "guides say): on glibc's malloc a step of a new size costs up "
+                                 "to 2x its repeated time, which a profile does not measure",
     "queueing": "compare the batches both sides formed (--replay-decisions; the scheduler's "
                 "batch and token limits on both sides)",
     "host_copies": "measure the host->GPU copy on this machine (ragsim profile's transfer "
@@ -119,6 +123,15 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+def _on_glibc(report: dict, evidence: list[str]) -> str | None:
+    """The next-fix key for an engine that ran on glibc's malloc (its steps of new sizes cost
+    more than the profile's repeated timings: ``profiles/allocator.py``), else None."""
+    if (report.get("real") or {}).get("allocator") != "glibc":
+        return None
+    evidence.append("the engine ran on glibc's malloc")
+    return "iteration_costs_allocator"
+
+
 def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str]:
     """(cause, next-fix key) for a miss the cost model carries: speed, iteration prices,
     queueing, host copies or capacity."""
@@ -145,7 +158,7 @@ def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str
         if abs(ratio - 1) > MATERIAL:
             key = ("iteration_costs_past" if past is not None and past > 2 * MATERIAL
                    else "iteration_costs_seen")
-            return "iteration_costs", key
+            return "iteration_costs", _on_glibc(report, evidence) or key
     else:  # the engine's steps are its own (vLLM): the split is the only view of their prices
         cost = report.get("cost_model_error")
         if cost is None or abs(cost) > MATERIAL:
@@ -153,7 +166,7 @@ def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str
                             "here: " + ("the replay's cost-model share is the view of their "
                                         "prices" if cost is not None else
                                         "--replay-decisions would split the error"))
-            return "iteration_costs", "iteration_costs_unseen"
+            return "iteration_costs", _on_glibc(report, evidence) or "iteration_costs_unseen"
     if metric == "throughput_abs_error":
         return "capacity", "capacity"
     largest = _largest_component(report)

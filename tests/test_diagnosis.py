@@ -174,3 +174,13 @@ def test_every_cause_has_a_next_fix(name):
     from ragsim.diagnosis import _NEXT_FIX
 
     assert any(key == name or key.startswith(f"{name}_") for key in _NEXT_FIX)
+
+
+def test_an_engine_on_glibc_malloc_is_told_to_run_on_tcmalloc():
+    r = report(mean=-0.4, p90=0.5, cost=-0.35, decisions=-0.05)
+    r["real"]["allocator"] = "glibc"
+    miss = diagnose(r)[0]
+    assert miss["cause"] == "iteration_costs" and "tcmalloc" in miss["next_fix"]
+    assert "glibc's malloc" in miss["evidence"][-1]
+    r["real"]["allocator"] = "tcmalloc"
+    assert "tcmalloc" not in diagnose(r)[0]["next_fix"]

@@ -48,6 +48,10 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     assert "scaled down" in p.obtained["label"]
     assert p.model.num_layers == 2 and p.model.hidden_size == 256
     assert p.obtained["libraries"]["torch"]
+    # the allocator it was measured on: this process's own (timings differ: allocator.py)
+    from ragsim.profiles.allocator import memory_allocator
+
+    assert p.obtained["allocator"] == memory_allocator() != "unknown"
     v = p.obtained["validation"]
     # the stored errors and the warnings follow from the stored measurements (no timing here)
     held = v["held_out_prefill"]

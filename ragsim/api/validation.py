@@ -340,6 +340,13 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                           block_tokens=(resolved.prefix_block_tokens
                                         if resolved.prefix_block_tokens > 1 else 32))
     v.engine_scale(costs, layers, hidden)
+    if backend in ("torch", "vllm"):  # the real engine runs in this process, on its allocator
+        from ragsim.profiles.allocator import allocator_note, memory_allocator
+
+        obtained = costs.obtained if isinstance(costs.obtained, dict) else {}
+        warning = allocator_note(backend, obtained.get("allocator"), memory_allocator())
+        if warning is not None:
+            note(warning, warning=True)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
     if sequential:

@@ -45,6 +45,7 @@ import numpy as np
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.heldout import (
     HELDOUT_MAX_TARGET,
@@ -795,6 +796,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
             "device_type": engine.device.type,
             "label": label,
             "libraries": engine.libraries(),
+            "allocator": memory_allocator(),  # tcmalloc or glibc: timings differ (allocator.py)
             "threads": threads,
             "warmup": plan.warmup,
             "repetitions": plan.repetitions,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.answers.stage import real_answer_stage
@@ -139,7 +140,8 @@ class RealRun(RealSearchDriving, Pipeline):
     def _real_fields(self) -> dict:
         it = self.iterations
         fields = {"backend": "torch", "device": str(self.model.device),
-                  "model": self.profile.model.name, "threads": self.threads}
+                  "model": self.profile.model.name, "threads": self.threads,
+                  "allocator": memory_allocator()}
         if it is not None:
             fields.update(it.times.as_dict())
             fields["cost_model_errors"] = cost_model_errors(it.log, self.profile)

@@ -31,6 +31,7 @@ import numpy as np
 import simpy
 
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.profile import Profile
 from ragsim.realrun.clock import WakeableClock
 from ragsim.realrun.search import RealSearchDriving
@@ -399,6 +400,7 @@ class VllmRun(RealSearchDriving, Pipeline):
 
         fields = {"backend": "vllm", "device": platform_device(), "model": self.profile.model.name,
                   "vllm_version": vllm.__version__, "vllm_engine": self.settings.as_dict(),
+                  "allocator": memory_allocator(),
                   "engine_steps": self.steps, "engine_step_s": self.step_s,
                   "iterations_prefill": 0, "iterations_decode": 0,
                   "gpu_busy_fraction": self.step_s / elapsed if elapsed > 0 else 0.0,
