@@ -15,6 +15,9 @@ The rules, in order (the first that holds names the cause):
 * decisions: the replay puts more of the mean error on diverged decisions than on the cost
   model, and at least ``MATERIAL`` of it (``decisions``);
 * search: the search is the component with the largest error (``search``);
+* hand-over: one request at a time (sequential), the queue is the component with the largest
+  error and the real one is longer: no request waited for another, so the engine took that
+  long to take the request in (``engine_handover``);
 * machine speed: the probes put the machine more than ``MATERIAL`` away from the profile's
   speed, or moving by more during the run, and the errors at that speed meet the target
   (``machine_speed``): the model priced a machine that was not there;
@@ -44,6 +47,7 @@ CAUSES = {
     "queueing": "requests queue differently with iterations priced right",
     "host_copies": "the host->GPU copies take a different time",
     "capacity": "the engine's capacity differs with iterations priced right",
+    "engine_handover": "the engine takes time to take a request in, which is not modelled",
     "reference_profile": "the simulated reference is priced by another profile",
 }
 
@@ -74,6 +78,9 @@ _NEXT_FIX = {
                                  "(LD_PRELOAD=libtcmalloc_minimal.so.4, as the engines' CPU "
                                  "guides say): on glibc's malloc a step of a new size costs up "
                                  "to 2x its repeated time, which a profile does not measure",
+    "engine_handover": "a measured hand-over term (the engine's own work on a new request and "
+                       "its loop's wake-up before the step), timed on the engine the way the "
+                       "harness hands requests over",
     "queueing": "compare the batches both sides formed (--replay-decisions; the scheduler's "
                 "batch and token limits on both sides)",
     "host_copies": "measure the host->GPU copy on this machine (ragsim profile's transfer "
@@ -192,6 +199,12 @@ def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
         if name in ("search", "search_wait"):
             mode = report.get("search_mode", "modelled")
             return "search", "search_real" if mode == "faiss" else "search_modelled", evidence
+        if name == "queue" and report.get("arrival") == "sequential" \
+                and component["error_s"] < 0 and not report.get("real_is_simulated"):
+            # one request at a time waits for no other: its real queue is the hand-over
+            evidence.append("one request at a time: no request waits for another, so the real "
+                            "queue is the engine taking the request in")
+            return "engine_handover", "engine_handover", evidence
     cause, key = _cost_side(report, metric, evidence)
     return cause, key, evidence
 

@@ -26,7 +26,8 @@ def report(*, mean=-0.30, p90=0.40, throughput=0.0, hits=1.0, load="50", compone
     needs; the checks are marked by ``validation.checks`` (the targets' own rule)."""
     components = components or {"search": _component(1, 1, 20), "queue": _component(0, 0, 20),
                                  "prefill": _component(19, 13, 20)}
-    r = {"load": load, "ttft_mean_error": mean, "ttft_p90_abs_error": p90,
+    r = {"load": load, "arrival": "sequential" if load == "idle" else "poisson",
+         "ttft_mean_error": mean, "ttft_p90_abs_error": p90,
          "throughput_error": throughput, "hit_agreement": hits, "components": components,
          "dominant_component": v.dominant_component(components),
          "cost_model_error": cost, "decision_error": decisions,
@@ -184,3 +185,17 @@ def test_an_engine_on_glibc_malloc_is_told_to_run_on_tcmalloc():
     assert "glibc's malloc" in miss["evidence"][-1]
     r["real"]["allocator"] = "tcmalloc"
     assert "tcmalloc" not in diagnose(r)[0]["next_fix"]
+
+
+def test_one_request_at_a_time_a_longer_real_queue_is_the_engines_hand_over():
+    # vLLM idle (run H): search 0.78 / 0.05 ms, queue 0.84 / 0 ms, prefill 7.88 / 7.09 ms
+    parts = {"search": _component(0.78, 0.05, 9.51), "queue": _component(0.84, 0.0, 9.51),
+             "prefill": _component(7.88, 7.09, 9.51)}
+    idle = report(load="idle", mean=-0.25, p90=0.41, components=parts, cost=-0.17,
+                  decisions=-0.08)
+    assert set(causes(idle).values()) == {"engine_handover"}
+    assert "hand-over term" in diagnose(idle)[0]["next_fix"]
+    # under load a longer queue is queueing behind other requests, not the hand-over
+    loaded = report(load="50", mean=-0.25, p90=0.41, components=parts, cost=-0.17,
+                    decisions=-0.08)
+    assert "engine_handover" not in causes(loaded).values()
