@@ -13,7 +13,9 @@ The rules, in order (the first that holds names the cause):
 
 * hit agreement: the engine's cache hits differ from the policy core's (``cache_hits``);
 * decisions: the replay puts more of the mean error on diverged decisions than on the cost
-  model, and at least ``MATERIAL`` of it (``decisions``);
+  model, and at least ``MATERIAL`` of it (``decisions``); at a percentage of capacity whose
+  overload point's throughput missed by more than ``MATERIAL``, the simulation ran that rate
+  at another load of its own, and its decisions follow from that (``capacity``);
 * search: the search is the component with the largest error (``search``);
 * hand-over: one request at a time (sequential), the queue is the component with the largest
   error and the real one is longer: no request waited for another, so the engine took that
@@ -87,6 +89,9 @@ _NEXT_FIX = {
                    "rates) and check overlap_swap on both sides",
     "capacity": "compare the batches the engine forms at overload (rows a step, token budget) "
                 "with the profile's batched-prefill and wide-batch timings",
+    "capacity_load": "fix the overload point's throughput first (its own cause above): the "
+                     "loads are shares of the engine's capacity, and a simulation of another "
+                     "capacity runs them at another load",
     "reference_profile": "nothing to fix in the model: this is a dry run of the comparison "
                          "(--backend sim); validate against an engine (--backend torch or "
                          "vllm)",
@@ -189,6 +194,14 @@ def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
         evidence.append(f"of the mean error {_pct(report['ttft_mean_error'])}, the cost model "
                         f"{_pct(cost)}, diverged decisions {_pct(decisions)}")
         if abs(decisions) >= abs(cost) and abs(decisions) > MATERIAL:
+            capacity = report.get("capacity_error")
+            if capacity is not None and abs(capacity) > MATERIAL:
+                # the rate is a share of the engine's capacity: a simulation of another
+                # capacity runs it at another load, and queues and batches as that load does
+                evidence.append(f"at overload the simulation served {_pct(capacity)} of the "
+                                "engine's throughput: at this rate it runs at another share of "
+                                "its own capacity, so its decisions follow another load")
+                return "capacity", "capacity_load", evidence
             return "decisions", "decisions", evidence
     largest = _largest_component(report)
     if largest is not None:

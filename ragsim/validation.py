@@ -316,7 +316,8 @@ def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool
 
 def compare(real, sim, *, backend: str, load: str | None = None,
             sim_speed_adjusted=None, terms: dict[str, tuple] | None = None,
-            replayed_ttft: np.ndarray | None = None) -> dict:
+            replayed_ttft: np.ndarray | None = None,
+            capacity_error: float | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -324,7 +325,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     ``terms``: what ``backend_terms`` changed, recorded as ``backend_terms`` (field -> the
     value both sides ran with; the full configuration is the runs' own). ``replayed_ttft``
     (``replay_decisions``) splits the TTFT mean error into ``cost_model_error`` and
-    ``decision_error``."""
+    ``decision_error``. ``capacity_error``: at a percentage of the engine's capacity, the
+    overload point's throughput error (the simulation's own capacity against the engine's:
+    the load it runs this rate at differs by that much; the diagnosis reads it)."""
     joined, dropped = join_runs(real.columns, sim.columns)
     if joined.empty:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
@@ -353,7 +356,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "components": components,
         "dominant_component": dominant_component(components),
         **search_error(joined, real.summary),
-        "cost_model_error": None, "decision_error": None,
+        "cost_model_error": None, "decision_error": None, "capacity_error": capacity_error,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }

@@ -199,3 +199,16 @@ def test_one_request_at_a_time_a_longer_real_queue_is_the_engines_hand_over():
     loaded = report(load="50", mean=-0.25, p90=0.41, components=parts, cost=-0.17,
                     decisions=-0.08)
     assert "engine_handover" not in causes(loaded).values()
+
+
+def test_decisions_at_a_share_of_a_mispriced_capacity_are_the_capacitys():
+    # vLLM at 50% (run H): decisions -36%, cost model -47%... and an overload point whose
+    # simulated throughput was twice the engine's: the simulation ran the rate at ~25% load
+    r = report(mean=-0.8, p90=0.9, cost=-0.30, decisions=-0.50)
+    assert causes(r)["ttft_mean_abs_error"] == "decisions"
+    r["capacity_error"] = 1.03
+    miss = diagnose(r)[0]
+    assert miss["cause"] == "capacity" and "overload point's throughput" in miss["next_fix"]
+    assert "+103.0% of the engine's throughput" in miss["evidence"][-1]
+    r["capacity_error"] = 0.05  # capacity right: the decisions are the decisions
+    assert causes(r)["ttft_mean_abs_error"] == "decisions"

@@ -247,6 +247,10 @@ def test_cli_loads_take_the_capacity_from_the_overload_point(tmp_path):
     assert combined["capacity_rps"] == pytest.approx(capacity)
     half = json.loads((tmp_path / "load-50/validation.json").read_text())
     assert half["rate_rps"] == pytest.approx(capacity / 2)
+    # the share of capacity carries the overload point's throughput error (the diagnosis's)
+    over_error = json.loads((tmp_path / "load-over/validation.json").read_text())[
+        "throughput_error"]
+    assert half["capacity_error"] == over_error
     assert pd.read_parquet(tmp_path / "loads.parquet")["load"].tolist() == ["over", "50"]
     over = json.loads((tmp_path / "load-over/validation.json").read_text())
     marks = {c["metric"]: c["applies"] for c in over["checks"]}

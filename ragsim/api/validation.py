@@ -211,7 +211,8 @@ class ValidationSetup:
         on_run = on_run or _no_progress
         backend, data, costs, terms = self.backend, self.data, self.costs, self.terms
 
-        def one(cfg, load: str | None, folder: Path) -> dict:
+        def one(cfg, load: str | None, folder: Path, capacity_error: float | None = None
+                ) -> dict:
             context, done = on_run(f"{backend} run", data.n_requests)
             with context:
                 real, sim = v.run_pair(data, cfg, costs, backend=backend, device=self.device,
@@ -221,7 +222,7 @@ class ValidationSetup:
             replayed = v.replay_decisions(real, costs) if self.replay_decisions else None
             report = v.compare(real, sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,
-                               replayed_ttft=replayed)
+                               replayed_ttft=replayed, capacity_error=capacity_error)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = bool(real.summary.get("interrupted"))
             _write_pair(folder, real, sim, report, backend)
@@ -232,18 +233,20 @@ class ValidationSetup:
             report = one(config, None, self.out_dir)
             return Validation(self.out_dir, report=report, reports=[report])
         reports = []
-        rows, capacity_rps = [], None
+        rows, capacity_rps, capacity_error = [], None, None
         combined = {"backend": backend, "real_is_simulated": backend == "sim",
                     "system": config.system, "trace": config.trace,
                     "profile": config.profile,
                     "backend_terms": {name: getattr(config, name) for name in terms},
                     "capacity_rps": None, "loads": rows}
         for load in self.points:
+            at_share = load not in (v.LOAD_OVER, v.LOAD_IDLE)
             report = one(v.config_at_load(config, load, capacity_rps), load,
-                         self.out_dir / f"load-{load}")
+                         self.out_dir / f"load-{load}", capacity_error if at_share else None)
             reports.append(report)
             if load == v.LOAD_OVER:
                 capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
+                capacity_error = report["throughput_error"]
             rows.append(v.load_row(report))
             _write_loads(self.out_dir, combined)  # after every load: an interruption keeps them
             if report["interrupted"]:
