@@ -159,6 +159,17 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert report["decisions"]["replayed_ttft_mean_s"] > 0
     ran = (out / "config.toml").read_text()
     assert 'search_latency = "trace"' in ran
+    # the hand-off measured before the runs (said in a note without --json) and added once to
+    # each simulated search: recorded stage times plus it, request by request
+    handoff = report["sim"]["config"]["search_handoff_s"]
+    assert handoff >= 0 and "search_handoff_s" in ran
+    from ragsim.traces import resolve_trace
+
+    trace = resolve_trace(str(text_trace), n_requests=16)
+    sim = pd.read_parquet(out / "sim/requests.parquet")
+    recorded = np.array([sum(trace.stage_times_s[i].as_py()) for i in sim["request_id"]])
+    assert (sim["search_end_s"] - sim["search_start_s"]).to_numpy() == pytest.approx(
+        recorded + handoff, abs=1e-9)
 
 
 def test_replay_decisions_needs_a_real_engine(tmp_path):

@@ -9,6 +9,8 @@ stage, and a decode run's cut (the wait moved, not interrupted) against stepping
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,3 +165,19 @@ def test_stage_lists_of_a_recorded_search():
     assert search.stage_lists(1) == []
     assert search.stage_lists(2) == [[6]]
     both_ways(trace, finals, "trace")
+
+
+def test_the_search_hand_off_moves_every_stage_end_once():
+    """``search_handoff_s`` is paid once a search, before its first stage's end: by hand,
+    a 4 ms search in 4 stages with a 0.5 ms hand-off ends its stages at 1.5, 2.5, 3.5 and
+    4.5 ms, and takes 4.5 ms whole."""
+    finals = [[1, 2]]
+    trace = trace_with(finals)
+    search = StagedSearch(trace, lambda i: finals[i], stages=4, search_s=0.004,
+                          source="synthetic", seed=0, handoff_s=0.0005)
+    ends = np.cumsum([search.stage_duration_s(0, s) for s in range(1, 5)])
+    assert ends.tolist() == pytest.approx([0.0015, 0.0025, 0.0035, 0.0045])
+    assert search.total_s(0) == pytest.approx(0.0045)
+    plain = StagedSearch(trace, lambda i: finals[i], stages=4, search_s=0.004,
+                         source="synthetic", seed=0)
+    assert plain.total_s(0) == pytest.approx(0.004)

@@ -74,6 +74,29 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
     return v.backend_terms(config, backend, device=device, given=given, source=source)
 
 
+def _with_measured_handoff(resolved, data, config_file, note):
+    """The configuration with the search hand-off measured here (``realrun.search.
+    measure_handoff``) for the simulation to add to each search, where the real run searches
+    the trace's index for real and the configuration file does not set ``search_handoff_s``
+    (said in a note either way): the real search pays it, and a simulation without it prices
+    a search of the trace's build-time stage times only (-90% to -99% search error at rest)."""
+    from ragsim.serving.config import load_config_file
+
+    if config_file is not None and "search_handoff_s" in load_config_file(config_file):
+        note(f"search: the hand-off is the configuration's ({resolved.search_handoff_s * 1e3:.3f} "
+             "ms a search), not measured")
+        return resolved
+    from ragsim.realrun.search import measure_handoff
+
+    probe = measure_handoff(data, resolved.search_workers)
+    note(f"search: the hand-off of a search to the worker pool and back, measured here: "
+         f"{probe['handoff_s'] * 1e3:.3f} ms (median of {probe['searches']} searches, "
+         f"{probe['seen_median_s'] * 1e3:.3f} ms seen against "
+         f"{probe['recorded_median_s'] * 1e3:.3f} ms recorded); the simulation adds it to "
+         "each search (search_handoff_s)")
+    return resolved.replace(search_handoff_s=probe["handoff_s"])
+
+
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
                   layers: int | None, hidden: int | None, device: str, threads: int | None,
                   seed: int, needs=None, on_phase=None, block_tokens: int = 32):
@@ -335,6 +358,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     searching = v.search_note(data, resolved, backend)
     if searching is not None:
         note(*searching)
+    if searching is not None and not searching[1] and backend in ("torch", "vllm"):
+        resolved = _with_measured_handoff(resolved, data, config, note)
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
                           device=device, threads=threads, seed=seed,
                           needs=lambda kv_bytes: v.run_needs(data, resolved, kv_bytes),

@@ -35,7 +35,7 @@ RETRIEVALS = ("auto", "on", "off")
 # settings that only mean something with a vector search: giving one asks for it
 SEARCH_SETTINGS = ("search_workers", "search_s", "search_stages", "stage_source",
                    "stage_converge_p", "stage_keeps_d1_p", "stage_other_found_p",
-                   "search_latency", "search_time_scale")
+                   "search_latency", "search_time_scale", "search_handoff_s")
 SEARCH_LATENCIES = ("fixed", "trace")
 CONFIG_VERSION = 1
 
@@ -116,6 +116,11 @@ class SimConfig:
     stage_other_found_p: float = 0.777
     search_latency: str = "fixed"  # fixed: search_s in equal stages; trace: measured times
     search_time_scale: float = 1.0  # multiplies the trace's measured stage times
+    # added once to each search (to its first stage): handing the search to a worker and seeing
+    # its stages' results, past their own times (threads waking each way; a search measured in
+    # a tight loop at trace build leaves it out). validate measures it on the real run's
+    # worker pool (realrun/search.py: measure_handoff); 0: a search tier that costs nothing
+    search_handoff_s: float = 0.0
     # model the vector search (and speculation on it)? auto: when the trace's documents were
     # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
     # search setting or speculate=true given explicitly means on. A run records what it used.
@@ -405,7 +410,7 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.replicate_every_s >= limits.MIN_REPLICATE_EVERY_S, "replicate_every_s",
            f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
-                 "replicate_every_s"):
+                 "replicate_every_s", "search_handoff_s"):
         _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
                f"must be <= {limits.MAX_DURATION_S:,.0f} s (30 days), got "
                f"{getattr(c, name):.4g}: are the units seconds?", source)
@@ -453,7 +458,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
            f"must be <= {limits.MAX_SEARCH_STAGES}", source)
-    for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "gpu_failure_rate_per_h",
+    for name in ("search_s", "search_handoff_s", "gpu_recovery_s", "retry_timeout_s",
+                 "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
                  "host_replicas"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)

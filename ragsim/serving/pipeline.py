@@ -165,7 +165,8 @@ class Pipeline(EngineHooks):
                                    keeps_d1_p=config.stage_keeps_d1_p,
                                    other_found_p=config.stage_other_found_p,
                                    latency=config.search_latency,
-                                   time_scale=config.search_time_scale)
+                                   time_scale=config.search_time_scale,
+                                   handoff_s=config.search_handoff_s)
         self.arrival_s = planned_arrivals(trace, config)
         # per-request records: preallocated columns (numpy), so a 1M-request run stays small
         self.r_search_start = np.full(n, np.nan)

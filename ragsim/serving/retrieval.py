@@ -34,6 +34,10 @@ How long each stage takes (``latency``):
   index, times ``time_scale`` (to stand for a larger index than the one measured: an IVF scan's
   time grows with the vectors it reads).
 
+Either way ``handoff_s`` is added once to each search, to its first stage: the time to hand a
+search to a worker and see its results, past the stages' own times (``search_handoff_s``;
+``ragsim validate`` measures it on the real run's worker pool).
+
 Default latency, measured (``benchmarks/retrieval_latency.py``): ``search_s = 0.0155`` s, the
 mean single-thread search of an IVF index at the paper's scale (300k documents, 768-d vectors,
 1,024 lists) probing a quarter of its lists, the share that gave recall@2 of 0.955 against
@@ -61,7 +65,8 @@ class StagedSearch:
     def __init__(self, trace: Trace, final_of, *, stages: int,
                  search_s: float, source: str, seed: int, converge_p: float = 0.5,
                  keeps_d1_p: float = 1.0, other_found_p: float = 1.0,
-                 latency: str = "fixed", time_scale: float = 1.0) -> None:
+                 latency: str = "fixed", time_scale: float = 1.0,
+                 handoff_s: float = 0.0) -> None:
         if source == "auto":
             source = "trace" if trace.stages is not None else "synthetic"
         if source == "trace" and trace.stages is None:
@@ -94,6 +99,7 @@ class StagedSearch:
         if source == "synthetic":
             self._first_final_l = self._first_final.tolist()
         self.latency = latency
+        self.handoff_s = handoff_s
         if latency == "trace":
             if source != "trace" or trace.stage_times_s is None:
                 raise ConfigError("the trace has no measured 'stage_times_s' (build it with "
@@ -116,19 +122,22 @@ class StagedSearch:
             self._total_s = (running[offsets[1:]] - running[offsets[:-1]]).tolist()
 
     def stage_duration_s(self, i: int, stage: int) -> float:
-        """How long stage ``stage`` (1-based) of request ``i``'s search takes."""
+        """How long stage ``stage`` (1-based) of request ``i``'s search takes (the first
+        stage with the hand-off: every stage's end moves by it, as a search handed to a worker
+        late sees each stage late)."""
+        handoff = self.handoff_s if stage == 1 else 0.0
         if self.latency == "trace":
             lo = self._time_offsets[i]
             if lo == self._time_offsets[i + 1]:
-                return 0.0
-            return self._times[lo + stage - 1]
-        return self._stage_s[i]
+                return handoff
+            return self._times[lo + stage - 1] + handoff
+        return self._stage_s[i] + handoff
 
     def total_s(self, i: int) -> float:
-        """Request ``i``'s whole search."""
+        """Request ``i``'s whole search, its hand-off included."""
         if self.latency == "trace":
-            return self._total_s[i]
-        return self._stage_s[i] * self._n_stages[i]
+            return self._total_s[i] + self.handoff_s
+        return self._stage_s[i] * self._n_stages[i] + self.handoff_s
 
     def n_stages(self, i: int) -> int:
         return self._n_stages[i]
