@@ -52,6 +52,9 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     from ragsim.profiles.allocator import memory_allocator
 
     assert p.obtained["allocator"] == memory_allocator() != "unknown"
+    said = "measured on glibc's malloc" in " ".join(
+        (quick_profile.parent / "printed.txt").read_text().split())
+    assert said == (p.obtained["allocator"] == "glibc")  # and said so when it is glibc's
     v = p.obtained["validation"]
     # the stored errors and the warnings follow from the stored measurements (no timing here)
     held = v["held_out_prefill"]

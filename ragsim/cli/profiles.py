@@ -132,6 +132,14 @@ def profile(
     for line in iteration_ratio_lines(v):
         out.print(line, highlight=False)
     _print_warnings(result.warnings)
+    if device == "cpu" and result.obtained.get("allocator") == "glibc":
+        from ragsim.profiles.allocator import TCMALLOC_PRELOAD
+
+        err.print(f"[dim]note:[/] measured on glibc's malloc (obtained.allocator): runs priced "
+                  "by it must run on it too, and on it an engine's steps of a size it has not "
+                  "run cost up to 2x what this profile times (ragsim/profiles/allocator.py); "
+                  f"the engines' CPU guides start them with {TCMALLOC_PRELOAD}",
+                  highlight=False, soft_wrap=True)
 
 
 def _grid_tables(grid, title: str, width: int) -> list[Table]:
