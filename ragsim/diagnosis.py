@@ -104,13 +104,12 @@ def _pct(value: float) -> str:
 
 def _speed(report: dict) -> dict | None:
     """The machine's speed against the profile's, when it is material: the probes' factor away
-    from 1 by more than MATERIAL, or a change during the run of more than MATERIAL."""
+    from 1 by more than MATERIAL, or not steady during the run (``validation.machine_speed``
+    says which)."""
     speed = report.get("machine_speed")
     if not speed:
         return None
-    if abs(speed["factor"] - 1) > MATERIAL or abs(speed["change_during_run"]) > MATERIAL:
-        return speed
-    return None
+    return speed if abs(speed["factor"] - 1) > MATERIAL or not speed["steady"] else None
 
 
 def _speed_words(speed: dict) -> str:
