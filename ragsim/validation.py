@@ -232,10 +232,12 @@ def replay_decisions(real, profile: Profile) -> np.ndarray | None:
     if not kept or not kept["iterations"]:
         return None
     from ragsim.decisions import priced_s, replay
+    from ragsim.profiles.new_shapes import NewShapeCharge
 
     overlap = bool(real.config.overlap_swap)
+    new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
-                  lambda decision: priced_s(decision, profile, overlap),
+                  lambda decision: priced_s(decision, profile, overlap, new_shape),
                   closed_loop=real.config.arrival == "sequential")
 
 

@@ -16,6 +16,7 @@ from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
+    NEW_SHAPES_PHASE,
     ProfilePlan,
     TorchEngine,
     _sweep_groups,
@@ -283,7 +284,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
                 engine=engine, progress=lambda *report: log.append(("report", *report)))
     phase_of = {"decode": ("decode", "held-out decode points"), "copy": ("transfers",),
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
-                                                         "points",),
+                                                         "points", NEW_SHAPES_PHASE),
                 "blend_selection": ("blend selection pass",)}
     last = None
     for entry in log:
@@ -296,7 +297,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     reported = [entry[1] for entry in log if entry[0] == "report"]
     assert list(dict.fromkeys(reported)) == [
         "decode", "held-out decode points", "transfers", "step overhead",
-        "prefill grid, batches, held-out points", "blend selection pass"]
+        "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total

@@ -52,6 +52,7 @@ from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
 from ragsim.profiles.models import DTYPE_BYTES, ModelSpec
+from ragsim.profiles.new_shapes import NewShapes, new_shapes_from_dict
 from ragsim.profiles.steps import (
     MixedSteps,
     StepOverhead,
@@ -72,7 +73,7 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # ragsim's default, one layer's share of a prefill: ragsim.serving.costs.blend_selection_s)
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
-_OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead")
+_OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes")
 
 
 # the most rows of the batches the per-request term is fitted on (the profiler's random
@@ -358,6 +359,7 @@ class Profile:
     blend_selection_s_per_token: float | None = None
     mixed_steps: MixedSteps | None = None
     step_overhead: StepOverhead | None = None
+    new_shapes: NewShapes | None = None  # a step's first-time price (``new_shapes.py``)
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -448,6 +450,8 @@ class Profile:
             data["mixed_steps"] = self.mixed_steps.scaled(factor).to_dict()
         if self.step_overhead is not None:
             data["step_overhead"] = self.step_overhead.scaled(factor).to_dict()
+        if self.new_shapes is not None:
+            data["new_shapes"] = self.new_shapes.scaled(factor).to_dict()
         data["name"] = f"{self.name}@x{factor:.3f}"
         return Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
 
@@ -488,6 +492,7 @@ class Profile:
             **({} if self.mixed_steps is None else {"mixed_steps": self.mixed_steps.to_dict()}),
             **({} if self.step_overhead is None
                else {"step_overhead": self.step_overhead.to_dict()}),
+            **({} if self.new_shapes is None else {"new_shapes": self.new_shapes.to_dict()}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -554,6 +559,8 @@ class Profile:
                                                     source=source)),
             step_overhead=(None if data.get("step_overhead") is None
                            else step_overhead_from_dict(data["step_overhead"], source=source)),
+            new_shapes=(None if data.get("new_shapes") is None
+                        else new_shapes_from_dict(data["new_shapes"], source=source)),
         )
 
 

@@ -55,6 +55,7 @@ from ragsim.profiles.heldout import (
     relative_errors,
 )
 from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.new_shapes import fit_new_shapes
 from ragsim.profiles.profile import (
     FITTED_ROWS,
     Batches,
@@ -199,6 +200,8 @@ class ProfilerState:
     wide_batches: list[dict] = field(default_factory=list)
     held_out_wide: list[dict] = field(default_factory=list)
     sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
+    # the first-time price of a step's token count: [size, tokens, first_s, again_s] each
+    new_shapes: list[list[float]] = field(default_factory=list)
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
@@ -552,6 +555,14 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
             save()
         report(SWEEPS_PHASE, g + 1, len(groups))
 
+    counts = new_shape_counts(plan, units)
+    _starting(report, NEW_SHAPES_PHASE, len(counts))
+    for i, (size, tokens) in enumerate(counts):
+        if i >= len(state.new_shapes):
+            state.new_shapes.append([size, tokens, *_first_and_again(engine, tokens)])
+            save()
+        report(NEW_SHAPES_PHASE, i + 1, len(counts))
+
     # an engine that runs blended prefills (the torch engine) times their selection pass
     measure_selection = getattr(engine, "blend_selection", None)
     if measure_selection is not None and state.blend_selection_s_per_token is None:
@@ -565,6 +576,40 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     profile.save(out)
     partial.unlink(missing_ok=True)
     return profile
+
+
+NEW_SHAPES_PHASE = "first time of a step's token count"
+NEW_SHAPE_SIZES = 5  # step sizes the first-time price is measured at (geometric)
+NEW_SHAPE_COUNTS = 3  # fresh token counts a size
+NEW_SHAPE_AGAIN = 3  # the same pass again, this many times (their median)
+
+
+def new_shape_counts(plan: ProfilePlan, units: list[SweepUnit]) -> list[tuple[int, int]]:
+    """(size, token count) pairs whose prefill the first-time measurement runs: at sizes
+    spread geometrically over the plan's new tokens, token counts the profile's own steps did
+    not run (the sweeps' passes, decode batches, prefixes computed): odd ones near the size,
+    where the plan's are round."""
+    ran = {sum(new) for unit in units for _, new in unit.passes}
+    ran |= set(plan.batch_sizes) | {a + 1 for a in plan.cached_tokens} | set(plan.new_tokens)
+    low, top = max(min(plan.new_tokens), 8), max(plan.new_tokens)
+    sizes = sorted({int(np.rint(x)) for x in np.geomspace(low, max(top, low), NEW_SHAPE_SIZES)})
+    pairs = []
+    for size in sizes:
+        tokens = size | 1
+        for _ in range(NEW_SHAPE_COUNTS):
+            while tokens in ran:
+                tokens += 2
+            pairs.append((size, tokens))
+            ran.add(tokens)
+    return pairs
+
+
+def _first_and_again(engine: TimingEngine, tokens: int) -> tuple[float, float]:
+    """A prefill of ``tokens`` new tokens (no cached prefix) timed the first time the engine
+    runs that many, then the median of ``NEW_SHAPE_AGAIN`` more (``new_shapes.py``)."""
+    first = engine.sweeps([([0], [tokens])], 0, 1).passes[0].median_s
+    again = engine.sweeps([([0], [tokens])], 0, NEW_SHAPE_AGAIN).passes[0].median_s
+    return first, again
 
 
 def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
@@ -906,4 +951,10 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
                           for kind, s in ratios.items()) if w]
     if missed:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []), *missed]
-    return replace(profile, mixed_steps=mixed, step_overhead=overhead)
+    shapes = None
+    if state.new_shapes:
+        shapes = fit_new_shapes([(int(z), int(t), f, a) for z, t, f, a in state.new_shapes],
+                                against=f"{len(state.new_shapes)} prefills of token counts the "
+                                        "profile had not run, each then run again")
+        profile.obtained["raw"]["new_shapes"] = state.new_shapes
+    return replace(profile, mixed_steps=mixed, step_overhead=overhead, new_shapes=shapes)

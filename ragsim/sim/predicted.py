@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import simpy
 
+from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.serving.costs import (
     blend_selection_s,
@@ -34,12 +35,15 @@ class PredictedIterations:
         self.overlap_swap = overlap_swap
         self.profile = profile
         self._h2d = profile.transfers.host_to_device_s
+        # the first-time price of a step's token count (``profile.new_shapes``; none without)
+        self.new_shape = NewShapeCharge(profile.new_shapes)
         # per step of the last priced run: off the grid? (None: all on it)
         self._run_outside: list[bool] | None = None
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
                                     [j.beta for j in jobs])
+        compute += self.new_shape(sum(j.beta for j in jobs))
         if self.reuse_kind == "blend":
             compute += blend_selection_s(self.profile, "blend",
                                          sum(j.free_hit_tokens for j in jobs))
@@ -64,6 +68,7 @@ class PredictedIterations:
         compute = mixed_step_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
                                [take for _, take in chunks], len(decoding),
                                mean_context_tokens)
+        compute += self.new_shape(sum(take for _, take in chunks) + len(decoding))
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
@@ -74,7 +79,8 @@ class PredictedIterations:
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens)
+        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens) \
+            + self.new_shape(len(jobs))
         yield self.env.timeout(duration)
         return duration
 
@@ -91,6 +97,8 @@ class PredictedIterations:
         if profile.step_overhead is not None:  # as decode_step_s prices each step
             overhead = step_overhead_s(profile, batch_size)
             durations = [d + overhead for d in durations]
+        if steps:  # every step of the run has the batch's token count: the first may pay
+            durations[0] += self.new_shape(batch_size)
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
