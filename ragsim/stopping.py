@@ -62,3 +62,67 @@ def sigterm_like_ctrl_c() -> Iterator[StopSignals]:
         yield seen
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class DeferredStop:
+    """Ctrl-C and SIGTERM noted while a loop runs, and acted on where the loop says it is safe.
+
+    Python raises KeyboardInterrupt (or a handler's exception) wherever the main thread happens
+    to be, and there it can be lost or stick: a C extension that clears errors swallows it
+    (numpy's dtype comparison calls back into Python and clears what that raised: a sweep once
+    ran all its points after SIGTERM), and one raised inside ``concurrent.futures``' lock
+    handling leaves a lock held that the pool's thread then waits on forever. A loop over a
+    pool's results installs this (:func:`deferred_stop`), calls :meth:`raise_if_stopped` between
+    its own steps, and the signal then takes its usual path from there: the handlers that were
+    in place before get it (the command line's SIGTERM handler, Python's Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _note(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def install(self) -> bool:
+        """Note SIGINT and SIGTERM from now on; False where signals cannot be handled here
+        (not the main thread): they then keep their usual behaviour."""
+        try:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._note)
+        except ValueError:
+            self.restore()
+            return False
+        return True
+
+    def restore(self) -> None:
+        """The handlers in place before :meth:`install`, back."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def raise_if_stopped(self) -> None:
+        """At a safe point: if a signal came, hand it to the handlers that were in place before
+        (raised again, so that they run here); a handler that ignores it lets the loop go on."""
+        if self.signum is None:
+            return
+        signum, self.signum = self.signum, None
+        installed = bool(self._previous)
+        self.restore()
+        try:
+            signal.raise_signal(signum)  # the previous handler runs now, in this frame
+        finally:
+            if installed:
+                self.install()
+
+
+@contextmanager
+def deferred_stop() -> Iterator[DeferredStop]:
+    """:class:`DeferredStop` for the duration of the block (the previous handlers come back
+    after it, whatever ends it)."""
+    stop = DeferredStop()
+    stop.install()
+    try:
+        yield stop
+    finally:
+        stop.restore()

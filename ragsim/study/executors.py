@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from ragsim.children import die_with_parent
 from ragsim.errors import MissingExtraError, RagsimInputError
+from ragsim.stopping import DeferredStop, deferred_stop
 from ragsim.study.point import PointOutcome, run_point
 from ragsim.study.spec import Point
 
@@ -79,6 +80,16 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
         for point in points:
             yield run_point(mode, point.settings, point.point_id, keep_requests)
         return
+    with deferred_stop() as stop:  # Ctrl-C and SIGTERM act between the loop's steps
+        yield from _pool_outcomes(mode, points, jobs, keep_requests, stop)
+
+
+# how often the loop over a pool's results looks for a noted Ctrl-C or SIGTERM
+STOP_CHECK_EVERY_S = 0.2
+
+
+def _pool_outcomes(mode: str, points: list[Point], jobs: int, keep_requests: bool,
+                   stop: DeferredStop) -> Iterator[PointOutcome]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -91,24 +102,49 @@ def run_local(mode: str, points: list[Point], jobs: int, keep_requests: bool
                for p in points}
         pending = set(ids)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
+            stop.raise_if_stopped()
+            done, pending = wait(pending, timeout=STOP_CHECK_EVERY_S,
+                                 return_when=FIRST_COMPLETED)
+            for future in done:  # what ended is kept, even after a stop came
                 try:
-                    yield future.result()
+                    outcome = future.result()
                 except BrokenProcessPool:  # a worker was killed (out of memory, kill -9):
                     # the pool is gone, so the points not yet run are left for a rerun
                     yield PointOutcome(ids[future], exit_code=1, message=(
                         "a worker process died (killed, or out of memory)"))
                     return
+                yield outcome
+        stop.raise_if_stopped()
     finally:
-        processes = list(getattr(pool, "_processes", {}).values())  # no public kill before 3.14
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:  # what still runs is unfinished: stop it now
-            if process.is_alive():
-                process.kill()
-        for process in processes:
-            process.join()
-        pool.shutdown(wait=True)  # the pool's own thread ends now, not in an exit handler
+        _stop_pool(pool)
+
+
+def _stop_pool(pool) -> None:
+    """End the pool now, with the points still running: they are unfinished work.
+
+    ``concurrent.futures`` has no public way to do it before Python 3.14 (``kill_workers``),
+    so this reaches into the pool. Its workers are killed. The pool's own thread may then be
+    reading a result a killed worker had half sent (a point's requests table is megabytes), and
+    would wait for the rest forever, since this process holds the pipe's write end open too:
+    this process closes its copy, the read ends, the thread sees the pool broken and stops,
+    and it is joined here, not by Python's exit handler. (Without that a stopped sweep hung at
+    exit about once in ten runs, after printing that it was terminated.)"""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    thread = getattr(pool, "_executor_manager_thread", None)
+    results = getattr(pool, "_result_queue", None)
+    pool.shutdown(wait=False, cancel_futures=True)  # forgets the thread and the queue
+    for process in processes:  # what still runs is unfinished: stop it now
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join()
+    writer = getattr(results, "_writer", None)
+    if writer is not None:
+        writer.close()
+    if thread is not None:
+        thread.join()
+    if results is not None:
+        results.close()
 
 
 def run_ray(mode: str, points: list[Point], jobs: int | None, keep_requests: bool,
@@ -168,12 +204,15 @@ def _ray_tasks(ray, mode: str, points: list[Point], keep_requests: bool
                ) -> Iterator[PointOutcome]:
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
     pending = [task.remote(mode, p.settings, p.point_id, keep_requests) for p in points]
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                yield ray.get(ref)
-    finally:
-        for ref in pending:  # what still runs is unfinished: stop it now
-            with contextlib.suppress(Exception):  # already finished or gone
-                ray.cancel(ref, force=True)
+    with deferred_stop() as stop:  # Ctrl-C and SIGTERM act between the loop's steps
+        try:
+            while pending:
+                stop.raise_if_stopped()
+                done, pending = ray.wait(pending, num_returns=1, timeout=STOP_CHECK_EVERY_S)
+                for ref in done:
+                    yield ray.get(ref)
+            stop.raise_if_stopped()
+        finally:
+            for ref in pending:  # what still runs is unfinished: stop it now
+                with contextlib.suppress(Exception):  # already finished or gone
+                    ray.cancel(ref, force=True)
