@@ -556,12 +556,13 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         report(SWEEPS_PHASE, g + 1, len(groups))
 
     counts = new_shape_counts(plan, units)
-    _starting(report, NEW_SHAPES_PHASE, len(counts))
-    for i, (size, tokens) in enumerate(counts):
-        if i >= len(state.new_shapes):
-            state.new_shapes.append([size, tokens, *_first_and_again(engine, tokens)])
-            save()
-        report(NEW_SHAPES_PHASE, i + 1, len(counts))
+    _starting(report, NEW_SHAPES_PHASE, 1)
+    if not state.new_shapes:
+        first, again = _first_and_again(engine, [tokens for _, tokens in counts])
+        state.new_shapes = [[size, tokens, f, a] for (size, tokens), f, a
+                            in zip(counts, first, again, strict=True)]
+        save()
+    report(NEW_SHAPES_PHASE, 1, 1)
 
     # an engine that runs blended prefills (the torch engine) times their selection pass
     measure_selection = getattr(engine, "blend_selection", None)
@@ -604,12 +605,16 @@ def new_shape_counts(plan: ProfilePlan, units: list[SweepUnit]) -> list[tuple[in
     return pairs
 
 
-def _first_and_again(engine: TimingEngine, tokens: int) -> tuple[float, float]:
-    """A prefill of ``tokens`` new tokens (no cached prefix) timed the first time the engine
-    runs that many, then the median of ``NEW_SHAPE_AGAIN`` more (``new_shapes.py``)."""
-    first = engine.sweeps([([0], [tokens])], 0, 1).passes[0].median_s
-    again = engine.sweeps([([0], [tokens])], 0, NEW_SHAPE_AGAIN).passes[0].median_s
-    return first, again
+def _first_and_again(engine: TimingEngine, counts: list[int]
+                     ) -> tuple[list[float], list[float]]:
+    """Prefills of each of ``counts`` new tokens (no cached prefix), timed the first time the
+    engine runs that many, then the median of ``NEW_SHAPE_AGAIN`` more; both in interleaved
+    sweeps, as the grid is timed (each pass after a different one: run back to back, a pass
+    repeated at once ran faster still, and the extra came out larger than a run pays)."""
+    passes = [([0], [tokens]) for tokens in counts]
+    first = engine.sweeps(passes, 0, 1).passes
+    again = engine.sweeps(passes, 0, NEW_SHAPE_AGAIN).passes
+    return [m.median_s for m in first], [m.median_s for m in again]
 
 
 def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
