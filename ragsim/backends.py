@@ -31,7 +31,8 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
     """``(trace, config, profile, progress) -> RunResult`` for ``backend``: ``sim`` simulates
     with the profile's costs; ``torch`` serves for real on the profile's model (on ``device``,
     with ``threads`` CPU threads, None: as many as the profile was measured with); ``vllm``
-    serves with vLLM's engine on the profile's model (its own platform and threads)."""
+    serves with vLLM's engine on the profile's model (its own platform; on a CPU ``threads``,
+    None: the threads a vLLM profile was measured with, else every core)."""
     if backend == "sim":
         from ragsim.sim.simulator import run_simulation
 
@@ -59,7 +60,8 @@ def runner(backend: str, *, device: str = "cpu", threads: int | None = None) -> 
             if config.replicas > 1:
                 raise RagsimInputError("a real fleet runs the torch engine (a thread each); "
                                        "vLLM's engine takes the machine", field="--replicas")
-            return run_vllm(trace, config, profile, seed=config.seed, progress=progress)
+            return run_vllm(trace, config, profile, seed=config.seed, progress=progress,
+                            threads=threads)
 
         return served
     from ragsim.realrun.harness import run_real

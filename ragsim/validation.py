@@ -592,9 +592,15 @@ def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: s
     if engine == "vllm":
         from ragsim.realrun.vllm.profile import profile_vllm
 
+        # one engine thread unless told otherwise, as the torch engine's profile: the run's
+        # search workers and harness then have the other cores, as a GPU server's CPU serves
+        # them beside its accelerator (the simulation models no contention between them; on
+        # every core, vLLM's first steps of a burst ran 10-15x their price while the searches
+        # of the burst ran beside them)
         return profile_vllm(spec, name=f"{device}-vllm-{spec.name}", plan=plan, out=out,
                             block_tokens=block_tokens, kv_cache_bytes=2**30, seed=seed,
-                            label=f"vLLM; {label}", progress=progress)
+                            label=f"vLLM; {label}", progress=progress,
+                            threads=(threads or 1) if device == "cpu" else None)
     return run_profile(spec, name=f"{device}-{spec.name}", device=device, dtype=dtype,
                        plan=plan, out=out, threads=threads or 1, seed=seed, label=label,
                        progress=progress)

@@ -253,9 +253,22 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
                    mixed_batch_sizes=[1, 2], mixed_context_tokens=[64, 128], held_out_mixed=2,
                    wide_batch_rows=[8, 16], wide_row_tokens=16, held_out_wide=1)
     out = tmp_path / "vllm.json"
-    made = profile_vllm(load_profile(PROFILE).model, name="cpu-vllm-test", plan=plan, out=out,
-                        block_tokens=BLOCK, kv_cache_bytes=2**27)
+    import torch
+
+    from ragsim.realrun.vllm.engine import set_engine_threads
+
+    before = torch.get_num_threads()
+    try:  # on one thread, whatever the machine has: the profile says so, its runs take it
+        made = profile_vllm(load_profile(PROFILE).model, name="cpu-vllm-test", plan=plan,
+                            out=out, block_tokens=BLOCK, kv_cache_bytes=2**27, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        set_engine_threads(before)
     saved = load_profile(str(out))
+    assert saved.obtained["threads"] == 1 and "1 OMP threads" in saved.engine
+    # the first time of a step's token count, measured at sizes over the plan's new tokens
+    assert saved.new_shapes is not None and saved.new_shapes.step_tokens[-1] == 64
+    assert len(saved.obtained["raw"]["new_shapes"]) == 3 * len(saved.new_shapes.step_tokens)
     # prefixes vLLM can cache: whole blocks of 32 (1 and 100 tokens round down to 0 and 96)
     assert saved.prefill.x_axis == [0.0, 96.0, 256.0]
     assert saved.prefill.y_axis == [1.0, 16.0, 64.0]

@@ -48,8 +48,9 @@ def profile(
                                             "the model's on CUDA).")] = "",
     quick: Annotated[bool, typer.Option(help="A small grid (minutes on two CPU cores).")
                      ] = False,
-    threads: Annotated[int, typer.Option(help="CPU threads for torch (one is steadiest).")
-                       ] = 1,
+    threads: Annotated[int, typer.Option(
+        help="CPU threads of the engine on a CPU (one is steadiest; runs priced by the "
+             "profile take its count).")] = 1,
     name: Annotated[str, typer.Option(help="Profile name (default: DEVICE-MODEL).")] = "",
     seed: Annotated[int, typer.Option()] = 0,
     engine: Annotated[str, typer.Option(
@@ -118,7 +119,8 @@ def profile(
                                                              f"{device_tag}-vllm-{spec.name}"),
                                   plan=plan, out=out_file, block_tokens=block_tokens,
                                   kv_cache_bytes=2**30, seed=seed,
-                                  label=f"vLLM; {label}" if label else "vLLM", progress=report)
+                                  label=f"vLLM; {label}" if label else "vLLM", progress=report,
+                                  threads=threads if device == "cpu" else None)
         else:
             result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
                                  plan=plan, out=out_file, threads=threads, seed=seed,

@@ -58,7 +58,9 @@ def validate(
                         ] = DEFAULT_REQUESTS,
     layers: Annotated[int | None, typer.Option(help="Engine layers.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Engine hidden size.")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch.")] = None,
+    threads: Annotated[int | None, typer.Option(
+        help="CPU threads of the engine (default: the profile's; --profile-now measures on "
+             "1).")] = None,
     device: Annotated[str, typer.Option(help="Where the engine runs: cpu, cuda or cuda:N.")
                       ] = "cpu",
     config_file: Annotated[Path | None, typer.Option(

@@ -108,6 +108,9 @@ class EngineSettings:
     # deviation, seeded, written as a checkpoint vLLM loads (the output then depends on the
     # whole context, so a wrong KV block changes it: what exactness tests need)
     weights_std: float | None = None
+    # the CPU threads of the engine's forward passes (None: torch's default, every core): a
+    # profile and the runs priced by it must use the same (``profile.obtained.threads``)
+    threads: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -156,6 +159,8 @@ def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | 
             f"--block-tokens {CPU_KERNEL_BLOCK_TOKENS} (validate: prefix_block_tokens in a "
             "--config file)", field="--block-tokens")
 
+    if settings.threads is not None and current_platform.is_cpu():
+        set_engine_threads(settings.threads)
     folder = tempfile.TemporaryDirectory(prefix="ragsim-vllm-model-")
     write_model_config(spec, Path(folder.name), settings.max_model_len)
     if settings.weights_std is not None:
@@ -171,6 +176,19 @@ def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | 
         enforce_eager=True,
         kv_transfer_config=KVTransferConfig(**kv_transfer) if kv_transfer else None)
     return LLMEngine.from_engine_args(args), folder
+
+
+def set_engine_threads(threads: int) -> None:
+    """The intra-op threads of the CPU engine's forward passes, set before vLLM's CPU worker
+    takes ``torch.set_num_threads`` over (it replaces it with a function that only warns; an
+    engine built after another in the same process goes through torch's own setter)."""
+    import torch
+
+    if threads < 1:
+        raise RagsimInputError(f"must be at least 1, got {threads}", field="--threads")
+    torch.set_num_threads(threads)
+    if torch.get_num_threads() != threads:  # vLLM's replacement: torch's setter underneath
+        torch._C._set_num_threads(threads)
 
 
 def greedy(max_tokens: int, kv_transfer_params: dict | None = None,

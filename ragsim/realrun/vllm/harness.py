@@ -126,10 +126,12 @@ def check_config(config: SimConfig) -> None:
             raise RagsimInputError(f"not with --backend vllm: {why}{hint}", field=flag)
 
 
-def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
-                    ) -> EngineSettings:
+def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int,
+                    threads: int | None = None) -> EngineSettings:
     """vLLM's engine arguments for this run: the configuration's limits, KV budget and prefix
-    block (the simulator's ``--block-tokens`` is vLLM's ``block_size``)."""
+    block (the simulator's ``--block-tokens`` is vLLM's ``block_size``), and its CPU threads:
+    ``threads``, else those the profile was measured with where it timed vLLM on a CPU (a
+    step's price holds only at the thread count it was timed at)."""
     block = config.prefix_block_tokens if config.cache else CPU_BLOCK_TOKENS
     if block < BLOCK_MULTIPLE_TOKENS or block % BLOCK_MULTIPLE_TOKENS:
         raise RagsimInputError(f"vLLM pages KV in blocks of a multiple of "
@@ -146,7 +148,16 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
         max_num_seqs=config.max_batch_size,
         max_batched_tokens=max(config.max_batched_tokens, max_len),
         max_model_len=max_len, seed=seed,
-        kv_connector=TREE_CONNECTOR if config.system == "ragcache" else None)
+        kv_connector=TREE_CONNECTOR if config.system == "ragcache" else None,
+        threads=threads or profiled_threads(profile))
+
+
+def profiled_threads(profile: Profile) -> int | None:
+    """The CPU threads a vLLM profile timed the engine with (None: not a vLLM CPU profile)."""
+    threads = profile.obtained.get("threads")
+    measured_here = profile.engine.startswith("vLLM") and profile.obtained.get(
+        "device_type") == "cpu"
+    return int(threads) if measured_here and isinstance(threads, int) and threads > 0 else None
 
 
 class VllmRun(RealSearchDriving, Pipeline):
@@ -158,11 +169,13 @@ class VllmRun(RealSearchDriving, Pipeline):
     weights_std: float | None = None  # None: vLLM's dummy weights (``EngineSettings``)
 
     def __init__(self, trace: Trace, config: SimConfig, profile: Profile, *, seed: int = 0,
-                 progress: Progress | None = None, speed_probes: bool = True) -> None:
+                 progress: Progress | None = None, speed_probes: bool = True,
+                 threads: int | None = None) -> None:
         check_config(config)
         self.speed_probes = speed_probes  # time the profile's grid points before and after
         self.seed = seed
-        self.settings = dataclasses.replace(engine_settings(trace, config, profile, seed),
+        self.settings = dataclasses.replace(engine_settings(trace, config, profile, seed,
+                                                            threads),
                                             weights_std=self.weights_std)
         arrivals = planned_arrivals(trace, config)
         first_s = float(arrivals.min()) if len(arrivals) and config.arrival != "sequential" \
@@ -453,11 +466,13 @@ def _counters(llm) -> dict:
 
 
 def run_vllm(trace: Trace, config: SimConfig, profile: Profile, *, seed: int = 0,
-             progress: Callable[[int, float], None] | None = None) -> RunResult:
-    """Serve ``trace`` under ``config`` with vLLM, in real time, on the profile's model."""
+             progress: Callable[[int, float], None] | None = None,
+             threads: int | None = None) -> RunResult:
+    """Serve ``trace`` under ``config`` with vLLM, in real time, on the profile's model, on
+    ``threads`` CPU threads (None: the profile's, ``engine_settings``)."""
     trace = requests_to_run(trace, config)
     started = time.perf_counter()
-    run = VllmRun(trace, config, profile, seed=seed, progress=progress)
+    run = VllmRun(trace, config, profile, seed=seed, progress=progress, threads=threads)
     result = run.run()
     result.summary["setup_s"] = time.perf_counter() - started - result.summary["elapsed_s"]
     return result

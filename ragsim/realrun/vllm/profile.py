@@ -76,12 +76,13 @@ class VllmTimer:
     @classmethod
     def build(cls, spec: ModelSpec, *, block_tokens: int, kv_cache_bytes: int,
               max_model_len: int, max_batched_tokens: int, max_num_seqs: int = 256,
-              seed: int = 0) -> VllmTimer:
-        """A timer on an engine of its own, prefix caching on."""
+              seed: int = 0, threads: int | None = None) -> VllmTimer:
+        """A timer on an engine of its own, prefix caching on, on ``threads`` CPU threads
+        (None: torch's default)."""
         settings = EngineSettings(
             prefix_caching=True, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-            max_model_len=max_model_len, seed=seed)
+            max_model_len=max_model_len, seed=seed, threads=threads)
         llm, folder = build_engine(spec, settings)
         timer = cls(llm, settings, spec.vocab_size, seed)
         timer._folder = folder  # the model's configuration lives as long as the timer
@@ -257,12 +258,15 @@ class VllmTimer:
 
 def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: int,
                  kv_cache_bytes: int, seed: int = 0, label: str = "",
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None,
+                 threads: int | None = None):
     """Measure ``plan`` on vLLM and write the profile to ``out``: the profiler's own loop
     (``run_profile``: grid, batches, held-out points, interleaved sweeps, assembly, resuming
     from ``OUT.partial.json``) with ``VllmTimer`` as its timing engine and cached lengths
     rounded down to whole blocks, so the profile has the format, fits and checks of any
-    other."""
+    other. ``threads``: the engine's CPU threads (None: torch's default, every core); the
+    profile records the count it ran with (``obtained.threads``), which the runs priced by it
+    take (``harness.engine_settings``)."""
     from dataclasses import replace
 
     from ragsim.profiles.profiler import run_profile
@@ -281,7 +285,8 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     max_len = -(-longest // block_tokens) * block_tokens
     budget = max(4 * max_len, 8192, max(plan.wide_batch_rows) * plan.wide_row_tokens)
     timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
-                            max_model_len=max_len, max_batched_tokens=budget, seed=seed)
+                            max_model_len=max_len, max_batched_tokens=budget, seed=seed,
+                            threads=threads)
     return run_profile(spec, name=name, device="cpu", dtype=spec.dtype, plan=plan, out=out,
                        threads=int(timer.torch.get_num_threads()), seed=seed,
                        kv_capacity_bytes=kv_cache_bytes, label=label, progress=progress,
