@@ -10,6 +10,7 @@ configuration on the backend's terms and loads (or measures) the costs;
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -95,6 +96,33 @@ def _with_measured_handoff(resolved, data, config_file, note):
          f"{probe['recorded_median_s'] * 1e3:.3f} ms recorded); the simulation adds it to "
          "each search (search_handoff_s)")
     return resolved.replace(search_handoff_s=probe["handoff_s"])
+
+
+def _search_pool_beside_engine(resolved, config_file, threads, costs, note):
+    """On a CPU, the real run's search workers on the cores its engine leaves (at least one),
+    where the configuration file does not set ``search_workers`` (said in a note).
+
+    The simulation models the search tier beside the engine, sharing nothing with it, as a GPU
+    server's CPU serves search beside its accelerator. On one CPU they share the cores: at
+    overload 16 search threads beside the engine on two cores took each search stage 24x its
+    time at idle (1.85 ms against 0.076), and vLLM's first step of the burst took 105 ms
+    where 8 were priced; both sides run the pool the machine can give."""
+    from ragsim.serving.config import load_config_file
+
+    if config_file is not None and "search_workers" in load_config_file(config_file):
+        return resolved
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    measured = costs.obtained.get("threads") if costs.obtained.get("device_type") == "cpu" \
+        else None
+    engine = threads or (measured if isinstance(measured, int) and measured > 0 else cores)
+    workers = max(1, cores - engine)
+    if workers >= resolved.search_workers:
+        return resolved
+    note(f"search: {workers} worker thread(s) on the {cores} core(s) the engine's {engine} "
+         f"thread(s) leave, on both sides (search_workers was {resolved.search_workers}: on one "
+         "CPU the pool and the engine would share cores, which the simulation does not model)")
+    return resolved.replace(search_workers=workers)
 
 
 def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Path, *,
@@ -358,8 +386,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     searching = v.search_note(data, resolved, backend)
     if searching is not None:
         note(*searching)
-    if searching is not None and not searching[1] and backend in ("torch", "vllm"):
-        resolved = _with_measured_handoff(resolved, data, config, note)
+    searches_for_real = (searching is not None and not searching[1]
+                         and backend in ("torch", "vllm"))
     costs = _cost_profile(profile, profile_now, backend, out_dir, layers=layers, hidden=hidden,
                           device=device, threads=threads, seed=seed,
                           needs=lambda kv_bytes: v.run_needs(data, resolved, kv_bytes),
@@ -367,6 +395,10 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                           # vLLM's block where the run pages prefixes, else ragsim profile's
                           block_tokens=(resolved.prefix_block_tokens
                                         if resolved.prefix_block_tokens > 1 else 32))
+    if searches_for_real:
+        if device == "cpu":
+            resolved = _search_pool_beside_engine(resolved, config, threads, costs, note)
+        resolved = _with_measured_handoff(resolved, data, config, note)
     v.engine_scale(costs, layers, hidden)
     if backend in ("torch", "vllm"):  # the real engine runs in this process, on its allocator
         from ragsim.profiles.allocator import allocator_note, memory_allocator
