@@ -188,7 +188,7 @@ def set_engine_threads(threads: int) -> None:
         raise RagsimInputError(f"must be at least 1, got {threads}", field="--threads")
     torch.set_num_threads(threads)
     if torch.get_num_threads() != threads:  # vLLM's replacement: torch's setter underneath
-        torch._C._set_num_threads(threads)
+        torch._C.set_num_threads(threads)
 
 
 def greedy(max_tokens: int, kv_transfer_params: dict | None = None,
