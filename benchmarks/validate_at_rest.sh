@@ -23,8 +23,12 @@
 # step of a size the engine has not run costs up to 2x its repeated time, which no profile
 # measures (ragsim/profiles/allocator.py). ALLOCATOR=glibc runs them on glibc's malloc.
 #
+# Each engine runs on one thread (its profile too: validate --profile-now's default) and the real
+# search pool on the core(s) the engine leaves, on both sides (validate's default on a CPU): the
+# simulation models no contention between them.
+#
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
-# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores (2026-12-03; docs/validation.md).
+# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores (2026-12-03, runs A-M; docs/validation.md).
 set -euo pipefail
 if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
   export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
