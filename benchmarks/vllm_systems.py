@@ -56,7 +56,7 @@ def config_of(system: str, rate_rps: float, requests: int, gpu_mib: int, host_mi
     return backend_terms(build_config(flags), "vllm", device="cpu", given=given)[0]
 
 
-def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
+def measure_profile(out: Path, requests: int, gpu_mib: int, threads: int = 1) -> None:
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan
     from ragsim.realrun.vllm.engine import smallest_block_tokens
@@ -84,7 +84,7 @@ def measure_profile(out: Path, requests: int, gpu_mib: int) -> None:
     print(f"plan: {plan}", flush=True)
     made = profile_vllm(spec, name=out.stem, plan=plan, out=out,
                         block_tokens=smallest_block_tokens(on_cpu=True),
-                        kv_cache_bytes=2**30, seed=0,
+                        kv_cache_bytes=2**30, seed=0, threads=threads,
                         label="vLLM; scaled down from mistral-7b: 2 layers, hidden 256; "
                               "benchmarks/vllm_systems.py profile")
     v = made.obtained["validation"]
@@ -160,6 +160,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profile", help="measure the vLLM profile the table is priced with")
     p.add_argument("--out", type=Path, default=Path(f"{PROFILE}.json"))
+    p.add_argument("--threads", type=int, default=1,
+                   help="the engine's CPU threads (the runs priced by the profile take them)")
     t = sub.add_parser("table", help="the three systems, real and simulated")
     t.add_argument("--rates", default="4,8", help="Poisson rates, requests/s, comma-separated")
     t.add_argument("--out", type=Path, default=Path("vllm-systems"))
@@ -173,7 +175,7 @@ def main() -> None:
         q.add_argument("--gpu-mib", type=int, default=16)
     args = parser.parse_args()
     if args.command == "profile":
-        measure_profile(args.out, args.requests, args.gpu_mib)
+        measure_profile(args.out, args.requests, args.gpu_mib, args.threads)
     else:
         table([float(r) for r in args.rates.split(",")], args.requests, args.gpu_mib,
               args.host_mib, args.profile, args.out, args.scheduler)

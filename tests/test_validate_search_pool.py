@@ -14,7 +14,9 @@ from ragsim.profiles.profile import load_profile
 from ragsim.serving.config import build_config
 
 TORCH_CPU = load_profile("cpu-mistral-7b-l2-h256")  # measured on 1 thread
-VLLM_CPU = load_profile("cpu-vllm-mistral-7b-l2-h256")  # measured on 2 threads
+VLLM_CPU = dataclasses.replace(  # a vLLM profile measured on 2 threads
+    load_profile("cpu-vllm-mistral-7b-l2-h256"),
+    obtained={**load_profile("cpu-vllm-mistral-7b-l2-h256").obtained, "threads": 2})
 
 
 @pytest.fixture

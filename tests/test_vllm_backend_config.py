@@ -100,16 +100,16 @@ def test_the_real_side_takes_either_scheduler(scheduler):
 
 def test_the_engine_runs_on_the_threads_its_vllm_profile_was_timed_on():
     """A step's price holds at the thread count it was timed at: a run priced by a vLLM CPU
-    profile takes that profile's threads (the shipped one: 2), unless told otherwise; a torch
+    profile takes that profile's threads (the shipped one: 1), unless told otherwise; a torch
     profile says nothing about vLLM's threads (torch's default, every core)."""
     config = build_config({"system": "vllm"})
     vllm_profile = load_profile("cpu-vllm-mistral-7b-l2-h256")
-    assert vllm_profile.obtained["threads"] == 2 and vllm_profile.engine.startswith("vLLM")
-    assert engine_settings(small_trace(), config, vllm_profile, seed=0).threads == 2
-    assert engine_settings(small_trace(), config, vllm_profile, seed=0, threads=1).threads == 1
+    assert vllm_profile.obtained["threads"] == 1 and vllm_profile.engine.startswith("vLLM")
+    assert engine_settings(small_trace(), config, vllm_profile, seed=0).threads == 1
+    assert engine_settings(small_trace(), config, vllm_profile, seed=0, threads=2).threads == 2
     assert engine_settings(small_trace(), config, load_profile(PROFILE), seed=0).threads is None
-    one = dataclasses.replace(vllm_profile, obtained={**vllm_profile.obtained, "threads": 1})
-    assert engine_settings(small_trace(), config, one, seed=0).threads == 1
+    two = dataclasses.replace(vllm_profile, obtained={**vllm_profile.obtained, "threads": 2})
+    assert engine_settings(small_trace(), config, two, seed=0).threads == 2
     gpu = dataclasses.replace(vllm_profile, obtained={**vllm_profile.obtained,
                                                       "device_type": "cuda"})
     assert engine_settings(small_trace(), config, gpu, seed=0).threads is None
