@@ -51,20 +51,15 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     ``new_shape``: the token counts run so far (one per replay, fed the iterations in their
     order), for the first-time price of a step's token count where the profile has one."""
     if decision["kind"] == "decode":
-        extra = new_shape(decision["size"]) if new_shape is not None else 0.0
-        return decode_step_s(profile, decision["size"], decision["context_tokens"]) + extra
+        return decode_step_s(profile, decision["size"], decision["context_tokens"], new_shape)
     jobs = decision["jobs"]
     if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
         compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
-                               decision["size"], decision["context_tokens"]) \
+                               decision["size"], decision["context_tokens"], new_shape) \
             if jobs or decision["size"] else 0.0
-        step_tokens = sum(j[3] for j in jobs) + decision["size"]
     else:
-        compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs]) \
-            if jobs else 0.0
-        step_tokens = sum(j[3] for j in jobs)
-    if new_shape is not None:
-        compute += new_shape(step_tokens)
+        compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
+                                    new_shape) if jobs else 0.0
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return max(compute, copy) if overlap_swap else compute + copy

@@ -150,3 +150,20 @@ def test_the_torch_profiler_measures_the_first_time_price(tmp_path):
     raw = profile.obtained["raw"]["new_shapes"]
     assert len(raw) == 15 and all(first > 0 and again > 0 for _, _, first, again in raw)
     assert load_profile(str(tmp_path / "p.json")).new_shapes == shapes
+
+
+def test_the_real_runs_iterations_are_priced_with_it_too():
+    """The torch harness's per-iteration comparison prices its log as the simulator would: two
+    single 300-token prefills (the second of a count already run) and a decode step of 300
+    rows: one charge, 4 ms, in the prefills' predicted total."""
+    from ragsim.realrun.harness import cost_model_errors
+
+    profile = with_shapes()
+    log = [("prefill", [0], [300], 0.05, 0.0), ("prefill", [0], [300], 0.05, 0.0),
+           ("decode", 300, 120.0, 0.05, False)]
+    priced = cost_model_errors(log, profile)
+    plain = cost_model_errors(log, BASE)
+    assert priced["prefill_single"]["predicted_s"] == pytest.approx(
+        plain["prefill_single"]["predicted_s"] + 0.004, rel=1e-12)
+    assert priced["decode"]["predicted_s"] == pytest.approx(plain["decode"]["predicted_s"],
+                                                            rel=1e-12)

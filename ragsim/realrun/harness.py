@@ -23,6 +23,7 @@ import numpy as np
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.allocator import memory_allocator
+from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.answers.stage import real_answer_stage
@@ -158,7 +159,9 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
     the median of predicted / measured, the median and p90 of |predicted - measured| /
     measured, and how many (and how much measured time) lay past what the profile measured
     (priced by extrapolation). This separates the cost model's error from the queueing it
-    causes, and an extrapolation from a wrong model."""
+    causes, and an extrapolation from a wrong model. Priced as the simulator prices them, the
+    first-time price of a step's token count included (``new_shapes``, in the log's order)."""
+    new_shape = NewShapeCharge(profile.new_shapes)
     prefill_x, prefill_y = max(profile.prefill.x_axis), max(profile.prefill.y_axis)
     decode_x, decode_y = max(profile.decode.x_axis), max(profile.decode.y_axis)
     kinds: dict[str, list[list]] = {}
@@ -166,13 +169,13 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
         if entry[0] == "prefill":
             _, cached, new, seconds, _copy = entry
             kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
-            predicted = prefill_compute_s(profile, cached, new)
+            predicted = prefill_compute_s(profile, cached, new, new_shape)
             padded_new = len(new) * max(new)  # what a padded batch prices on the grid
             beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
             _, size, context, seconds, rebuilt = entry
             kind = "decode_rebuilt" if rebuilt else "decode"
-            predicted = decode_step_s(profile, size, context)
+            predicted = decode_step_s(profile, size, context, new_shape)
             beyond = size > decode_x or context > decode_y
         columns = kinds.setdefault(kind, [[], [], []])
         columns[0].append(predicted)

@@ -42,8 +42,7 @@ class PredictedIterations:
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
-                                    [j.beta for j in jobs])
-        compute += self.new_shape(sum(j.beta for j in jobs))
+                                    [j.beta for j in jobs], self.new_shape)
         if self.reuse_kind == "blend":
             compute += blend_selection_s(self.profile, "blend",
                                          sum(j.free_hit_tokens for j in jobs))
@@ -67,8 +66,7 @@ class PredictedIterations:
         beside the compute, with ``overlap_swap``)."""
         compute = mixed_step_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
                                [take for _, take in chunks], len(decoding),
-                               mean_context_tokens)
-        compute += self.new_shape(sum(take for _, take in chunks) + len(decoding))
+                               mean_context_tokens, self.new_shape)
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
@@ -79,8 +77,7 @@ class PredictedIterations:
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens) \
-            + self.new_shape(len(jobs))
+        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens, self.new_shape)
         yield self.env.timeout(duration)
         return duration
 
@@ -97,7 +94,7 @@ class PredictedIterations:
         if profile.step_overhead is not None:  # as decode_step_s prices each step
             overhead = step_overhead_s(profile, batch_size)
             durations = [d + overhead for d in durations]
-        if steps:  # every step of the run has the batch's token count: the first may pay
+        if steps:  # as decode_step_s: every step has the batch's token count, the first may pay
             durations[0] += self.new_shape(batch_size)
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
