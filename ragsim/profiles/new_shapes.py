@@ -86,14 +86,12 @@ class NewShapeCharge:
     def __init__(self, new_shapes: NewShapes | None, seen: Iterable[int] = ()) -> None:
         self.new_shapes = new_shapes
         self.seen: set[int] = set(seen)
-        self.charged = 0  # steps that paid it
 
     def __call__(self, step_tokens: int) -> float:
         """The extra of a step of ``step_tokens`` tokens (0 once seen), noting it seen."""
         if self.new_shapes is None or step_tokens <= 0 or step_tokens in self.seen:
             return 0.0
         self.seen.add(step_tokens)
-        self.charged += 1
         return self.new_shapes.extra_at(step_tokens)
 
 
