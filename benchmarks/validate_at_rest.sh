@@ -27,8 +27,14 @@
 # search pool on the core(s) the engine leaves, on both sides (validate's default on a CPU): the
 # simulation models no contention between them.
 #
+# Each point's real run is repeated (REPEATS, default 3; --repeats), each on a fresh engine: the
+# errors are against the runs' per-request average, and the table gives the 95% interval the
+# runs' spread puts on the mean error (vLLM's mean TTFT at 50% load varied 27-95 ms over ten
+# runs of the same requests and arrivals; ragsim/engine_spread.py).
+#
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
-# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores (2026-12-03, runs A-M; docs/validation.md).
+# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores with one run a point
+# (2026-12-03, runs A-M; docs/validation.md).
 set -euo pipefail
 if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
   export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
@@ -36,6 +42,7 @@ fi
 
 OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
 REQUESTS=${2:-300}
+REPEATS=${REPEATS:-3}
 VPY=${3:-.venv-vllm/bin/python}
 PY=${PYTHON:-python3}
 LOADS=over,90,50,idle
@@ -72,7 +79,7 @@ echo "== torch engine: ragcache =="
 load "torch ragcache before"
 "$PY" -m ragsim validate --backend torch --profile-now --trace "$TRACE" --system ragcache \
   --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions --json \
-  --out "$OUT/torch-ragcache" > "$OUT/torch-ragcache.json"
+  --repeats "$REPEATS" --out "$OUT/torch-ragcache" > "$OUT/torch-ragcache.json"
 load "torch ragcache after"
 
 RESULTS=(torch-ragcache)
@@ -86,7 +93,8 @@ if [ -x "$VPY" ]; then
     load "vllm $system before"
     "$VPY" -m ragsim validate --backend vllm --trace "$TRACE" --system "$system" \
       --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions \
-      "${VPROFILE[@]}" --json --out "$OUT/vllm-$system" > "$OUT/vllm-$system.json"
+      --repeats "$REPEATS" "${VPROFILE[@]}" --json --out "$OUT/vllm-$system" \
+      > "$OUT/vllm-$system.json"
     load "vllm $system after"
     RESULTS+=("vllm-$system")
     if [ -f "$OUT/vllm-vllm-apc/profile.json" ]; then
@@ -105,8 +113,9 @@ out, names = Path(sys.argv[1]), sys.argv[2:]
 pct = lambda x: "-" if x is None else f"{x:+.1%}"
 share = lambda x: "-" if x is None else f"{x:.1%}"
 lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error | "
-         "throughput error | hit agreement | cost model / decisions | search error | "
-         "iteration time pred/meas | machine speed | largest component |", "|" + "---|" * 12]
+         "throughput error | 95% interval over the real runs (runs, real mean's cv) | "
+         "hit agreement | cost model / decisions | search error | "
+         "iteration time pred/meas | machine speed | largest component |", "|" + "---|" * 13]
 for name in names:
     combined = json.loads((out / f"{name}.json").read_text())
     for row in combined["loads"]:
@@ -115,10 +124,16 @@ for name in names:
                 if row["rate_rps"] >= 1e5 else f"{row['rate_rps']:.2f}")
         ratio = report.get("iteration_time_ratio")
         speed = row["machine_speed_factor"]
+        runs = row.get("real_runs", 1)
+        over = row["load"] == "over"
+        low, high = ((row["throughput_error_low"], row["throughput_error_high"]) if over
+                     else (row["ttft_mean_error_low"], row["ttft_mean_error_high"]))
+        interval = ("-" if runs < 2 else
+                    f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(
             f"| {name} | {row['load']} | {rate} | {pct(row['ttft_mean_error'])} | "
             f"{share(row['ttft_p90_abs_error'])} | {pct(row['throughput_error'])} | "
-            f"{row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} / "
+            f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} / "
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if speed is None else f'x{speed:.2f}'} | "

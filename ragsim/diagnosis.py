@@ -28,7 +28,10 @@ The rules, in order (the first that holds names the cause):
   one (vLLM) and the cost model carries the error;
 * otherwise queueing or the host copies, whichever component is largest (``queueing``,
   ``host_copies``), and ``capacity`` for a throughput miss with iterations priced right;
-* a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``).
+* a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``);
+* over repeated real runs (``--repeats``), a miss whose error's interval reaches inside the
+  target is named ``engine_spread`` whatever the rules above read (they are kept as evidence):
+  the model and the engine's noise cannot be told apart there.
 
 Each rule is a reading of the report, not a measurement of its own: a cause is as good as the
 evidence behind it, which is given beside it. A machine whose speed moved is named as well
@@ -51,6 +54,7 @@ CAUSES = {
     "capacity": "the engine's capacity differs with iterations priced right",
     "engine_handover": "the engine takes time to take a request in, which is not modelled",
     "reference_profile": "the simulated reference is priced by another profile",
+    "engine_spread": "the miss lies inside the engine's own run-to-run spread",
 }
 
 _NEXT_FIX = {
@@ -92,6 +96,9 @@ _NEXT_FIX = {
     "capacity_load": "fix the overload point's throughput first (its own cause above): the "
                      "loads are shares of the engine's capacity, and a simulation of another "
                      "capacity runs them at another load",
+    "engine_spread": "more real runs of the point (--repeats) to narrow the interval, on a "
+                     "machine at rest: until it excludes the target, the model's error and the "
+                     "engine's noise cannot be told apart",
     "reference_profile": "nothing to fix in the model: this is a dry run of the comparison "
                          "(--backend sim); validate against an engine (--backend torch or "
                          "vllm)",
@@ -222,10 +229,33 @@ def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
 
 
 def _throughput_cause(report: dict) -> tuple[str, str, list[str]]:
+    real = report.get("real_throughput_rps", report["real"]["throughput_rps"])
     evidence = [f"throughput {report['sim']['throughput_rps']:.2f} req/s simulated against "
-                f"{report['real']['throughput_rps']:.2f} real"]
+                f"{real:.2f} real"]
     cause, key = _cost_side(report, "throughput_abs_error", evidence)
     return cause, key, evidence
+
+
+# the interval (``ragsim.engine_spread``) each target's error has over repeated real runs
+_INTERVALS = {"ttft_mean_abs_error": "ttft_mean_error_interval",
+              "throughput_abs_error": "throughput_error_interval"}
+
+
+def _spread(report: dict, metric: str, target: float) -> tuple[bool, str] | None:
+    """Over repeated real runs (``--repeats``): whether the error's interval reaches inside the
+    target (the miss cannot be told from the engine's noise), and the evidence line; None for
+    one run or a metric without an interval."""
+    repeats = report.get("repeats")
+    if not repeats or metric not in _INTERVALS:
+        return None
+    low, high = repeats[_INTERVALS[metric]]
+    if low != low or high != high:  # NaN: no spread measured
+        return None
+    reaches = low <= target and high >= -target
+    return reaches, (f"over {repeats['runs']} real runs the engine's mean TTFT varied by "
+                     f"{repeats['real_ttft_mean_cv']:.0%} (coefficient of variation); the "
+                     f"error's {repeats['confidence']:.0%} interval is {_pct(low)} to "
+                     f"{_pct(high)}")
 
 
 def diagnose(report: dict) -> list[dict]:
@@ -245,6 +275,13 @@ def diagnose(report: dict) -> list[dict]:
             cause, key, evidence = _throughput_cause(report)
         else:
             cause, key, evidence = _ttft_cause(report, metric)
+        spread = _spread(report, metric, check["target"])
+        if spread is not None:
+            reaches, words = spread
+            evidence.append(words)
+            if reaches:  # the cause read above is the one to fix once the interval is narrow
+                evidence.append(f"without the spread the evidence points at {cause}")
+                cause, key = "engine_spread", "engine_spread"
         speed = _speed(report)
         if cause in ("decisions", "search") and speed is not None:  # not read on their way
             evidence.append(_speed_words(speed) + ": part of the error is the machine's")

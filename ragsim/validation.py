@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -296,21 +296,25 @@ def machine_speed(real_summary: dict) -> dict | None:
             "steady": abs(change) <= STEADY_SPEED_CHANGE}
 
 
-def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, real):
-    """The simulation priced by the profile scaled to the machine's speed during the real run
-    (``machine_speed``), or None when the real run carries no speed probes."""
+def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals):
+    """The simulation priced by the profile scaled to the machine's speed during the real runs
+    (``machine_speed``; over repeated runs, the geometric mean of their factors), or None when
+    a real run carries no speed probes."""
     from ragsim.backends import runner
 
-    speed = machine_speed(real.summary)
-    if speed is None:
+    speeds = [machine_speed(real.summary) for real in reals]
+    if not speeds or any(speed is None for speed in speeds):
         return None
-    return runner("sim")(trace, config, profile.scaled_compute(speed["factor"]), None)
+    factor = math.exp(float(np.mean([math.log(speed["factor"]) for speed in speeds])))
+    return runner("sim")(trace, config, profile.scaled_compute(factor), None)
 
 
-def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool) -> dict:
+def _errors(real_throughput_rps: float, sim, joined: pd.DataFrame, *, sequential: bool,
+            overload: bool) -> dict:
     ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
     errors = {"hit_agreement": hit_agreement(joined), **ttft_errors(joined),
-              "throughput_error": throughput_error(real.summary, sim.summary),
+              "throughput_error": float(relative_errors(sim.summary["throughput_rps"],
+                                                        real_throughput_rps)),
               **ks_test(ttft_sim, ttft_real), **tost_log_ratio(ttft_sim, ttft_real)}
     errors["checks"] = checks(errors, sequential=sequential, overload=overload)
     return errors
@@ -319,7 +323,8 @@ def _errors(real, sim, joined: pd.DataFrame, *, sequential: bool, overload: bool
 def compare(real, sim, *, backend: str, load: str | None = None,
             sim_speed_adjusted=None, terms: dict[str, tuple] | None = None,
             replayed_ttft: np.ndarray | None = None,
-            capacity_error: float | None = None) -> dict:
+            capacity_error: float | None = None, repeats: Sequence = (),
+            repeats_replayed: Sequence[np.ndarray | None] = ()) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -329,8 +334,22 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     (``replay_decisions``) splits the TTFT mean error into ``cost_model_error`` and
     ``decision_error``. ``capacity_error``: at a percentage of the engine's capacity, the
     overload point's throughput error (the simulation's own capacity against the engine's:
-    the load it runs this rate at differs by that much; the diagnosis reads it)."""
-    joined, dropped = join_runs(real.columns, sim.columns)
+    the load it runs this rate at differs by that much; the diagnosis reads it).
+    ``repeats``: more real runs of the same point (``--repeats``; ``repeats_replayed`` their
+    replays): the raw errors are then against the runs' per-request average, with each run's
+    own errors and the interval their spread gives beside them (``ragsim.engine_spread``);
+    ``real`` is the first run, whose summary the report keeps."""
+    reals = [real, *repeats]
+    if repeats:
+        from ragsim import engine_spread
+
+        joined, dropped, each = engine_spread.pooled_join(reals, sim.columns)
+        real_throughput, throughput_err = engine_spread.pooled_throughput_error(
+            reals, sim.summary)
+    else:
+        joined, dropped = join_runs(real.columns, sim.columns)
+        real_throughput = float(real.summary["throughput_rps"])
+        throughput_err = throughput_error(real.summary, sim.summary)
     if joined.empty:
         raise RagsimInputError("no request completed in both runs: nothing to compare",
                                field="--requests")
@@ -352,7 +371,8 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "backend_terms": {name: getattr(config, name) for name in terms or {}},
         "hit_agreement": hit_agreement(joined),
         **ttft_errors(joined),
-        "throughput_error": throughput_error(real.summary, sim.summary),
+        "throughput_error": throughput_err,
+        "real_throughput_rps": real_throughput,
         **ks_test(ttft_sim, ttft_real),
         **tost_log_ratio(ttft_sim, ttft_real),
         "components": components,
@@ -362,10 +382,16 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }
+    request_ids = real.columns["request_id"]
+    if repeats and replayed_ttft is not None:
+        from ragsim.engine_spread import pooled_replay
+
+        request_ids = joined["request_id"].to_numpy()
+        replayed_ttft = pooled_replay(reals, [replayed_ttft, *repeats_replayed], request_ids)
     if replayed_ttft is not None:
         from ragsim.decisions import split_error
 
-        report["decisions"] = split_error(joined, replayed_ttft, real.columns["request_id"])
+        report["decisions"] = split_error(joined, replayed_ttft, request_ids)
         report["cost_model_error"] = report["decisions"]["cost_model_error"]
         report["decision_error"] = report["decisions"]["decision_error"]
     if getattr(config, "replicas", 1) > 1:  # a fleet on both sides: routed by one router
@@ -376,9 +402,18 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     report["checks"] = checks(report, sequential=config.arrival == "sequential",
                               overload=load == LOAD_OVER)
     report["machine_speed"] = machine_speed(real.summary)
+    if repeats:
+        from ragsim.engine_spread import spread
+
+        report["repeats"] = spread(reals, sim, each)
     if sim_speed_adjusted is not None:
-        adjusted, _ = join_runs(real.columns, sim_speed_adjusted.columns)
-        report["speed_adjusted"] = _errors(real, sim_speed_adjusted, adjusted,
+        if repeats:
+            from ragsim.engine_spread import pooled_join
+
+            adjusted = pooled_join(reals, sim_speed_adjusted.columns)[0]
+        else:
+            adjusted, _ = join_runs(real.columns, sim_speed_adjusted.columns)
+        report["speed_adjusted"] = _errors(real_throughput, sim_speed_adjusted, adjusted,
                                            sequential=config.arrival == "sequential",
                                            overload=load == LOAD_OVER)
     if "position_free_hit_tokens" in sim.summary:  # --reuse blend:R | epic:K
@@ -516,17 +551,32 @@ def run_pair(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
     profile (the engine runs the profile's model). With ``backend="sim"`` the real side is a
     second simulation (with ``reference_profile`` if given): a dry run of the comparison, not a
     validation."""
+    real = run_real(trace, config, profile, backend=backend, device=device, threads=threads,
+                    reference_profile=reference_profile, progress=progress)
+    return real, run_sim(trace, config, profile)
+
+
+def run_sim(trace: Trace, config: SimConfig, profile: Profile):
+    """The simulated side of ``run_pair`` (deterministic for the configuration's seed: one run
+    a point, however many real runs it is compared with)."""
+    from ragsim.backends import runner
+
+    return runner("sim")(trace, config, profile, None)
+
+
+def run_real(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
+             device: str = "cpu", threads: int | None = None,
+             reference_profile: Profile | None = None, progress=None):
+    """The real side of ``run_pair`` alone (a fresh engine): one more run of a point whose
+    engine is measured more than once (``--repeats``)."""
     from ragsim.backends import runner
 
     if backend not in BACKENDS:
         raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
                                field="--backend")
-    simulate = runner("sim")
     if backend == "sim":
-        real = simulate(trace, config, reference_profile or profile, progress)
-    else:
-        real = runner(backend, device=device, threads=threads)(trace, config, profile, progress)
-    return real, simulate(trace, config, profile, None)
+        return runner("sim")(trace, config, reference_profile or profile, progress)
+    return runner(backend, device=device, threads=threads)(trace, config, profile, progress)
 
 
 def engine_scale(profile: Profile, layers: int | None, hidden: int | None
@@ -668,7 +718,8 @@ def load_row(report: dict) -> dict:
             "ttft_p90_abs_error": report["ttft_p90_abs_error"],
             "throughput_error": report["throughput_error"],
             "hit_agreement": report["hit_agreement"],
-            "real_throughput_rps": report["real"]["throughput_rps"],
+            "real_throughput_rps": report.get("real_throughput_rps",
+                                              report["real"]["throughput_rps"]),
             "sim_throughput_rps": report["sim"]["throughput_rps"],
             "dominant_component": report["dominant_component"],
             "cost_model_error": report.get("cost_model_error"),
@@ -684,8 +735,23 @@ def load_row(report: dict) -> dict:
             "adjusted_throughput_error": (report.get("speed_adjusted") or {}).get(
                 "throughput_error"),
             "interrupted": bool(report.get("interrupted", False)),
+            **repeat_columns(report.get("repeats")),
             **{f"{name}_passed": passed for name, passed in marks.items()},
             **miss_columns(report.get("diagnosis") or [])}
+
+
+def repeat_columns(repeats: dict | None) -> dict:
+    """A load row's real runs (``--repeats``) and the 95% intervals of its errors their spread
+    gives (NaN for one run: no spread measured)."""
+    if not repeats:
+        return {"real_runs": 1, "ttft_mean_error_low": math.nan,
+                "ttft_mean_error_high": math.nan, "throughput_error_low": math.nan,
+                "throughput_error_high": math.nan, "real_ttft_mean_cv": math.nan}
+    ttft, throughput = repeats["ttft_mean_error_interval"], repeats["throughput_error_interval"]
+    return {"real_runs": repeats["runs"], "ttft_mean_error_low": ttft[0],
+            "ttft_mean_error_high": ttft[1], "throughput_error_low": throughput[0],
+            "throughput_error_high": throughput[1],
+            "real_ttft_mean_cv": repeats["real_ttft_mean_cv"]}
 
 
 def miss_columns(diagnosis: list[dict]) -> dict:

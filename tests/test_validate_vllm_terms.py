@@ -126,7 +126,7 @@ def test_the_result_records_the_settings_both_sides_ran(tmp_path):
     config = config.replace(profile=PROFILE)
     real, sim = v.run_pair(small_trace(), config, load_profile(PROFILE), backend="sim")
     report = v.compare(real, sim, backend="sim", terms=changed)
-    _write_pair(tmp_path, real, sim, report, "sim")
+    _write_pair(tmp_path, [real], sim, report, "sim")
     by_hand = RAGCACHE_ON_CPU_VLLM
     written = json.loads((tmp_path / "validation.json").read_text())
     assert written["backend_terms"] == by_hand

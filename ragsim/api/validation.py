@@ -156,20 +156,27 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
         engine="vllm" if backend == "vllm" else "torch", block_tokens=block_tokens)
 
 
-def _write_pair(folder: Path, real, sim, report: dict, backend: str) -> None:
-    """Both runs' records and summaries, the joined per-request comparison, the plots, the
-    configuration and ``validation.json``."""
+def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str) -> None:
+    """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
+    runs), the joined per-request comparison (over repeated runs: their per-request average),
+    the plots, the configuration and ``validation.json``."""
     import pandas as pd
 
     from ragsim import validation as v
     from ragsim.atomic import write_atomically, write_text_atomically
     from ragsim.outputs import save_run_result
 
-    save_run_result(folder / "real", pd.DataFrame(real.columns), real.summary,
-                    flag=label("out_dir"))
+    for k, real in enumerate(reals, start=1):
+        save_run_result(folder / ("real" if k == 1 else f"real-{k}"),
+                        pd.DataFrame(real.columns), real.summary, flag=label("out_dir"))
     save_run_result(folder / "sim", pd.DataFrame(sim.columns), sim.summary,
                     flag=label("out_dir"))
-    joined, _ = v.join_runs(real.columns, sim.columns)
+    if len(reals) > 1:
+        from ragsim.engine_spread import pooled_join
+
+        joined = pooled_join(reals, sim.columns)[0]
+    else:
+        joined, _ = v.join_runs(reals[0].columns, sim.columns)
     table = v.per_request(joined)
     write_atomically(folder / "requests.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     v.plot_ttft(joined, folder, "real" if backend != "sim" else "reference (simulated)")
@@ -253,6 +260,7 @@ class ValidationSetup:
     points: list[str] | None = None
     notes: list[tuple[str, bool]] = field(default_factory=list)
     replay_decisions: bool = False  # split the TTFT error into cost model and decisions
+    repeats: int = 1  # real runs per point (``ragsim.engine_spread``)
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -262,21 +270,37 @@ class ValidationSetup:
         on_run = on_run or _no_progress
         backend, data, costs, terms = self.backend, self.data, self.costs, self.terms
 
+        def real_run(cfg, k: int):
+            name = f"{backend} run" + (f" {k}/{self.repeats}" if self.repeats > 1 else "")
+            context, done = on_run(name, data.n_requests)
+            with context:
+                return v.run_real(data, cfg, costs, backend=backend, device=self.device,
+                                  threads=self.threads, reference_profile=self.reference,
+                                  progress=lambda ended, _now: done(ended))
+
         def one(cfg, load: str | None, folder: Path, capacity_error: float | None = None
                 ) -> dict:
-            context, done = on_run(f"{backend} run", data.n_requests)
-            with context:
-                real, sim = v.run_pair(data, cfg, costs, backend=backend, device=self.device,
-                                       threads=self.threads, reference_profile=self.reference,
-                                       progress=lambda ended, _now: done(ended))
-            adjusted = v.speed_adjusted_sim(data, cfg, costs, real)
-            replayed = v.replay_decisions(real, costs) if self.replay_decisions else None
+            reals = [real_run(cfg, 1)]
+            # the same point again on a fresh engine (--repeats): the engine's own spread;
+            # a run cut short (Ctrl-C, SIGTERM) ends the repeats and is left out of them
+            while len(reals) < self.repeats and not reals[-1].summary.get("interrupted"):
+                again = real_run(cfg, len(reals) + 1)
+                if again.summary.get("interrupted"):
+                    reals[-1].summary["interrupted"] = True
+                    break
+                reals.append(again)
+            real, more = reals[0], reals[1:]
+            sim = v.run_sim(data, cfg, costs)
+            adjusted = v.speed_adjusted_sim(data, cfg, costs, *reals)
+            replayed = [v.replay_decisions(r, costs) for r in reals] \
+                if self.replay_decisions else [None]
             report = v.compare(real, sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,
-                               replayed_ttft=replayed, capacity_error=capacity_error)
+                               replayed_ttft=replayed[0], capacity_error=capacity_error,
+                               repeats=more, repeats_replayed=replayed[1:])
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
-            report["interrupted"] = bool(real.summary.get("interrupted"))
-            _write_pair(folder, real, sim, report, backend)
+            report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
+            _write_pair(folder, reals, sim, report, backend)
             return report
 
         config = self.config
@@ -295,8 +319,8 @@ class ValidationSetup:
             report = one(v.config_at_load(config, load, capacity_rps), load,
                          self.out_dir / f"load-{load}", capacity_error if at_share else None)
             reports.append(report)
-            if load == v.LOAD_OVER:
-                capacity_rps = combined["capacity_rps"] = report["real"]["throughput_rps"]
+            if load == v.LOAD_OVER:  # the engine's throughput (over its runs: their mean)
+                capacity_rps = combined["capacity_rps"] = report["real_throughput_rps"]
                 capacity_error = report["throughput_error"]
             rows.append(v.load_row(report))
             _write_loads(self.out_dir, combined)  # after every load: an interruption keeps them
@@ -318,11 +342,14 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      search_latency: str | None = None, replay_decisions: bool = False,
                      replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None,
-                     reuse: str | None = None, force: bool = False) -> ValidationSetup:
+                     reuse: str | None = None, repeats: int = 1,
+                     force: bool = False) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
     chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress. ``force``:
-    replace an earlier validation in ``out_dir`` (refused otherwise, before any work)."""
+    replace an earlier validation in ``out_dir`` (refused otherwise, before any work).
+    ``repeats``: real runs of each point, each on a fresh engine, against the one simulation
+    (``ragsim.engine_spread``: errors against their average, with the spread's interval)."""
     from ragsim import validation as v
     from ragsim.backends import CPU_PROFILES
     from ragsim.extras import require_extra
@@ -342,6 +369,9 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if backend not in v.BACKENDS:
         raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
                                field=label("backend"))
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise RagsimInputError(f"real runs per point must be a whole number of at least 1, "
+                               f"got {repeats!r}", field=label("repeats"))
     if profile is not None and profile_now:
         raise RagsimInputError(f"give {label('profile')} or {label('profile_now')}, not both",
                                field=label("profile"))
@@ -425,7 +455,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              + (f" (profile {reference.name})" if reference else "") + ", not a real run",
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
-                           reference, points, notes, replay_decisions)
+                           reference, points, notes, replay_decisions, repeats)
 
 
 def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:

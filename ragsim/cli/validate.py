@@ -98,6 +98,10 @@ def validate(
         "--replay-decisions", help="Price the real run's own iterations (its admission, "
         "batch and speculation decisions) with the simulator's costs: the TTFT error split "
         "into cost_model_error and decision_error (torch, vllm).")] = False,
+    repeats: Annotated[int, typer.Option(
+        help="Real runs of each point, each on a fresh engine, against the one simulation: "
+        "the errors are against their per-request average, with each run's own and the 95% "
+        "interval their spread gives (an engine's run-to-run spread, measured).")] = 1,
     replicas: Annotated[int | None, typer.Option(
         help="A fleet on both sides: this many engines (real: a thread each). [default: 1]",
         show_default=False)] = None,
@@ -141,7 +145,7 @@ def validate(
             scheduler=scheduler, reference_profile=reference_profile,
             search_latency=search_latency, replay_decisions=replay_decisions, replicas=replicas,
             router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse,
-            force=force)
+            repeats=repeats, force=force)
     finally:
         if phases.live.is_started:
             phases.stop()
@@ -234,6 +238,13 @@ def _print_report(r: dict) -> None:
                       _mark(marks["ttft_mean_abs_error"]))
         table.add_row("TTFT p90 |error| at that speed", _pct(adjusted["ttft_p90_abs_error"]),
                       "", _mark(marks["ttft_p90_abs_error"]))
+    repeats = r.get("repeats")
+    if repeats:
+        table.add_row(f"real runs: TTFT mean error each ({repeats['confidence']:.0%} interval "
+                      "of the mean)",
+                      ", ".join(_pct(run["ttft_mean_error"]) for run in repeats["per_run"])
+                      + " (" + " to ".join(_pct(e) for e in repeats["ttft_mean_error_interval"])
+                      + ")", "", "")
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p), a diagnostic",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
@@ -306,6 +317,13 @@ def _print_loads(combined: dict) -> None:
             f"{row['adjusted_ttft_p90_abs_error']:.1%}",
             _pct(row["adjusted_throughput_error"]))
     out.print(table)
+    repeated = [row for row in combined["loads"] if row.get("real_runs", 1) > 1]
+    if repeated:
+        out.print("TTFT mean error's 95% interval over the real runs (the engine's spread): "
+                  + "; ".join(f"{row['load']} {_pct(row['ttft_mean_error_low'])} to "
+                              f"{_pct(row['ttft_mean_error_high'])} ({row['real_runs']} runs, "
+                              f"real mean varied {row['real_ttft_mean_cv']:.0%})"
+                              for row in repeated), highlight=False)
     split = [row for row in combined["loads"] if row.get("cost_model_error") is not None]
     if split:
         out.print("TTFT mean error split (--replay-decisions), cost model / decisions: "

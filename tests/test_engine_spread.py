@@ -1,0 +1,198 @@
+"""``validate --repeats``: a point's real run repeated, the errors against the runs' average,
+the interval their spread gives, and the diagnosis that names a miss inside that spread; every
+expected value below is worked by hand (the t quantile from a table)."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from ragsim import engine_spread as es
+from ragsim import validation as v
+from ragsim.cli import app
+from ragsim.diagnosis import diagnose
+
+# Student's t, 97.5% quantile, 2 degrees of freedom (printed tables: 4.303)
+T_975_2 = 4.302652729911275
+
+
+def _columns(ids, ttft, status=None) -> dict[str, np.ndarray]:
+    """Requests arriving at 0 whose TTFT is all prefill, no cache hits."""
+    n = len(ids)
+    zeros = np.zeros(n)
+    return {"request_id": np.asarray(ids), "ttft_s": np.asarray(ttft, float),
+            "hit_tokens_gpu": np.zeros(n, int), "hit_tokens_host": np.zeros(n, int),
+            "status": np.asarray(status or ["completed"] * n),
+            "arrival_s": zeros, "search_start_s": zeros, "search_end_s": zeros,
+            "prefill_start_s": zeros, "swap_in_s": zeros,
+            "first_token_s": np.asarray(ttft, float)}
+
+
+CONFIG = SimpleNamespace(system="ragcache", trace="t", arrival="poisson", rate_rps=2.0,
+                         profile="p", overlap_swap=False)
+
+
+def _run(ttft, throughput_rps, status=None, ids=(0, 1, 2, 3)):
+    return SimpleNamespace(columns=_columns(list(ids), ttft, status), config=CONFIG,
+                           summary={"throughput_rps": throughput_rps, "profile": "p"})
+
+
+# run A: 1, 2, 4, 5 s; run B: 3, 2, 6 s and request 3 failed; sim: 1.1, 1.8, 4.0, 6.0 s
+RUN_A = _run([1.0, 2.0, 4.0, 5.0], 4.0)
+RUN_B = _run([3.0, 2.0, 6.0, 9.0], 6.0, status=["completed"] * 3 + ["failed"])
+SIM = _run([1.1, 1.8, 4.0, 6.0], 3.0)
+
+
+def test_the_pooled_join_averages_each_request_over_the_runs_that_all_completed_it():
+    pooled, dropped, each = es.pooled_join([RUN_A, RUN_B], SIM.columns)
+    assert dropped == [3]  # failed in run B: in neither the average nor any run's frame
+    assert pooled["request_id"].tolist() == [0, 1, 2]
+    assert pooled["ttft_s_real"].tolist() == pytest.approx([2.0, 2.0, 5.0])
+    assert pooled["prefill_s_real"].tolist() == pytest.approx([2.0, 2.0, 5.0])
+    assert pooled["ttft_s_sim"].tolist() == pytest.approx([1.1, 1.8, 4.0])
+    assert [frame["ttft_s_real"].tolist() for frame in each] == [[1, 2, 4], [3, 2, 6]]
+    # the errors on the average: mean 6.9 / 9 - 1; per request -0.45, -0.1, -0.2
+    errors = v.ttft_errors(pooled)
+    assert errors["ttft_mean_error"] == pytest.approx(6.9 / 9 - 1)
+    # p90 of |errors| sorted 0.1, 0.2, 0.45 at rank 1.8: 0.2 + 0.8 * 0.25
+    assert errors["ttft_p90_abs_error"] == pytest.approx(0.4)
+
+
+def test_the_interval_of_the_error_comes_from_the_spread_of_the_real_means():
+    # three runs whose mean TTFT is 0.20, 0.22 and 0.24 s; the simulation 0.11 s
+    runs = [_run([m, m], rps, ids=(0, 1)) for m, rps in ((0.20, 10.0), (0.22, 11.0),
+                                                           (0.24, 12.0))]
+    sim = _run([0.11, 0.11], 9.0, ids=(0, 1))
+    each = es.pooled_join(runs, sim.columns)[2]
+    spread = es.spread(runs, sim, each)
+    half = T_975_2 * 0.02 / math.sqrt(3)  # sd 0.02 of the three means
+    assert spread["runs"] == 3
+    assert spread["real_ttft_mean_s"] == pytest.approx(0.22)
+    assert spread["real_ttft_mean_cv"] == pytest.approx(0.02 / 0.22)
+    low, high = spread["ttft_mean_error_interval"]
+    assert low == pytest.approx(0.11 / (0.22 + half) - 1)
+    assert high == pytest.approx(0.11 / (0.22 - half) - 1)
+    half_rps = T_975_2 * 1.0 / math.sqrt(3)
+    assert spread["throughput_error_interval"] == pytest.approx(
+        [9 / (11 + half_rps) - 1, 9 / (11 - half_rps) - 1])
+    assert [run["ttft_mean_error"] for run in spread["per_run"]] == pytest.approx(
+        [0.11 / 0.20 - 1, 0.11 / 0.22 - 1, 0.11 / 0.24 - 1])
+    assert spread["ttft_mean_error_range"] == pytest.approx([0.11 / 0.24 - 1, 0.11 / 0.20 - 1])
+    assert spread["sim_within_real_range"] is False
+
+
+def test_an_interval_reaching_zero_is_unbounded_above():
+    runs = [_run([m], 1.0, ids=(0,)) for m in (0.1, 0.2, 0.3)]
+    sim = _run([0.2], 1.0, ids=(0,))
+    spread = es.spread(runs, sim, es.pooled_join(runs, sim.columns)[2])
+    # mean 0.2, sd 0.1: half-width 0.248 > 0.2
+    assert spread["ttft_mean_error_interval"][1] == math.inf
+    assert spread["sim_within_real_range"] is True
+
+
+def test_compare_judges_the_average_and_keeps_each_run():
+    report = v.compare(RUN_A, SIM, backend="sim", repeats=[RUN_B])
+    assert report["requests"] == 3 and report["requests_dropped"] == 1
+    assert report["ttft_mean_error"] == pytest.approx(6.9 / 9 - 1)
+    # throughput: the runs' mean, 5 req/s, against the simulation's 3
+    assert report["real_throughput_rps"] == pytest.approx(5.0)
+    assert report["throughput_error"] == pytest.approx(-0.4)
+    repeats = report["repeats"]
+    assert repeats["runs"] == 2
+    # run A alone on the three requests: 6.9 / 7 - 1; run B: 6.9 / 11 - 1
+    assert [r["ttft_mean_error"] for r in repeats["per_run"]] == pytest.approx(
+        [6.9 / 7 - 1, 6.9 / 11 - 1])
+    assert [r["throughput_error"] for r in repeats["per_run"]] == pytest.approx([-0.25, -0.5])
+    row = v.load_row({**report, "load": "50"})
+    assert row["real_runs"] == 2 and row["real_throughput_rps"] == pytest.approx(5.0)
+    assert row["ttft_mean_error_low"] == pytest.approx(repeats["ttft_mean_error_interval"][0])
+    # one run: the report as before, no interval
+    single = v.compare(RUN_A, SIM, backend="sim")
+    assert "repeats" not in single and single["throughput_error"] == pytest.approx(-0.25)
+    assert math.isnan(v.load_row({**single, "load": "50"})["ttft_mean_error_low"])
+
+
+def test_the_replays_of_the_runs_are_averaged_like_the_runs():
+    # each run's replay aligned with its own rows (run B's rows in another order)
+    run_b = _run([2.0, 3.0, 6.0, 9.0], 6.0, ids=(1, 0, 2, 3),
+                 status=["completed"] * 3 + ["failed"])
+    replay_a = np.array([1.0, 2.0, 3.0, 4.0])
+    replay_b = np.array([5.0, 7.0, 9.0, 11.0])  # request 1, 0, 2, 3
+    pooled = es.pooled_replay([RUN_A, run_b], [replay_a, replay_b], np.array([0, 1, 2]))
+    assert pooled.tolist() == pytest.approx([(1 + 7) / 2, (2 + 5) / 2, (3 + 9) / 2])
+    assert es.pooled_replay([RUN_A, run_b], [replay_a, None], np.array([0])) is None
+    report = v.compare(RUN_A, SIM, backend="sim", replayed_ttft=replay_a, repeats=[run_b],
+                       repeats_replayed=[replay_b])
+    # real average 2, 2, 5 (9); replayed 4, 3.5, 6 (13.5); sim 6.9
+    assert report["cost_model_error"] == pytest.approx(13.5 / 9 - 1)
+    assert report["decision_error"] == pytest.approx((6.9 - 13.5) / 9)
+
+
+def _report_missing_by(error: float, interval: list[float]) -> dict:
+    """A load point whose mean TTFT error misses, all in the prefill component."""
+    component = {"real_s": 0.1, "sim_s": 0.1 * (1 + error), "error_s": 0.1 * error,
+                 "share_of_ttft": error, "assumption": "the grid"}
+    return {"checks": [{"metric": "ttft_mean_abs_error", "value": abs(error), "sense": "<=",
+                        "target": 0.10, "applies": True, "passed": False}],
+            "ttft_mean_error": error, "components": {"prefill": component},
+            "arrival": "poisson", "decision_error": None, "cost_model_error": None,
+            "repeats": {"runs": 3, "confidence": 0.95, "real_ttft_mean_cv": 0.4,
+                        "ttft_mean_error_interval": interval}}
+
+
+def test_a_miss_inside_the_engines_spread_is_named_so_and_one_outside_is_not():
+    inside = diagnose(_report_missing_by(-0.40, [-0.62, 0.05]))
+    assert inside[0]["cause"] == "engine_spread"
+    assert any("interval is -62.0% to +5.0%" in line for line in inside[0]["evidence"])
+    assert "--repeats" in inside[0]["next_fix"]
+    # an interval reaching only to -12%: the miss is the model's, the usual cause stands
+    outside = diagnose(_report_missing_by(-0.40, [-0.62, -0.12]))
+    assert outside[0]["cause"] != "engine_spread"
+    assert any("interval is" in line for line in outside[0]["evidence"])
+    # above the target on the other side
+    assert diagnose(_report_missing_by(0.40, [0.09, 0.7]))[0]["cause"] == "engine_spread"
+
+
+runner = CliRunner()
+PAIR = ["--backend", "sim", "--requests", "30", "--profile", "a10g-mistral-7b",
+        "--reference-profile", "l4-mistral-7b"]
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, ["validate", *args], env={"COLUMNS": "200"})
+
+
+def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(tmp_path):
+    once = _invoke(*PAIR, "--loads", "over,50", "--out", str(tmp_path / "once"), "--json")
+    twice = _invoke(*PAIR, "--loads", "over,50", "--repeats", "2", "--out",
+                    str(tmp_path / "twice"), "--json")
+    assert once.exit_code == 0 and twice.exit_code == 0, twice.output
+    rows_once = json.loads(once.stdout)["loads"]
+    rows = json.loads(twice.stdout)["loads"]
+    assert [row["real_runs"] for row in rows] == [2, 2]
+    # the 'real' side is a simulation here: both runs alike, the errors as from one run
+    for row, single in zip(rows, rows_once, strict=True):
+        assert row["ttft_mean_error"] == pytest.approx(single["ttft_mean_error"])
+        assert row["real_ttft_mean_cv"] == 0
+        assert row["ttft_mean_error_low"] == pytest.approx(row["ttft_mean_error_high"])
+    for load in ("over", "50"):
+        assert (tmp_path / "twice" / f"load-{load}" / "real-2" / "summary.json").exists()
+        assert not (tmp_path / "once" / f"load-{load}" / "real-2").exists()
+    assert pd.read_parquet(tmp_path / "twice" / "loads.parquet")["real_runs"].tolist() == [2, 2]
+    text = _invoke(*PAIR, "--repeats", "2", "--out", str(tmp_path / "text"))
+    assert text.exit_code == 0, text.output
+    assert "real runs: TTFT mean error each" in text.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_cli_refuses_fewer_than_one_real_run(tmp_path, value):
+    result = _invoke(*PAIR, "--repeats", value, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert "--repeats" in result.stderr
+    assert not (tmp_path / "out").exists()
