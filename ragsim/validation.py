@@ -224,6 +224,14 @@ def search_error(joined: pd.DataFrame, real_summary: dict) -> dict:
             "search_mean_error": (sim_s - real_s) / real_s if real_s > 0 else None}
 
 
+def warmed_like(profile: Profile, real) -> Profile:
+    """``profile`` pricing an engine that has run the step sizes ``real``'s engine process had
+    run before that run began (``engine_warm_step_tokens``: vLLM's engines, whose shapes stay
+    built in the process; ``realrun.vllm.shapes``); ``profile`` itself for other runs."""
+    warm = getattr(real, "engine_warm_step_tokens", None)
+    return profile.warmed(warm) if warm else profile
+
+
 def replay_decisions(real, profile: Profile) -> np.ndarray | None:
     """Per request of the real run, its TTFT under the run's own decisions at the simulator's
     prices (``ragsim.decisions.replay``); None when the run kept no decisions (a simulated

@@ -104,6 +104,39 @@ def test_the_simulator_charges_the_first_prefill_of_a_token_count_only():
         plain["finish_s"][0] - plain["first_token_s"][0] + 0.002, rel=1e-9)
 
 
+def test_an_engine_that_ran_a_count_before_the_run_pays_nothing_for_it():
+    """A validation's engine has run steps before its run (warm-up, probes, earlier points):
+    the simulation of that run is told, and those counts are built; others are not."""
+    profile = with_shapes().warmed([400, 2])
+    charge = NewShapeCharge(profile.new_shapes)
+    assert charge(400) == 0.0 and charge(2) == 0.0
+    assert charge(300) == pytest.approx(0.004)
+    # it survives a machine-speed scaling (the speed-adjusted simulation) and adds up
+    scaled = profile.scaled_compute(2.0).warmed([300])
+    assert scaled.new_shapes.warm_step_tokens == {400, 2, 300}
+    assert NewShapeCharge(scaled.new_shapes)(200) == pytest.approx(2 * 0.003)
+    assert with_shapes().new_shapes.warm_step_tokens == frozenset()
+    assert "warm" not in json.dumps(profile.to_dict())  # a run's state, never in the file
+    assert BASE.warmed([400]) is BASE  # no term: nothing to warm
+    # the first of the two 400-token prefills (first test above) is now free too
+    trace = trace_of([(0.0, 300, 100, 3), (1.0, 300, 100, 3)])
+    settings = config("prefill-first", cache=False)
+    plain = run_simulation(trace, settings, BASE).records
+    warm = run_simulation(trace, settings, profile).records
+    assert warm["first_token_s"][0] == pytest.approx(plain["first_token_s"][0], rel=1e-12)
+
+
+def test_a_validation_prices_the_sim_with_what_the_real_engine_had_run():
+    from types import SimpleNamespace
+
+    from ragsim.validation import warmed_like
+
+    profile = with_shapes()
+    real = SimpleNamespace(engine_warm_step_tokens=frozenset({300}))
+    assert warmed_like(profile, real).new_shapes.warm_step_tokens == {300}
+    assert warmed_like(profile, SimpleNamespace()) is profile  # a torch or simulated run
+
+
 def test_the_replay_prices_a_token_count_once_in_the_order_of_the_real_steps():
     profile = with_shapes()
     prefill = {"kind": "prefill", "jobs": [(1, 0, 0, 300, 0)], "size": 0,

@@ -127,6 +127,20 @@ def test_sequential_hits_agree_with_the_simulator_at_vllms_block(runs):
     assert (sim.columns["hit_tokens_gpu"] == real.columns["hit_tokens_gpu"]).all()
 
 
+def test_each_run_knows_the_step_sizes_its_process_had_run_before_it(runs):
+    """vLLM's shapes stay built in the process (``realrun.vllm.shapes``): the first run starts
+    after its warm-up (the prompts of 40 and 24 tokens in one 64-token step, then a decode step
+    of their 2 rows); the second after all of the first run's steps too, which its simulation
+    is told (``Profile.warmed``)."""
+    first, second = runs["vllm"][1], runs["vllm-apc"][1]
+    assert {64, 2} <= first.engine_warm_step_tokens
+    assert first.summary["engine_warm_step_tokens"] == len(first.engine_warm_step_tokens)
+    steps = {sum(job[3] for job in d["jobs"]) + d["size"]
+             for d in first.decisions["iterations"]}
+    assert steps and steps <= second.engine_warm_step_tokens
+    assert first.engine_warm_step_tokens < second.engine_warm_step_tokens
+
+
 def test_times_come_from_vllm_in_order(runs):
     for system in ("vllm", "vllm-apc"):
         cols = runs[system][1].columns

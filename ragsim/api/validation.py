@@ -290,9 +290,12 @@ class ValidationSetup:
                     break
                 reals.append(again)
             real, more = reals[0], reals[1:]
-            sim = v.run_sim(data, cfg, costs)
-            adjusted = v.speed_adjusted_sim(data, cfg, costs, *reals)
-            replayed = [v.replay_decisions(r, costs) for r in reals] \
+            # the simulated engine has run what the real one's process had before the (first)
+            # run began: those step sizes are built (``Profile.warmed``)
+            sim_costs = v.warmed_like(costs, real)
+            sim = v.run_sim(data, cfg, sim_costs)
+            adjusted = v.speed_adjusted_sim(data, cfg, sim_costs, *reals)
+            replayed = [v.replay_decisions(r, v.warmed_like(costs, r)) for r in reals] \
                 if self.replay_decisions else [None]
             report = v.compare(real, sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,

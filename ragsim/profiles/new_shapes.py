@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,11 +32,20 @@ NEW_SHAPES_MODEL = "first_pass_extra_by_step_tokens"
 
 @dataclass(frozen=True)
 class NewShapes:
-    """``extra_s[i]``: the median first-time extra of a step of ``step_tokens[i]`` tokens."""
+    """``extra_s[i]``: the median first-time extra of a step of ``step_tokens[i]`` tokens.
+    ``warm_step_tokens``: the token counts the priced engine had already run before the run
+    began (``warmed``; never in the file): a validation's engine runs in a process that has
+    served earlier points and measured its speed, and its shapes stay built there."""
 
     step_tokens: list[int]
     extra_s: list[float]
     fit: dict = field(default_factory=dict)
+    warm_step_tokens: frozenset[int] = field(default=frozenset(), compare=False)
+
+    def warmed(self, step_tokens: Iterable[int]) -> NewShapes:
+        """These prices for an engine that has already run steps of ``step_tokens`` tokens."""
+        return replace(self, warm_step_tokens=self.warm_step_tokens | frozenset(
+            int(t) for t in step_tokens))
 
     def extra_at(self, step_tokens: int) -> float:
         """The extra of a step of ``step_tokens`` tokens run for the first time (linear between
@@ -44,7 +53,8 @@ class NewShapes:
         return max(0.0, float(np.interp(step_tokens, self.step_tokens, self.extra_s)))
 
     def scaled(self, factor: float) -> NewShapes:
-        return NewShapes(self.step_tokens, [s * factor for s in self.extra_s], self.fit)
+        return NewShapes(self.step_tokens, [s * factor for s in self.extra_s], self.fit,
+                         self.warm_step_tokens)
 
     def describe(self) -> str:
         pairs = ", ".join(f"{t:,}: {s * 1e3:.3g} ms"
@@ -86,6 +96,8 @@ class NewShapeCharge:
     def __init__(self, new_shapes: NewShapes | None, seen: Iterable[int] = ()) -> None:
         self.new_shapes = new_shapes
         self.seen: set[int] = set(seen)
+        if new_shapes is not None:  # what the engine ran before the run: built already
+            self.seen |= new_shapes.warm_step_tokens
 
     def __call__(self, step_tokens: int) -> float:
         """The extra of a step of ``step_tokens`` tokens (0 once seen), noting it seen."""

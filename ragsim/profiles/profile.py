@@ -453,7 +453,15 @@ class Profile:
         if self.new_shapes is not None:
             data["new_shapes"] = self.new_shapes.scaled(factor).to_dict()
         data["name"] = f"{self.name}@x{factor:.3f}"
-        return Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
+        scaled = Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
+        return scaled.warmed(self.new_shapes.warm_step_tokens) if self.new_shapes else scaled
+
+    def warmed(self, step_tokens) -> Profile:
+        """This profile pricing an engine that has already run steps of ``step_tokens`` tokens
+        (``NewShapes.warmed``: their first-time price is paid); itself without ``new_shapes``."""
+        if self.new_shapes is None:
+            return self
+        return replace(self, new_shapes=self.new_shapes.warmed(step_tokens))
 
     def scaled_copies(self, factor: float) -> Profile:
         """This profile with host <-> GPU copies ``factor`` times slower (bandwidths divided by

@@ -175,7 +175,11 @@ def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | 
         max_model_len=settings.max_model_len, disable_log_stats=False,
         enforce_eager=True,
         kv_transfer_config=KVTransferConfig(**kv_transfer) if kv_transfer else None)
-    return LLMEngine.from_engine_args(args), folder
+    engine = LLMEngine.from_engine_args(args)
+    from ragsim.realrun.vllm.shapes import watch_step_tokens
+
+    watch_step_tokens(engine)  # the step sizes this process has built (shapes.py)
+    return engine, folder
 
 
 def set_engine_threads(threads: int) -> None:

@@ -350,7 +350,12 @@ class VllmRun(RealSearchDriving, Pipeline):
         return probe if probe.points else None
 
     def run(self) -> RunResult:
+        from ragsim.realrun.vllm.shapes import step_tokens_run
+
         before = self._probe() if self.speed_probes else None
+        # the step sizes this process had run before the clock started (its warm-up, probes,
+        # earlier runs and profile): their first-time price is paid (``Profile.warmed``)
+        warm = step_tokens_run()
         self.env.process(self._serve())
         self.env.sync()  # the clock starts now, not when the engine was built
         self.start_searches_at_arrivals()
@@ -359,6 +364,8 @@ class VllmRun(RealSearchDriving, Pipeline):
         finally:
             self.stop_real_search()
         self._fix_records(result)
+        result.engine_warm_step_tokens = warm
+        result.summary["engine_warm_step_tokens"] = len(warm)
         if self._scheduled is not None:  # for ``validate --replay-decisions``
             result.decisions = {"iterations": self.decisions, "submitted_s": self.submitted_s}
         result.summary.update(self._vllm_fields(result))
