@@ -16,6 +16,16 @@ def _send(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
+@pytest.fixture(autouse=True)
+def _python_ctrl_c():
+    """Python's own Ctrl-C handler, whatever started the tests: a shell that runs them in the
+    background (``nohup ... &``) starts Python with SIGINT ignored, and an ignored Ctrl-C is
+    rightly handed back as ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_a_sigterm_waits_for_the_safe_point_and_takes_the_commands_path():
     with sigterm_like_ctrl_c() as seen, deferred_stop() as stop:
         _send(signal.SIGTERM)
