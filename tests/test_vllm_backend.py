@@ -141,6 +141,19 @@ def test_each_run_knows_the_step_sizes_its_process_had_run_before_it(runs):
     assert first.engine_warm_step_tokens < second.engine_warm_step_tokens
 
 
+def test_the_time_between_steps_is_counted_apart_from_the_steps(runs):
+    """One request at a time: its decode steps follow its prefill while it waits for them, so
+    the time between those steps is counted; it and the steps fit in the run's span, and the
+    time a request had not arrived yet (the engine idle) is not in it."""
+    for system in ("vllm", "vllm-apc"):
+        summary = runs[system][1].summary
+        between, steps = summary["engine_between_steps_s"], summary["engine_step_s"]
+        assert between > 0 and summary["engine_between_steps_mean_ms"] > 0
+        assert between + steps <= summary["elapsed_s"]
+        # counted only while a request waits: well under the idle gaps of a sequential run
+        assert summary["engine_between_steps_mean_ms"] < 50
+
+
 def test_times_come_from_vllm_in_order(runs):
     for system in ("vllm", "vllm-apc"):
         cols = runs[system][1].columns

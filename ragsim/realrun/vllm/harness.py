@@ -208,6 +208,10 @@ class VllmRun(RealSearchDriving, Pipeline):
         self.logprobs: dict[int, list[dict[int, float]]] = {}  # with ``logprobs_top``
         self.steps = 0
         self.step_s = 0.0
+        # time between two steps while requests were waiting for the engine (the harness's
+        # handling of outputs, arrivals and vLLM's add_request): engine time no price has
+        self.between_steps_s = 0.0
+        self.between_steps = 0
         # the trace's staged faiss search on the search workers, as the torch run has it
         # (``search_latency = "trace"`` on a trace built with text), else the modelled times
         self.start_real_search()
@@ -249,8 +253,10 @@ class VllmRun(RealSearchDriving, Pipeline):
     def _serve(self):
         """Step vLLM while it has requests; sleep until one is added."""
         env, llm = self.env, self.llm
+        last_ended = None  # the end of the step before, while the engine had work
         while True:
             if not llm.has_unfinished_requests():
+                last_ended = None  # idle: the time until the next request is not the loop's
                 self._work = env.event()
                 yield self._work
                 self._work = None
@@ -258,8 +264,11 @@ class VllmRun(RealSearchDriving, Pipeline):
             if self._scheduled is not None:
                 self._scheduled.clear()
             started = time.monotonic()
+            if last_ended is not None:
+                self.between_steps_s += started - last_ended
+                self.between_steps += 1
             outputs = llm.step()
-            ended = time.monotonic()
+            ended = last_ended = time.monotonic()
             self.steps += 1
             self.step_s += ended - started
             self._record_step(self._env_time(started), self._env_time(ended))
@@ -422,6 +431,10 @@ class VllmRun(RealSearchDriving, Pipeline):
                   "vllm_version": vllm.__version__, "vllm_engine": self.settings.as_dict(),
                   "allocator": memory_allocator(),
                   "engine_steps": self.steps, "engine_step_s": self.step_s,
+                  "engine_between_steps_s": self.between_steps_s,
+                  "engine_between_steps_mean_ms": (1e3 * self.between_steps_s
+                                                   / self.between_steps
+                                                   if self.between_steps else 0.0),
                   "iterations_prefill": 0, "iterations_decode": 0,
                   "gpu_busy_fraction": self.step_s / elapsed if elapsed > 0 else 0.0,
                   "token_ids": self.tokens.report.as_dict(),
