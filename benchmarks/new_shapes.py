@@ -66,7 +66,8 @@ class VllmPrefills:
 
         profile = load_profile(profile_name)
         self.timer = VllmTimer.build(profile.model, block_tokens=128, kv_cache_bytes=1 << 30,
-                                     max_model_len=2048, max_batched_tokens=16384)
+                                     max_model_len=2048, max_batched_tokens=16384,
+                                     threads=threads or profile.obtained.get("threads"))
         for n in (40, 24):  # the real harness's warm-up (VllmRun._warm_up)
             self.timer._pass([0], [n])
         self.name = f"{self.timer.engine_name()}, {profile.name}"
