@@ -2,8 +2,9 @@
 
 The simulation is deterministic for a seed; the engine it is judged against is not. On a CPU,
 vLLM served the same 300 requests at the same Poisson arrival times (50% of its capacity) with
-a mean TTFT of 27 to 95 ms in ten runs of one process (docs/validation.md): its big prefill
-steps ran 0.9-1.8x their steady time depending on what ran before them, and at that load one
+a mean TTFT of 27 to 95 ms in ten runs, in one process or several (docs/validation.md): its
+big prefill steps ran 0.9-1.8x their steady time depending on what ran before them, and at that
+load one
 slow step queues every request that arrives during it. One real run against one simulation
 then measures that run's luck as much as the model, and a target can flip from pass to fail
 between two runs of the same code.
