@@ -113,9 +113,9 @@ def test_an_engine_that_ran_a_count_before_the_run_pays_nothing_for_it():
     assert charge(300) == pytest.approx(0.004)
     # it survives a machine-speed scaling (the speed-adjusted simulation) and adds up
     scaled = profile.scaled_compute(2.0).warmed([300])
-    assert scaled.new_shapes.warm_step_tokens == {400, 2, 300}
+    assert scaled.new_shapes.warm_step_tokens == (400, 2, 300)  # the last run last
     assert NewShapeCharge(scaled.new_shapes)(200) == pytest.approx(2 * 0.003)
-    assert with_shapes().new_shapes.warm_step_tokens == frozenset()
+    assert with_shapes().new_shapes.warm_step_tokens == ()
     assert "warm" not in json.dumps(profile.to_dict())  # a run's state, never in the file
     assert BASE.warmed([400]) is BASE  # no term: nothing to warm
     # the first of the two 400-token prefills (first test above) is now free too
@@ -132,8 +132,8 @@ def test_a_validation_prices_the_sim_with_what_the_real_engine_had_run():
     from ragsim.validation import warmed_like
 
     profile = with_shapes()
-    real = SimpleNamespace(engine_warm_step_tokens=frozenset({300}))
-    assert warmed_like(profile, real).new_shapes.warm_step_tokens == {300}
+    real = SimpleNamespace(engine_warm_step_tokens=(300,))
+    assert warmed_like(profile, real).new_shapes.warm_step_tokens == (300,)
     assert warmed_like(profile, SimpleNamespace()) is profile  # a torch or simulated run
 
 

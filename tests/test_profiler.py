@@ -16,6 +16,7 @@ from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
+    AFTER_NEW_PHASE,
     NEW_SHAPES_PHASE,
     ProfilePlan,
     TorchEngine,
@@ -284,7 +285,8 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
                 engine=engine, progress=lambda *report: log.append(("report", *report)))
     phase_of = {"decode": ("decode", "held-out decode points"), "copy": ("transfers",),
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
-                                                         "points", NEW_SHAPES_PHASE),
+                                                         "points", NEW_SHAPES_PHASE,
+                                                         AFTER_NEW_PHASE),
                 "blend_selection": ("blend selection pass",)}
     last = None
     for entry in log:
@@ -297,7 +299,8 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     reported = [entry[1] for entry in log if entry[0] == "report"]
     assert list(dict.fromkeys(reported)) == [
         "decode", "held-out decode points", "transfers", "step overhead",
-        "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, "blend selection pass"]
+        "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, AFTER_NEW_PHASE,
+        "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total

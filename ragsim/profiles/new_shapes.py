@@ -14,6 +14,16 @@ matrix products, nothing built per shape) measured 1.01x.
 over fresh token counts; :class:`NewShapeCharge` keeps the token counts an engine has run and
 charges a step of a new one the extra, interpolated in its token count (the nearest measured
 size past either end). A profile without it charges nothing.
+
+The built products are kept in a bounded cache, least recently used out: oneDNN's
+process-wide primitive cache holds 1,024 primitives, 4 per token count on a Mistral-like
+model (its 4 linear-layer shapes), so 256 counts (``built_capacity_counts``; None: every count
+stays built). Measured (``benchmarks/shape_cache.py``, 2026-12-03): a count last run 400 counts
+ago is built again (+4 ms), and with ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096`` it is not (the
+"none once seen, even after 200 other sizes" above fits: 200 < 256). A profile may also carry
+what a step pays after new counts grew that cache since the engine last ran a step as big
+(``after_new_counts``, ``ragsim/profiles/after_new_shapes.py``); the charge prices both, in the
+order steps run.
 """
 
 from __future__ import annotations
@@ -25,6 +35,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ragsim.errors import ProfileError
+from ragsim.profiles.after_new_shapes import (
+    AfterNewShapes,
+    FreshCountsSince,
+    after_new_shapes_from_dict,
+    increasing_ints,
+)
 from ragsim.profiles.steps import _check_model
 
 NEW_SHAPES_MODEL = "first_pass_extra_by_step_tokens"
@@ -34,18 +50,27 @@ NEW_SHAPES_MODEL = "first_pass_extra_by_step_tokens"
 class NewShapes:
     """``extra_s[i]``: the median first-time extra of a step of ``step_tokens[i]`` tokens.
     ``warm_step_tokens``: the token counts the priced engine had already run before the run
-    began (``warmed``; never in the file): a validation's engine runs in a process that has
-    served earlier points and measured its speed, and its shapes stay built there."""
+    began, each once, the least recently run first (``warmed``; never in the file): a
+    validation's engine runs in a process that has served earlier points and measured its
+    speed, and its shapes stay built there. ``after``: what a step pays after new counts
+    (None: not measured, nothing charged). ``built_capacity_counts``: how many counts stay
+    built (None: all of them)."""
 
     step_tokens: list[int]
     extra_s: list[float]
     fit: dict = field(default_factory=dict)
-    warm_step_tokens: frozenset[int] = field(default=frozenset(), compare=False)
+    warm_step_tokens: tuple[int, ...] = field(default=(), compare=False)
+    after: AfterNewShapes | None = None
+    built_capacity_counts: int | None = None
 
     def warmed(self, step_tokens: Iterable[int]) -> NewShapes:
-        """These prices for an engine that has already run steps of ``step_tokens`` tokens."""
-        return replace(self, warm_step_tokens=self.warm_step_tokens | frozenset(
-            int(t) for t in step_tokens))
+        """These prices for an engine that has since run steps of ``step_tokens`` tokens (in
+        that order: the last one run last)."""
+        order = dict.fromkeys(self.warm_step_tokens)
+        for t in step_tokens:
+            order.pop(int(t), None)
+            order[int(t)] = None
+        return replace(self, warm_step_tokens=tuple(order))
 
     def extra_at(self, step_tokens: int) -> float:
         """The extra of a step of ``step_tokens`` tokens run for the first time (linear between
@@ -53,17 +78,25 @@ class NewShapes:
         return max(0.0, float(np.interp(step_tokens, self.step_tokens, self.extra_s)))
 
     def scaled(self, factor: float) -> NewShapes:
-        return NewShapes(self.step_tokens, [s * factor for s in self.extra_s], self.fit,
-                         self.warm_step_tokens)
+        return replace(self, extra_s=[s * factor for s in self.extra_s],
+                       after=None if self.after is None else self.after.scaled(factor))
 
     def describe(self) -> str:
         pairs = ", ".join(f"{t:,}: {s * 1e3:.3g} ms"
                           for t, s in zip(self.step_tokens, self.extra_s, strict=True))
-        return f"first-time price of a step's token count (tokens: extra) {pairs}"
+        text = f"first-time price of a step's token count (tokens: extra) {pairs}"
+        if self.built_capacity_counts is not None:
+            text += f"; {self.built_capacity_counts:,} counts stay built"
+        return text if self.after is None else f"{text}; {self.after.describe()}"
 
     def to_dict(self) -> dict:
-        return {"model": NEW_SHAPES_MODEL, "step_tokens": self.step_tokens,
+        data = {"model": NEW_SHAPES_MODEL, "step_tokens": self.step_tokens,
                 "extra_s": self.extra_s, "fit": self.fit}
+        if self.built_capacity_counts is not None:
+            data["built_capacity_counts"] = self.built_capacity_counts
+        if self.after is not None:
+            data["after_new_counts"] = self.after.to_dict()
+        return data
 
 
 def fit_new_shapes(timings: Sequence[tuple[int, int, float, float]], *, against: str = ""
@@ -89,41 +122,65 @@ def fit_new_shapes(timings: Sequence[tuple[int, int, float, float]], *, against:
 
 
 class NewShapeCharge:
-    """The token counts one engine has run, and the first-time extra a step of a new one pays
-    (``profile.new_shapes``; always 0 without it). One per engine: the simulated engine and the
-    replay of a real run's decisions each keep their own, in the order their steps run."""
+    """The token counts one engine has built, and what a step pays for new ones
+    (``profile.new_shapes``; always 0 without it): the first-time extra of a step of a count
+    not built (never run, or dropped from the bounded cache since), and, where the profile
+    measured it, the extra of a step after counts were built while the cache was still
+    growing, since the engine's last step as big (``after``: once the cache is full, a new
+    count's products take the memory of the one they push out). One per engine: the simulated
+    engine and the replay of a real run's decisions each keep their own, in the order their
+    steps run."""
 
     def __init__(self, new_shapes: NewShapes | None, seen: Iterable[int] = ()) -> None:
         self.new_shapes = new_shapes
-        self.seen: set[int] = set(seen)
-        if new_shapes is not None:  # what the engine ran before the run: built already
-            self.seen |= new_shapes.warm_step_tokens
+        self.capacity = None if new_shapes is None else new_shapes.built_capacity_counts
+        warm = () if new_shapes is None else new_shapes.warm_step_tokens
+        order = [*warm, *(int(t) for t in seen)]
+        # every count the engine's process has built: once they reach the capacity, the
+        # cache is full and stays so
+        self.ever_built = len(set(order))
+        kept = dict.fromkeys(order)  # built now, the least recently run first
+        while self.capacity is not None and len(kept) > self.capacity:
+            del kept[next(iter(kept))]
+        self.built: dict[int, None] = kept
+        self.since = FreshCountsSince()
+
+    @property
+    def seen(self) -> set[int]:
+        """The counts built now."""
+        return set(self.built)
 
     def __call__(self, step_tokens: int) -> float:
-        """The extra of a step of ``step_tokens`` tokens (0 once seen), noting it seen."""
-        if self.new_shapes is None or step_tokens <= 0 or step_tokens in self.seen:
+        """The extra of a step of ``step_tokens`` tokens, noting it run (and built)."""
+        shapes = self.new_shapes
+        if shapes is None or step_tokens <= 0:
             return 0.0
-        self.seen.add(step_tokens)
-        return self.new_shapes.extra_at(step_tokens)
+        built = self.built
+        fresh = step_tokens not in built
+        growing = fresh and (self.capacity is None or self.ever_built < self.capacity)
+        extra = 0.0
+        if fresh:
+            extra = shapes.extra_at(step_tokens)
+            self.ever_built += 1
+            built[step_tokens] = None
+            if self.capacity is not None and len(built) > self.capacity:
+                del built[next(iter(built))]  # the least recently run
+        else:
+            del built[step_tokens]
+            built[step_tokens] = None
+        if shapes.after is not None:
+            extra += shapes.after.extra_at(step_tokens, self.since.step(step_tokens, growing))
+        return extra
 
 
 def new_shapes_from_dict(data: object, *, source: str) -> NewShapes:
     where = "new_shapes"
     _check_model(data, where, NEW_SHAPES_MODEL, source)
     tokens, extra = data.get("step_tokens"), data.get("extra_s")
-    if not isinstance(tokens, list) or not tokens:
-        raise ProfileError("missing, empty or not a list", file=source,
-                           field=f"{where}.step_tokens")
+    tokens = increasing_ints(tokens, f"{where}.step_tokens", source)
     if not isinstance(extra, list) or len(extra) != len(tokens):
         raise ProfileError(f"must be a list as long as step_tokens ({len(tokens)})",
                            file=source, field=f"{where}.extra_s")
-    for i, t in enumerate(tokens):
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise ProfileError(f"entry {i} is {t!r}; must be an integer >= 1", file=source,
-                               field=f"{where}.step_tokens")
-        if i and t <= tokens[i - 1]:
-            raise ProfileError(f"must increase strictly; entry {i} ({t}) follows "
-                               f"{tokens[i - 1]}", file=source, field=f"{where}.step_tokens")
     seconds = []
     for i, s in enumerate(extra):
         if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) \
@@ -134,4 +191,12 @@ def new_shapes_from_dict(data: object, *, source: str) -> NewShapes:
     fit = data.get("fit", {})
     if not isinstance(fit, dict):
         raise ProfileError("must be an object", file=source, field=f"{where}.fit")
-    return NewShapes([int(t) for t in tokens], seconds, fit)
+    capacity = data.get("built_capacity_counts")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < 1):
+        raise ProfileError(f"is {capacity!r}; must be an integer >= 1 (or absent: every count "
+                           "stays built)", file=source, field=f"{where}.built_capacity_counts")
+    after = data.get("after_new_counts")
+    return NewShapes(tokens, seconds, fit, after=None if after is None else
+                     after_new_shapes_from_dict(after, source=source),
+                     built_capacity_counts=capacity)

@@ -45,6 +45,7 @@ import numpy as np
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.after_new_shapes import fit_after_new_shapes
 from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.heldout import (
@@ -202,6 +203,12 @@ class ProfilerState:
     sweep_speed: list[list[float]] = field(default_factory=list)  # per group, per sweep
     # the first-time price of a step's token count: [size, tokens, first_s, again_s] each
     new_shapes: list[list[float]] = field(default_factory=list)
+    # a step after new token counts: [size, k, seconds] each (k = 0: in sweeps of steps run),
+    # why repeats were dropped ("": none; None: not measured yet), and how many token counts
+    # the engine's cache of built products keeps (None: every count)
+    after_new: list[list[float]] = field(default_factory=list)
+    after_new_note: str | None = None
+    built_capacity_counts: int | None = None
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
@@ -564,6 +571,16 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         save()
     report(NEW_SHAPES_PHASE, 1, 1)
 
+    _starting(report, AFTER_NEW_PHASE, 1)
+    if not state.after_new and state.after_new_note is None:
+        state.after_new, note = _after_new_counts(engine, plan, units,
+                                                  {int(t) for _, t, _, _ in state.new_shapes})
+        state.after_new_note = note or ""
+        built = getattr(engine, "built_shapes", lambda: None)()
+        state.built_capacity_counts = None if built is None else built[1]
+        save()
+    report(AFTER_NEW_PHASE, 1, 1)
+
     # an engine that runs blended prefills (the torch engine) times their selection pass
     measure_selection = getattr(engine, "blend_selection", None)
     if measure_selection is not None and state.blend_selection_s_per_token is None:
@@ -615,6 +632,75 @@ def _first_and_again(engine: TimingEngine, counts: list[int]
     first = engine.sweeps(passes, 0, 1).passes
     again = engine.sweeps(passes, 0, NEW_SHAPE_AGAIN).passes
     return [m.median_s for m in first], [m.median_s for m in again]
+
+
+AFTER_NEW_PHASE = "a step after new token counts"
+AFTER_NEW_SIZES = 2  # step sizes, geometric from a sixth of the plan's largest to it
+AFTER_NEW_COUNTS = (8, 24)  # fresh counts before the timed step (measured: none after 4)
+AFTER_NEW_REPEATS = 2
+# the fresh counts' size: small prefills, as a moderate load runs between its bursts
+# (``benchmarks/cold_steps.py`` measured the effect after prefills of 150 tokens)
+AFTER_NEW_FRESH_TOKENS = 150
+
+
+def after_new_sizes(plan: ProfilePlan) -> list[int]:
+    """The step sizes a step after new counts is timed at: geometric from a sixth of the
+    plan's largest new tokens to it (on vLLM's CPU engine a step of 256 tokens measured no
+    extra, one of 887 and more 2-2.7x)."""
+    top = max(plan.new_tokens)
+    return sorted({int(np.rint(x)) for x in np.geomspace(max(top / 6, 1), top,
+                                                         AFTER_NEW_SIZES)})
+
+
+def _after_new_counts(engine: TimingEngine, plan: ProfilePlan, units: list[SweepUnit],
+                      measured: set[int]) -> tuple[list[list[float]], str | None]:
+    """[size, k, seconds] rows: each size's steady time (k = 0, the median of sweeps over the
+    sizes, as the grid is timed, after a warm-up sweep), then per repeat, size and k the step
+    right after k prefills of token counts the engine had not run (from
+    ``AFTER_NEW_FRESH_TOKENS`` up, skipping every count the profile ran) that follow the same
+    step run untimed, each in one sweep in that order; and why repeats were dropped, if they
+    were.
+
+    Where the engine keeps its built products in a bounded cache (``built_shapes``), the
+    extra exists only while that cache grows (once full, a new count's products reuse the
+    memory of the ones they push out: ``benchmarks/shape_cache.py``), so only as many repeats
+    are timed as fit in what the cache has left; none, if not one fits."""
+    ran = {sum(new) for unit in units for _, new in unit.passes} | measured
+    ran |= set(plan.batch_sizes) | {a + 1 for a in plan.cached_tokens} | set(plan.new_tokens)
+    sizes = after_new_sizes(plan)
+    ran |= set(sizes)
+    repeats, note = AFTER_NEW_REPEATS, None
+    per_repeat = len(sizes) * sum(AFTER_NEW_COUNTS)
+    built = getattr(engine, "built_shapes", lambda: None)()
+    if built is not None:
+        done, capacity = built
+        room = capacity - done - len(sizes)
+        repeats = min(repeats, max(room, 0) // per_repeat)
+        if repeats < AFTER_NEW_REPEATS:
+            note = (f"{repeats} of {AFTER_NEW_REPEATS} repeats: the engine had built {done} of "
+                    f"the {capacity} token counts its cache keeps, and a repeat builds "
+                    f"{per_repeat}")
+    if not repeats:
+        return [], note
+    fresh_tokens = AFTER_NEW_FRESH_TOKENS
+
+    def fresh() -> int:
+        nonlocal fresh_tokens
+        while fresh_tokens in ran:
+            fresh_tokens += 1
+        ran.add(fresh_tokens)
+        return fresh_tokens
+
+    steady = engine.sweeps([([0], [z]) for z in sizes], 1, NEW_SHAPE_AGAIN).passes
+    rows = [[float(z), 0.0, m.median_s] for z, m in zip(sizes, steady, strict=True)]
+    for _ in range(repeats):
+        for z in sizes:
+            for k in AFTER_NEW_COUNTS:
+                # the step once untimed, so that exactly k fresh counts precede the timed one
+                # since a step as big (``FreshCountsSince``)
+                passes = [([0], [z]), *[([0], [fresh()]) for _ in range(k)], ([0], [z])]
+                rows.append([float(z), float(k), engine.sweeps(passes, 0, 1).passes[-1].median_s])
+    return rows, note
 
 
 def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
@@ -962,4 +1048,17 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
                                 against=f"{len(state.new_shapes)} prefills of token counts the "
                                         "profile had not run, each then run again")
         profile.obtained["raw"]["new_shapes"] = state.new_shapes
+    if shapes is not None:
+        shapes = replace(shapes, built_capacity_counts=state.built_capacity_counts)
+    if shapes is not None and state.after_new:
+        steady = {int(z): t for z, k, t in state.after_new if k == 0}
+        timed = [(int(z), int(k), t) for z, k, t in state.after_new if k > 0]
+        shapes = replace(shapes, after=fit_after_new_shapes(
+            steady, timed, against=f"a prefill of {len(steady)} sizes, each right after "
+                                   f"{list(AFTER_NEW_COUNTS)} prefills of "
+                                   f"{AFTER_NEW_FRESH_TOKENS}+ tokens the engine had not run"))
+        profile.obtained["raw"]["after_new_counts"] = state.after_new
+    if state.after_new_note:
+        profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),
+                                        f"a step after new token counts: {state.after_new_note}"]
     return replace(profile, mixed_steps=mixed, step_overhead=overhead, new_shapes=shapes)

@@ -72,6 +72,7 @@ class VllmTimer:
         self.rng = np.random.default_rng(seed)
         self._prefixes: dict[int, list[int]] = {}
         self._n = 0
+        self.spec: ModelSpec | None = None  # the model, where the timer built the engine
 
     @classmethod
     def build(cls, spec: ModelSpec, *, block_tokens: int, kv_cache_bytes: int,
@@ -85,6 +86,7 @@ class VllmTimer:
             max_model_len=max_model_len, seed=seed, threads=threads)
         llm, folder = build_engine(spec, settings)
         timer = cls(llm, settings, spec.vocab_size, seed)
+        timer.spec = spec
         timer._folder = folder  # the model's configuration lives as long as the timer
         return timer
 
@@ -249,11 +251,44 @@ class VllmTimer:
         return (f"vLLM {vllm.__version__} (in-process engine, block {self.block}, prefix "
                 f"caching on; {threads} OMP threads, bound: {bind})")
 
+    def built_shapes(self) -> tuple[int, int] | None:
+        """(token counts this process has built, how many stay built): vLLM's CPU linear
+        layers run oneDNN matrix products built per token count and kept in oneDNN's
+        process-wide primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, 1,024 by default),
+        one per distinct linear-layer weight shape a count runs through (``shape_cache``);
+        None where vLLM has no oneDNN products."""
+        from vllm import _custom_ops as ops
+
+        from ragsim.realrun.vllm.shapes import step_tokens_run
+
+        if self.spec is None or not getattr(ops, "_supports_onednn", False):
+            return None
+        return len(step_tokens_run()), shape_cache_counts(self.spec)
+
     def libraries(self) -> dict[str, str]:
         import vllm
 
         return {"vllm": vllm.__version__, "torch": self.torch.__version__,
                 "python": platform.python_version()}
+
+
+ONEDNN_DEFAULT_CACHE_CAPACITY = 1024  # oneDNN's documented default (primitives)
+
+
+def shape_cache_counts(spec: ModelSpec) -> int:
+    """How many token counts oneDNN's primitive cache keeps built for ``spec``: its capacity
+    (``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` or the default) over the distinct weight shapes of
+    one decoder layer's linear layers (query/key/value, output, gate/up, down: every layer has
+    the same, so they share primitives). Mistral-like models: 4, so 256 counts, as measured
+    (``benchmarks/shape_cache.py``)."""
+    capacity = int(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                                  ONEDNN_DEFAULT_CACHE_CAPACITY))
+    attention = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    shapes = {(spec.hidden_size, attention), (spec.num_attention_heads * spec.head_dim,
+                                              spec.hidden_size),
+              (spec.hidden_size, 2 * spec.intermediate_size),
+              (spec.intermediate_size, spec.hidden_size)}
+    return max(1, capacity // len(shapes))
 
 
 def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: int,

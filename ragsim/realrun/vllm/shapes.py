@@ -8,15 +8,18 @@ points one after another in one process, after its own profile measurement and s
 by the 50% point most prompt lengths of the trace have been run. The simulation of a point is
 told which (``Profile.warmed``), as its engine would know.
 
-Every engine ``build_engine`` makes is watched: each step its scheduler forms adds its total
-token count. The caches are bounded (least recently used out), so a count run long ago and
-after many others may have been dropped; the set here keeps every count, and says "built" for
-all of them.
+Every engine ``build_engine`` makes is watched: each step its scheduler forms notes its total
+token count, in the order of their last run. The process-wide cache is bounded (oneDNN's
+primitive cache, 1,024 primitives: least recently used out), so a count run long ago behind
+many others has been dropped and is built again; the order kept here lets a profile that knows
+the bound (``NewShapes.built_capacity_counts``) tell which counts are still built.
 """
 
 from __future__ import annotations
 
-_STEP_TOKENS: set[int] = set()
+# every count run, oldest last run first (a dict keeps insertion order; a count run again
+# moves to the end)
+_STEP_TOKENS: dict[int, None] = {}
 
 
 def watch_step_tokens(llm) -> bool:
@@ -32,16 +35,18 @@ def watch_step_tokens(llm) -> bool:
         out = schedule(*args, **kwargs)
         tokens = int(getattr(out, "total_num_scheduled_tokens", 0) or 0)
         if tokens > 0:
-            _STEP_TOKENS.add(tokens)
+            _STEP_TOKENS.pop(tokens, None)
+            _STEP_TOKENS[tokens] = None
         return out
 
     scheduler.schedule = noted
     return True
 
 
-def step_tokens_run() -> frozenset[int]:
-    """Every step token count a watched engine of this process has run so far."""
-    return frozenset(_STEP_TOKENS)
+def step_tokens_run() -> tuple[int, ...]:
+    """Every step token count a watched engine of this process has run so far, each once, in
+    the order of their last run (the least recently run first)."""
+    return tuple(_STEP_TOKENS)
 
 
 __all__ = ["step_tokens_run", "watch_step_tokens"]
