@@ -17,6 +17,7 @@ from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
     AFTER_NEW_PHASE,
+    GROWTH_PHASE,
     NEW_SHAPES_PHASE,
     ProfilePlan,
     TorchEngine,
@@ -287,7 +288,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
                                                          "points", NEW_SHAPES_PHASE,
                                                          AFTER_NEW_PHASE),
-                "blend_selection": ("blend selection pass",)}
+                "blend_selection": ("blend selection pass",), "twin": (GROWTH_PHASE,)}
     last = None
     for entry in log:
         if entry[0] == "report":
@@ -300,7 +301,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     assert list(dict.fromkeys(reported)) == [
         "decode", "held-out decode points", "transfers", "step overhead",
         "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, AFTER_NEW_PHASE,
-        "blend selection pass"]
+        GROWTH_PHASE, "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total

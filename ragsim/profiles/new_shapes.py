@@ -41,6 +41,7 @@ from ragsim.profiles.after_new_shapes import (
     after_new_shapes_from_dict,
     increasing_ints,
 )
+from ragsim.profiles.growth import EngineGrowth, engine_growth_from_dict
 from ragsim.profiles.steps import _check_model
 
 NEW_SHAPES_MODEL = "first_pass_extra_by_step_tokens"
@@ -54,7 +55,8 @@ class NewShapes:
     validation's engine runs in a process that has served earlier points and measured its
     speed, and its shapes stay built there. ``after``: what a step pays after new counts
     (None: not measured, nothing charged). ``built_capacity_counts``: how many counts stay
-    built (None: all of them)."""
+    built (None: all of them). ``growth``: what a new engine's step pays above its largest so
+    far (``ragsim/profiles/growth.py``; None: nothing)."""
 
     step_tokens: list[int]
     extra_s: list[float]
@@ -62,6 +64,7 @@ class NewShapes:
     warm_step_tokens: tuple[int, ...] = field(default=(), compare=False)
     after: AfterNewShapes | None = None
     built_capacity_counts: int | None = None
+    growth: EngineGrowth | None = None
 
     def warmed(self, step_tokens: Iterable[int]) -> NewShapes:
         """These prices for an engine that has since run steps of ``step_tokens`` tokens (in
@@ -79,7 +82,8 @@ class NewShapes:
 
     def scaled(self, factor: float) -> NewShapes:
         return replace(self, extra_s=[s * factor for s in self.extra_s],
-                       after=None if self.after is None else self.after.scaled(factor))
+                       after=None if self.after is None else self.after.scaled(factor),
+                       growth=None if self.growth is None else self.growth.scaled(factor))
 
     def describe(self) -> str:
         pairs = ", ".join(f"{t:,}: {s * 1e3:.3g} ms"
@@ -87,7 +91,9 @@ class NewShapes:
         text = f"first-time price of a step's token count (tokens: extra) {pairs}"
         if self.built_capacity_counts is not None:
             text += f"; {self.built_capacity_counts:,} counts stay built"
-        return text if self.after is None else f"{text}; {self.after.describe()}"
+        if self.after is not None:
+            text += f"; {self.after.describe()}"
+        return text if self.growth is None else f"{text}; {self.growth.describe()}"
 
     def to_dict(self) -> dict:
         data = {"model": NEW_SHAPES_MODEL, "step_tokens": self.step_tokens,
@@ -96,6 +102,8 @@ class NewShapes:
             data["built_capacity_counts"] = self.built_capacity_counts
         if self.after is not None:
             data["after_new_counts"] = self.after.to_dict()
+        if self.growth is not None:
+            data["engine_growth"] = self.growth.to_dict()
         return data
 
 
@@ -144,6 +152,7 @@ class NewShapeCharge:
             del kept[next(iter(kept))]
         self.built: dict[int, None] = kept
         self.since = FreshCountsSince()
+        self.largest_tokens = 0  # the engine's largest step so far (``growth``)
 
     @property
     def seen(self) -> set[int]:
@@ -170,6 +179,9 @@ class NewShapeCharge:
             built[step_tokens] = None
         if shapes.after is not None:
             extra += shapes.after.extra_at(step_tokens, self.since.step(step_tokens, growing))
+        if shapes.growth is not None and step_tokens > self.largest_tokens:
+            extra += shapes.growth.extra_above(self.largest_tokens, step_tokens)
+            self.largest_tokens = step_tokens
         return extra
 
 
@@ -196,7 +208,8 @@ def new_shapes_from_dict(data: object, *, source: str) -> NewShapes:
                                  or capacity < 1):
         raise ProfileError(f"is {capacity!r}; must be an integer >= 1 (or absent: every count "
                            "stays built)", file=source, field=f"{where}.built_capacity_counts")
-    after = data.get("after_new_counts")
+    after, growth = data.get("after_new_counts"), data.get("engine_growth")
     return NewShapes(tokens, seconds, fit, after=None if after is None else
                      after_new_shapes_from_dict(after, source=source),
-                     built_capacity_counts=capacity)
+                     built_capacity_counts=capacity, growth=None if growth is None else
+                     engine_growth_from_dict(growth, source=source))

@@ -48,6 +48,7 @@ from ragsim.errors import RagsimInputError
 from ragsim.profiles.after_new_shapes import fit_after_new_shapes
 from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.grid import BilinearGrid, monotone_values
+from ragsim.profiles.growth import fit_engine_growth
 from ragsim.profiles.heldout import (
     HELDOUT_MAX_TARGET,
     HELDOUT_MEDIAN_TARGET,
@@ -209,6 +210,9 @@ class ProfilerState:
     after_new: list[list[float]] = field(default_factory=list)
     after_new_note: str | None = None
     built_capacity_counts: int | None = None
+    # a new engine's first steps: [step tokens, first_s, again_s] each, in increasing size
+    # (None: not measured yet; []: the engine cannot build a twin)
+    engine_growth: list[list[float]] | None = None
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
@@ -227,6 +231,13 @@ class TorchEngine:
     def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
                  seed: int) -> None:
         self._attach(TorchModel.build(spec, device, dtype, threads, seed), seed)
+        self._built_with = (spec, device, dtype, threads, seed)
+
+    def twin(self) -> TorchEngine | None:
+        """A new engine of the same model in this process (as a run builds its own), or None
+        for one wrapped around a model built elsewhere (``around``)."""
+        built_with = getattr(self, "_built_with", None)
+        return None if built_with is None else TorchEngine(*built_with)
 
     @classmethod
     def around(cls, model: TorchModel, seed: int = 0) -> TorchEngine:
@@ -581,6 +592,12 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         save()
     report(AFTER_NEW_PHASE, 1, 1)
 
+    _starting(report, GROWTH_PHASE, 1)
+    if state.engine_growth is None:
+        state.engine_growth = _engine_growth(engine, plan)
+        save()
+    report(GROWTH_PHASE, 1, 1)
+
     # an engine that runs blended prefills (the torch engine) times their selection pass
     measure_selection = getattr(engine, "blend_selection", None)
     if measure_selection is not None and state.blend_selection_s_per_token is None:
@@ -701,6 +718,43 @@ def _after_new_counts(engine: TimingEngine, plan: ProfilePlan, units: list[Sweep
                 passes = [([0], [z]), *[([0], [fresh()]) for _ in range(k)], ([0], [z])]
                 rows.append([float(z), float(k), engine.sweeps(passes, 0, 1).passes[-1].median_s])
     return rows, note
+
+
+GROWTH_PHASE = "a new engine's first steps"
+GROWTH_SIZES = 4  # step sizes, geometric from GROWTH_SMALLEST to the plan's largest step
+GROWTH_SMALLEST = 256
+GROWTH_AGAIN = 2
+
+
+def growth_sizes(plan: ProfilePlan) -> list[int]:
+    """The step sizes a new engine's first steps are timed at: geometric from 256 tokens (the
+    plan's largest step, if smaller) to the plan's largest step (its longest prefill or its
+    widest batch)."""
+    top = max(max(plan.new_tokens), max(plan.wide_batch_rows, default=0) * plan.wide_row_tokens)
+    low = min(GROWTH_SMALLEST, top)
+    return sorted({int(np.rint(x)) for x in np.geomspace(low, top, GROWTH_SIZES)})
+
+
+def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]:
+    """[step tokens, first_s, again_s] rows, sizes increasing, timed on a twin of ``engine``
+    built now (after the profile's own steps, as a validation's runs come after its profile):
+    each size's first step on it (rows of at most ``wide_row_tokens`` new tokens, uncached),
+    then the median of ``GROWTH_AGAIN`` more; after the run's warm-up (prompts of 40 and 24
+    tokens in one step, as the harnesses warm their engines). [] where the engine cannot
+    build a twin."""
+    make = getattr(engine, "twin", None)
+    twin = make() if make is not None else None
+    if twin is None:
+        return []
+    twin.sweeps([([0, 0], [40, 24])], 0, 1)
+    rows_out = []
+    for tokens in growth_sizes(plan):
+        rows = -(-tokens // plan.wide_row_tokens)
+        new = [tokens // rows + (1 if i < tokens % rows else 0) for i in range(rows)]
+        first = twin.sweeps([([0] * rows, new)], 0, 1).passes[0].median_s
+        again = twin.sweeps([([0] * rows, new)], 0, GROWTH_AGAIN).passes[0].median_s
+        rows_out.append([float(tokens), first, again])
+    return rows_out  # the twin goes with this frame
 
 
 def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
@@ -1058,6 +1112,12 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
                                    f"{list(AFTER_NEW_COUNTS)} prefills of "
                                    f"{AFTER_NEW_FRESH_TOKENS}+ tokens the engine had not run"))
         profile.obtained["raw"]["after_new_counts"] = state.after_new
+    if shapes is not None and state.engine_growth:
+        shapes = replace(shapes, growth=fit_engine_growth(
+            [(int(t), f, a) for t, f, a in state.engine_growth],
+            against=f"a new engine's first step of {len(state.engine_growth)} sizes against "
+                    f"its median of {GROWTH_AGAIN} more, built after the profile's steps"))
+        profile.obtained["raw"]["engine_growth"] = state.engine_growth
     if state.after_new_note:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),
                                         f"a step after new token counts: {state.after_new_note}"]

@@ -251,6 +251,17 @@ class VllmTimer:
         return (f"vLLM {vllm.__version__} (in-process engine, block {self.block}, prefix "
                 f"caching on; {threads} OMP threads, bound: {bind})")
 
+    def twin(self) -> VllmTimer | None:
+        """A new engine with this one's settings in this process (as each run builds its
+        own), or None for a timer around an engine built elsewhere."""
+        if self.spec is None:
+            return None
+        s = self.settings
+        return VllmTimer.build(self.spec, block_tokens=s.block_tokens,
+                               kv_cache_bytes=s.kv_cache_bytes, max_model_len=s.max_model_len,
+                               max_batched_tokens=s.max_batched_tokens,
+                               max_num_seqs=s.max_num_seqs, seed=s.seed, threads=s.threads)
+
     def built_shapes(self) -> tuple[int, int] | None:
         """(token counts this process has built, how many stay built): vLLM's CPU linear
         layers run oneDNN matrix products built per token count and kept in oneDNN's
