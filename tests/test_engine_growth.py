@@ -37,7 +37,7 @@ def test_fit_sums_first_minus_again_over_increasing_sizes():
         fit_engine_growth([(4000, 0.3, 0.1), (4000, 0.3, 0.1)])
 
 
-def test_each_engine_pays_for_its_own_growth_once():
+def test_a_process_pays_for_its_growth_once():
     shapes = NewShapes([100], [0.0], growth=GROWTH)
     engine = NewShapeCharge(shapes)
     assert engine(2000) == pytest.approx(0.150)
@@ -45,7 +45,9 @@ def test_each_engine_pays_for_its_own_growth_once():
     assert engine(4000) == pytest.approx(0.150)
     assert engine(4000) == 0.0
     assert engine(16000) == pytest.approx(1.000)
-    assert NewShapeCharge(shapes)(16000) == pytest.approx(1.300)  # a new engine: all of it
+    assert NewShapeCharge(shapes)(16000) == pytest.approx(1.300)  # a new process: all of it
+    # a new engine in a process that had run a step of 4,000 tokens: the memory is there
+    assert NewShapeCharge(shapes.warmed([4000, 64]))(16000) == pytest.approx(1.000)
 
 
 def test_the_term_survives_a_file_scales_and_names_bad_fields(tmp_path):

@@ -1,22 +1,25 @@
-"""What an engine's step pays the first time it is bigger than every step the engine has run:
+"""What a step pays the first time it is bigger than every step its engine's process has run:
 the memory its activations need, taken from the system page by page.
 
 A profile times each step after a warm-up pass of the same shape, so its prices are those of
-an engine whose memory has already grown to the step. A run starts a new engine, and its first
-steps of each new size fault their memory in: on vLLM's CPU engine (one thread, tcmalloc,
-2026-12-03) a new engine's first step of 16 x 256 tokens took 377 ms against 97 ms again
-(21,000 page faults), its first of 64 x 256 1,410 ms against 382 (76,000), and a step of
-32 x 256 after it 193 against 186: a step below the engine's largest pays nothing. A second
-engine in the same process paid about half (749 and 545 ms, then 370). At an overload point
-this is most of what the real run spends beyond its prices: its first step of 16,383 tokens
-ran 1,539 ms where 404 were priced, and every later step within 0-19%.
+a process whose memory has already grown to the step. On vLLM's CPU engine (one thread,
+tcmalloc, 2026-12-03) a new engine's first step of 16 x 256 tokens in a new process took 377
+ms against 97 ms again (21,000 page faults), its first of 64 x 256 1,410 ms against 382
+(76,000), and a step of 32 x 256 after it 193 against 186: a step below the largest pays
+nothing. At an overload point in a new process this was all of the cost model's miss: the
+first step of 16,383 tokens ran 1,539 ms where 404 were priced, every later step within 0-19%.
+The memory stays with the process once an engine is gone: in a process whose earlier engines
+had run such steps and were freed, the same run's first step took 334 ms (1,250 priced with
+this term per engine). A second engine built while the first still held its memory paid it
+again (the profiler's twin).
 
 ``EngineGrowth`` records, at a few step sizes in increasing order, the cumulative extra of
-each first step on an engine new to its process's memory (``G(T)``: the sum of (first - again)
-over the sizes up to T), measured by the profiler on a twin of its engine built after the
-profile's own steps, as a validation's runs come after its profile. A step of T tokens on an
-engine whose largest step so far had H tokens pays ``G(T) - G(H)`` (linear between the sizes,
-through 0 at 0 tokens, flat past the largest).
+each first step (``G(T)``: the sum of (first - again) over the sizes up to T), measured by the
+profiler on a twin of its engine built while its own engine holds its memory, as a new
+process pays it. A step of T tokens, where the largest step its process had run had H tokens
+(``NewShapeCharge``: the largest of the counts the process had run before the run, then of
+the run's own), pays ``G(T) - G(H)`` (linear between the sizes, through 0 at 0 tokens, flat
+past the largest).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ragsim.errors import ProfileError
 from ragsim.profiles.after_new_shapes import increasing_ints
 from ragsim.profiles.steps import _check_model
 
-ENGINE_GROWTH_MODEL = "cumulative_first_step_extra_above_the_engines_largest"
+ENGINE_GROWTH_MODEL = "cumulative_first_step_extra_above_the_processs_largest"
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class EngineGrowth:
         return EngineGrowth(self.step_tokens, [s * factor for s in self.extra_s], self.fit)
 
     def describe(self) -> str:
-        return (f"a new engine's first step above its largest: {self.extra_s[-1] * 1e3:.3g} ms "
+        return (f"a step above the largest its process ran: {self.extra_s[-1] * 1e3:.3g} ms "
                 f"up to {self.step_tokens[-1]:,} tokens")
 
     def to_dict(self) -> dict:

@@ -152,7 +152,9 @@ class NewShapeCharge:
             del kept[next(iter(kept))]
         self.built: dict[int, None] = kept
         self.since = FreshCountsSince()
-        self.largest_tokens = 0  # the engine's largest step so far (``growth``)
+        # the largest step the engine's process has run (``growth``): memory an engine freed
+        # stays with the process's allocator, and the next engine's steps use it
+        self.largest_tokens = max(order, default=0)
 
     @property
     def seen(self) -> set[int]:

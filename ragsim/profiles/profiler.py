@@ -737,7 +737,8 @@ def growth_sizes(plan: ProfilePlan) -> list[int]:
 
 def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]:
     """[step tokens, first_s, again_s] rows, sizes increasing, timed on a twin of ``engine``
-    built now (after the profile's own steps, as a validation's runs come after its profile):
+    built now, while ``engine`` still holds its memory (so the twin's first steps take theirs
+    from the system, as a new process's do: ``ragsim/profiles/growth.py``):
     each size's first step on it (rows of at most ``wide_row_tokens`` new tokens, uncached),
     then the median of ``GROWTH_AGAIN`` more; after the run's warm-up (prompts of 40 and 24
     tokens in one step, as the harnesses warm their engines). [] where the engine cannot
@@ -1116,7 +1117,8 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
         shapes = replace(shapes, growth=fit_engine_growth(
             [(int(t), f, a) for t, f, a in state.engine_growth],
             against=f"a new engine's first step of {len(state.engine_growth)} sizes against "
-                    f"its median of {GROWTH_AGAIN} more, built after the profile's steps"))
+                    f"its median of {GROWTH_AGAIN} more, built while the profile's own engine "
+                    "held its memory"))
         profile.obtained["raw"]["engine_growth"] = state.engine_growth
     if state.after_new_note:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),
