@@ -22,10 +22,8 @@ measured in this one run: on a shared machine only the ratios mean anything.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -33,19 +31,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from new_shapes import TorchPrefills, VllmPrefills  # the same timing code
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+from new_shapes import engine_parser, minor_page_faults, prefills_for  # the same timing code
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=("torch", "vllm"), default="vllm")
-    parser.add_argument("--profile", default=None,
-                        help="the profile whose model is built (default: the engine's shipped "
-                             "CPU profile)")
+    parser = engine_parser(__doc__.split("\n\n")[0], "vllm")
     parser.add_argument("--rows", type=int, default=12, help="prompts in the big step")
     parser.add_argument("--tokens", type=int, default=368, help="tokens of each prompt")
     parser.add_argument("--small", type=int, default=150, help="tokens of a small prefill")
@@ -54,17 +44,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
-    from ragsim.backends import CPU_PROFILES
-
-    prefills = (TorchPrefills if args.engine == "torch" else VllmPrefills)(
-        args.profile or CPU_PROFILES[args.engine], args.threads)
+    prefills = prefills_for(args)
     load_before = os.getloadavg()[0]
     fresh = iter(range(args.small, args.small + 100_000))
 
     def big() -> tuple[float, int]:
-        before = _faults()
+        before = minor_page_faults()
         seconds = prefills.once(args.rows, args.tokens)
-        return seconds, _faults() - before
+        return seconds, minor_page_faults() - before
 
     conditions: dict[str, list[tuple[float, int]]] = {}
     big()  # the shape's first time, not counted

@@ -76,12 +76,34 @@ class VllmPrefills:
         return self.timer._pass([0] * rows, [tokens] * rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=("torch", "vllm"), default="torch")
+def engine_parser(description: str, engine: str) -> argparse.ArgumentParser:
+    """The arguments every engine timing benchmark here takes: --engine and --profile."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--engine", choices=("torch", "vllm"), default=engine)
     parser.add_argument("--profile", default=None,
                         help="the profile whose model is built (default: the engine's shipped "
                              "CPU profile)")
+    return parser
+
+
+def prefills_for(args: argparse.Namespace) -> TorchPrefills | VllmPrefills:
+    """The single-prefill timer of ``args.engine`` on ``args.profile``'s model."""
+    from ragsim.backends import CPU_PROFILES
+
+    return (TorchPrefills if args.engine == "torch" else VllmPrefills)(
+        args.profile or CPU_PROFILES[args.engine], args.threads)
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far (memory touched for the first time, or again
+    after the allocator gave it back)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def main() -> None:
+    parser = engine_parser(__doc__.split("\n\n")[0], "torch")
     parser.add_argument("--tokens", type=int, default=300, help="the first fresh token count")
     parser.add_argument("--shapes", type=int, default=16, help="fresh token counts timed")
     parser.add_argument("--between", type=int, default=200,

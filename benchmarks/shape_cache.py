@@ -24,29 +24,19 @@ counts ago cost +2.2 and +4.0 ms again, one run 100 ago -0.02 and +1.5 ms. With 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from new_shapes import TorchPrefills, VllmPrefills  # the same timing code
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+from new_shapes import engine_parser, minor_page_faults, prefills_for  # the same timing code
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=("torch", "vllm"), default="vllm")
-    parser.add_argument("--profile", default=None,
-                        help="the profile whose model is built (default: the engine's shipped "
-                             "CPU profile)")
+    parser = engine_parser(__doc__.split("\n\n")[0], "vllm")
     parser.add_argument("--counts", type=int, default=400, help="fresh token counts run")
     parser.add_argument("--every", type=int, default=16,
                         help="fresh counts between two timed big steps")
@@ -56,10 +46,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
-    from ragsim.backends import CPU_PROFILES
-
-    prefills = (TorchPrefills if args.engine == "torch" else VllmPrefills)(
-        args.profile or CPU_PROFILES[args.engine], args.threads)
+    prefills = prefills_for(args)
     for _ in range(3):
         prefills.once(1, args.big)
     steady = float(np.median([prefills.once(1, args.big) for _ in range(3)]))
@@ -68,10 +55,10 @@ def main() -> None:
     for i, tokens in enumerate(counts):
         first.append(prefills.once(1, tokens))
         if (i + 1) % args.every == 0:
-            before = _faults()
+            before = minor_page_faults()
             seconds = prefills.once(1, args.big)
             big.append({"fresh_counts": i + 1, "over_steady": seconds / steady,
-                        "page_faults": _faults() - before})
+                        "page_faults": minor_page_faults() - before})
     again = np.array([prefills.once(1, t) for t in counts])
     recent = np.array([prefills.once(1, t) for t in counts[-100:]])
     last = np.array([prefills.once(1, t) for t in counts[-100:]])
