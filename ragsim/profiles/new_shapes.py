@@ -55,8 +55,8 @@ class NewShapes:
     validation's engine runs in a process that has served earlier points and measured its
     speed, and its shapes stay built there. ``after``: what a step pays after new counts
     (None: not measured, nothing charged). ``built_capacity_counts``: how many counts stay
-    built (None: all of them). ``growth``: what a new engine's step pays above its largest so
-    far (``ragsim/profiles/growth.py``; None: nothing)."""
+    built (None: all of them). ``growth``: what a step pays above the largest its process has
+    run (``ragsim/profiles/growth.py``; None: nothing)."""
 
     step_tokens: list[int]
     extra_s: list[float]
@@ -135,7 +135,8 @@ class NewShapeCharge:
     not built (never run, or dropped from the bounded cache since), and, where the profile
     measured it, the extra of a step after counts were built while the cache was still
     growing, since the engine's last step as big (``after``: once the cache is full, a new
-    count's products take the memory of the one they push out). One per engine: the simulated
+    count's products take the memory of the one they push out), and the memory a step above
+    the largest its process has run faults in (``growth``). One per engine: the simulated
     engine and the replay of a real run's decisions each keep their own, in the order their
     steps run."""
 
