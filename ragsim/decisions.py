@@ -72,7 +72,8 @@ def measured_s(decision: dict) -> float:
 
 
 def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[str, np.ndarray],
-           price: Callable[[dict], float], *, closed_loop: bool = False) -> np.ndarray:
+           price: Callable[[dict], float], *, closed_loop: bool = False,
+           cold_start: Callable[[float], float] | None = None) -> np.ndarray:
     """Per request (the run's rows): the TTFT the real run's decisions give when each
     iteration costs ``price(decision)`` (``priced_s``: the simulator's prices; NaN where the
     request did not complete); a request no prefill served (an answer cache hit) keeps its
@@ -82,7 +83,11 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
     request arrives in the replay as late as the replay runs behind the real run when it comes
     (its arrival, search and entry into the pool shifted by that much). Replayed on the real
     arrival times instead, prices 30% above the machine's made every request queue behind the
-    ones before it (a replay of an idle run at +2,900% of its TTFT)."""
+    ones before it (a replay of an idle run at +2,900% of its TTFT).
+
+    ``cold_start`` (``Profile.idle_start_s``): what an iteration that begins after the replayed
+    engine sat idle pays for the pause, as the simulator charges it (the first iteration, with
+    none before it, pays for an infinite one)."""
     first_token = np.asarray(columns["first_token_s"], float)
     arrival = np.asarray(columns["arrival_s"], float)
     search_end = np.asarray(columns["search_end_s"], float)
@@ -102,7 +107,8 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
                      for j in jobs), default=-np.inf)
         start = decision["start_s"] if not np.isfinite(replayed_end) else max(replayed_end,
                                                                                  ready)
-        replayed_end = start + price(decision)
+        cold = cold_start(start - replayed_end) if cold_start is not None else 0.0
+        replayed_end = start + price(decision) + cold
         behind = max(replayed_end - decision["end_s"], 0.0)
         # a vLLM step: the chunks that finished their prompts (vLLM stamps the first token
         # inside the step); a prefill: every job, unless the request's first token came

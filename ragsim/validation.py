@@ -246,7 +246,8 @@ def replay_decisions(real, profile: Profile) -> np.ndarray | None:
     new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
                   lambda decision: priced_s(decision, profile, overlap, new_shape),
-                  closed_loop=real.config.arrival == "sequential")
+                  closed_loop=real.config.arrival == "sequential",
+                  cold_start=profile.idle_start_s if profile.idle_start is not None else None)
 
 
 def search_note(trace: Trace, config: SimConfig, backend: str) -> tuple[str, bool] | None:

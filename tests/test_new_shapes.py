@@ -192,8 +192,8 @@ def test_the_real_runs_iterations_are_priced_with_it_too():
     from ragsim.realrun.harness import cost_model_errors
 
     profile = with_shapes()
-    log = [("prefill", [0], [300], 0.05, 0.0), ("prefill", [0], [300], 0.05, 0.0),
-           ("decode", 300, 120.0, 0.05, False)]
+    log = [("prefill", [0], [300], 0.05, 0.0, 0.0), ("prefill", [0], [300], 0.05, 0.0, 0.0),
+           ("decode", 300, 120.0, 0.05, False, 0.0)]
     priced = cost_model_errors(log, profile)
     plain = cost_model_errors(log, BASE)
     assert priced["prefill_single"]["predicted_s"] == pytest.approx(

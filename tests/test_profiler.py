@@ -18,6 +18,7 @@ from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
     AFTER_NEW_PHASE,
     GROWTH_PHASE,
+    IDLE_PHASE,
     NEW_SHAPES_PHASE,
     ProfilePlan,
     TorchEngine,
@@ -287,7 +288,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     phase_of = {"decode": ("decode", "held-out decode points"), "copy": ("transfers",),
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
                                                          "points", NEW_SHAPES_PHASE,
-                                                         AFTER_NEW_PHASE),
+                                                         AFTER_NEW_PHASE, IDLE_PHASE),
                 "blend_selection": ("blend selection pass",), "twin": (GROWTH_PHASE,)}
     last = None
     for entry in log:
@@ -301,7 +302,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     assert list(dict.fromkeys(reported)) == [
         "decode", "held-out decode points", "transfers", "step overhead",
         "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, AFTER_NEW_PHASE,
-        GROWTH_PHASE, "blend selection pass"]
+        IDLE_PHASE, GROWTH_PHASE, "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total

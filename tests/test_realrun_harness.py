@@ -159,11 +159,11 @@ def test_cost_model_errors_flag_iterations_past_the_profile():
     profile = load_profile(PROFILE)
     assert (max(profile.prefill.x_axis), max(profile.prefill.y_axis)) == (2048, 3072)
     assert (max(profile.decode.x_axis), max(profile.decode.y_axis)) == (16, 2048)
-    log = [("prefill", [0], [500], 0.05, 0.0),             # inside
-           ("prefill", [0, 0], [2000, 1900], 1.0, 0.0),    # padded 2 x 2,000 > 3,072: past
-           ("prefill", [3000], [100], 0.05, 0.0),          # 3,000 cached > 2,048: past
-           ("decode", 64, 500.0, 0.2, False),              # 64 requests > 16: past
-           ("decode", 8, 1000.0, 0.01, False)]             # inside
+    log = [("prefill", [0], [500], 0.05, 0.0, 0.0),             # inside
+           ("prefill", [0, 0], [2000, 1900], 1.0, 0.0, 0.0),    # padded 2 x 2,000 > 3,072: past
+           ("prefill", [3000], [100], 0.05, 0.0, 0.0),          # 3,000 cached > 2,048: past
+           ("decode", 64, 500.0, 0.2, False, 0.0),              # 64 requests > 16: past
+           ("decode", 8, 1000.0, 0.01, False, 0.0)]             # inside
     errors = cost_model_errors(log, profile)
     assert errors["prefill_single"]["beyond_profile_iterations"] == 1
     assert errors["prefill_single"]["beyond_profile_measured_s"] == pytest.approx(0.05)

@@ -51,6 +51,7 @@ from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
+from ragsim.profiles.idle_start import IdleStart, idle_start_from_dict
 from ragsim.profiles.models import DTYPE_BYTES, ModelSpec
 from ragsim.profiles.new_shapes import NewShapes, new_shapes_from_dict
 from ragsim.profiles.steps import (
@@ -73,7 +74,8 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # ragsim's default, one layer's share of a prefill: ragsim.serving.costs.blend_selection_s)
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
-_OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes")
+_OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes",
+                  "idle_start")
 
 
 # the most rows of the batches the per-request term is fitted on (the profiler's random
@@ -360,6 +362,7 @@ class Profile:
     mixed_steps: MixedSteps | None = None
     step_overhead: StepOverhead | None = None
     new_shapes: NewShapes | None = None  # a step's first-time price (``new_shapes.py``)
+    idle_start: IdleStart | None = None  # a step after the engine sat idle (``idle_start.py``)
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -375,6 +378,12 @@ class Profile:
         if len(cached_tokens) == 1:
             return self.prefill.at(cached_tokens[0], new_tokens[0])
         return self.batched_prefill.iteration_s(list(cached_tokens), list(new_tokens))
+
+    def idle_start_s(self, idle_s: float) -> float:
+        """What a step begun ``idle_s`` seconds after its engine's last step ended pays beyond
+        its price (``idle_start``: a cold start; ``inf``: no step before it); 0 for a profile
+        without the term."""
+        return 0.0 if self.idle_start is None else self.idle_start.seconds(idle_s)
 
     def step_overhead_s(self, rows: int) -> float:
         """What a step of ``rows`` rows spends outside its timed pass (sampling, handing each
@@ -452,6 +461,8 @@ class Profile:
             data["step_overhead"] = self.step_overhead.scaled(factor).to_dict()
         if self.new_shapes is not None:
             data["new_shapes"] = self.new_shapes.scaled(factor).to_dict()
+        if self.idle_start is not None:
+            data["idle_start"] = self.idle_start.scaled(factor).to_dict()
         data["name"] = f"{self.name}@x{factor:.3f}"
         scaled = Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
         return scaled.warmed(self.new_shapes.warm_step_tokens) if self.new_shapes else scaled
@@ -501,6 +512,7 @@ class Profile:
             **({} if self.step_overhead is None
                else {"step_overhead": self.step_overhead.to_dict()}),
             **({} if self.new_shapes is None else {"new_shapes": self.new_shapes.to_dict()}),
+            **({} if self.idle_start is None else {"idle_start": self.idle_start.to_dict()}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -569,6 +581,8 @@ class Profile:
                            else step_overhead_from_dict(data["step_overhead"], source=source)),
             new_shapes=(None if data.get("new_shapes") is None
                         else new_shapes_from_dict(data["new_shapes"], source=source)),
+            idle_start=(None if data.get("idle_start") is None
+                        else idle_start_from_dict(data["idle_start"], source=source)),
         )
 
 

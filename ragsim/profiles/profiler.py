@@ -56,6 +56,7 @@ from ragsim.profiles.heldout import (
     median_and_max,
     relative_errors,
 )
+from ragsim.profiles.idle_start import fit_idle_start
 from ragsim.profiles.models import ModelSpec
 from ragsim.profiles.new_shapes import fit_new_shapes
 from ragsim.profiles.profile import (
@@ -213,6 +214,9 @@ class ProfilerState:
     # a new engine's first steps: [step tokens, first_s, again_s] each, in increasing size
     # (None: not measured yet; []: the engine cannot build a twin)
     engine_growth: list[list[float]] | None = None
+    # a step after the engine sat idle: [step tokens, pause_s, seconds] each (pause 0: right
+    # after the same step; None: not measured yet)
+    idle_start: list[list[float]] | None = None
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
@@ -592,6 +596,14 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         save()
     report(AFTER_NEW_PHASE, 1, 1)
 
+    _starting(report, IDLE_PHASE, 1)
+    if state.idle_start is None:
+        state.idle_start = _idle_starts(engine, plan, seed)
+        save()
+    report(IDLE_PHASE, 1, 1)
+
+    # the last phase that steps an engine of vLLM's: the twin it builds, once freed, takes
+    # the process's distributed state down with it, and the profile's engine cannot step after
     _starting(report, GROWTH_PHASE, 1)
     if state.engine_growth is None:
         state.engine_growth = _engine_growth(engine, plan)
@@ -756,6 +768,42 @@ def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]
         again = twin.sweeps([([0] * rows, new)], 0, GROWTH_AGAIN).passes[0].median_s
         rows_out.append([float(tokens), first, again])
     return rows_out  # the twin goes with this frame
+
+
+IDLE_PHASE = "a step after the engine sat idle"
+IDLE_PAUSES_S = (0.003, 0.01, 0.03, 0.1)  # measured: the extra grows up to about 30 ms
+IDLE_REPEATS = 5
+IDLE_SMALLEST = 32
+
+
+def idle_sizes(plan: ProfilePlan) -> list[int]:
+    """The prefill sizes a step after a pause is timed at: the plan's smallest new tokens of at
+    least ``IDLE_SMALLEST`` and the middle one of those (the extra is about the same number of
+    milliseconds at every size: ``ragsim/profiles/idle_start.py``), token counts the grid ran."""
+    sizes = [t for t in sorted(plan.new_tokens) if t >= IDLE_SMALLEST] or [max(plan.new_tokens)]
+    return sorted({sizes[0], sizes[len(sizes) // 2]})
+
+
+def _idle_starts(engine: TimingEngine, plan: ProfilePlan, seed: int) -> list[list[float]]:
+    """[step tokens, pause_s, seconds] rows: per size, pause (0 and ``IDLE_PAUSES_S``) and
+    repeat, in an order shuffled with ``seed``, a prefill of the size (no cached prefix) timed
+    right after the same prefill run untimed and then ``pause_s`` of sleep: the engine idle,
+    as between a moderate load's requests."""
+    import random
+
+    sizes = idle_sizes(plan)
+    order = [(z, pause) for z in sizes for pause in (0.0, *IDLE_PAUSES_S)
+             for _ in range(IDLE_REPEATS)]
+    random.Random(seed).shuffle(order)
+    for z in sizes:  # each size run before any timing: no step here is its count's first
+        engine.sweeps([([0], [z])], 0, 1)
+    rows = []
+    for z, pause in order:
+        engine.sweeps([([0], [z])], 0, 1)
+        if pause:
+            time.sleep(pause)
+        rows.append([float(z), pause, engine.sweeps([([0], [z])], 0, 1).passes[0].median_s])
+    return rows
 
 
 def fit_plan_to_memory(plan: ProfilePlan, spec: ModelSpec, kv_capacity_bytes: int
@@ -1120,7 +1168,15 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
                     f"its median of {GROWTH_AGAIN} more, built while the profile's own engine "
                     "held its memory"))
         profile.obtained["raw"]["engine_growth"] = state.engine_growth
+    idle = None
+    if state.idle_start:
+        idle = fit_idle_start([(int(z), p, t) for z, p, t in state.idle_start],
+                              against=f"prefills of {idle_sizes(plan)} tokens, each timed "
+                                      f"{IDLE_REPEATS} times after pauses of "
+                                      f"{[p * 1e3 for p in IDLE_PAUSES_S]} ms and without one")
+        profile.obtained["raw"]["idle_start"] = state.idle_start
     if state.after_new_note:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),
                                         f"a step after new token counts: {state.after_new_note}"]
-    return replace(profile, mixed_steps=mixed, step_overhead=overhead, new_shapes=shapes)
+    return replace(profile, mixed_steps=mixed, step_overhead=overhead, new_shapes=shapes,
+                   idle_start=idle)

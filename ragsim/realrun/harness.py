@@ -160,23 +160,25 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
     measured, and how many (and how much measured time) lay past what the profile measured
     (priced by extrapolation). This separates the cost model's error from the queueing it
     causes, and an extrapolation from a wrong model. Priced as the simulator prices them, the
-    first-time price of a step's token count included (``new_shapes``, in the log's order)."""
+    first-time price of a step's token count included (``new_shapes``, in the log's order), and
+    the cold start of one begun after the engine sat idle (``idle_start``, the log's pause)."""
     new_shape = NewShapeCharge(profile.new_shapes)
     prefill_x, prefill_y = max(profile.prefill.x_axis), max(profile.prefill.y_axis)
     decode_x, decode_y = max(profile.decode.x_axis), max(profile.decode.y_axis)
     kinds: dict[str, list[list]] = {}
     for entry in log:
         if entry[0] == "prefill":
-            _, cached, new, seconds, _copy = entry
+            _, cached, new, seconds, _copy, pause = entry
             kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
             predicted = prefill_compute_s(profile, cached, new, new_shape)
             padded_new = len(new) * max(new)  # what a padded batch prices on the grid
             beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
-            _, size, context, seconds, rebuilt = entry
+            _, size, context, seconds, rebuilt, pause = entry
             kind = "decode_rebuilt" if rebuilt else "decode"
             predicted = decode_step_s(profile, size, context, new_shape)
             beyond = size > decode_x or context > decode_y
+        predicted += profile.idle_start_s(pause)
         columns = kinds.setdefault(kind, [[], [], []])
         columns[0].append(predicted)
         columns[1].append(seconds)

@@ -184,8 +184,10 @@ class TorchIterations:
         self._swapping: LayerwiseSwapIn | None = None
         self.times = EngineTimes()
         # every iteration as it ran: what the profile is compared with (``cost_model_errors``)
-        self.log: list[tuple] = []  # ("prefill", cached list, new list, seconds, copy seconds)
-        #                             ("decode", batch size, mean context, seconds, rebuilt)
+        # ("prefill", cached list, new list, seconds, copy seconds, pause) or ("decode", batch
+        # size, mean context, seconds, rebuilt, pause); pause: the engine's idle time before
+        # the iteration (inf for the first), which a profile's cold start prices
+        self.log: list[tuple] = []
         # the same iterations as decisions (``ragsim.decisions``): when each started on the
         # run's clock, which jobs it ran and what the simulator's costs need to price it
         self.decisions: list[dict] = []
@@ -399,6 +401,12 @@ class TorchIterations:
                 self.logits[job.request] = (first, first)
         self.times.prefill_passes += 1
 
+    def _pause_s(self) -> float:
+        """How long the engine sat idle before the iteration recorded last (inf: the first)."""
+        if len(self.decisions) < 2:
+            return float("inf")
+        return max(0.0, self.decisions[-1]["start_s"] - self.decisions[-2]["end_s"])
+
     def prefill(self, jobs: list[Job]) -> Wait:
         started = perf_counter()
         self.decisions.append({"kind": "prefill", "start_s": self.env.now,
@@ -433,7 +441,7 @@ class TorchIterations:
         duration = perf_counter() - started
         compute_s = duration - exposed_copy_s
         self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
-                         compute_s, copy_s))
+                         compute_s, copy_s, self._pause_s()))
         self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.swap_in_s += copy_s
         self.times.moves_s += moves_s
@@ -589,7 +597,8 @@ class TorchIterations:
                 self.logits[job.request] = (self.logits[job.request][0],
                                             logits[row].detach().to("cpu", copy=True))
         duration = perf_counter() - started
-        self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt))
+        self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt,
+                         self._pause_s()))
         self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.decode_s += duration
         self.times.decode_steps += 1

@@ -3,8 +3,10 @@
 A single prefill costs T(alpha, beta) from the profile's bilinear grid, a batch the batched
 prefill model (priced on that grid), a decode step the decode grid at the batch's mean context.
 Host hits are copied host->GPU at the profile's measured bandwidth, before the prefill or, with
-``overlap_swap``, while it computes (the iteration takes the longer of the two). After a GPU
-failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
+``overlap_swap``, while it computes (the iteration takes the longer of the two). A step that
+begins after the engine sat idle pays the profile's cold start for the pause
+(``profile.idle_start``; the first step of a run, with no step before it, the longest pause's).
+After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ class PredictedIterations:
         self.new_shape = NewShapeCharge(profile.new_shapes)
         # per step of the last priced run: off the grid? (None: all on it)
         self._run_outside: list[bool] | None = None
+        # when the last step ended (None: no step yet): a step begun later pays a cold start
+        self._last_end_s: float | None = None
+
+    def _cold_start_s(self) -> float:
+        """What the step beginning now pays for the engine's idle time before it."""
+        if self.profile.idle_start is None:
+            return 0.0
+        last = self._last_end_s
+        return self.profile.idle_start_s(float("inf") if last is None else self.env.now - last)
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
@@ -53,7 +64,12 @@ class PredictedIterations:
 
     def prefill(self, jobs: list[Job]) -> Wait:
         timing = self.timing(jobs)
+        cold = self._cold_start_s()
+        if cold:
+            timing = PrefillTiming(duration_s=timing.duration_s + cold,
+                                   compute_s=timing.compute_s + cold, copy_s=timing.copy_s)
         yield self.env.timeout(timing.duration_s)
+        self._last_end_s = self.env.now
         return timing
 
     def mixed(self, chunks: list[tuple[Job, int]], decoding: set[Job],
@@ -70,15 +86,19 @@ class PredictedIterations:
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
+        compute += self._cold_start_s()
         swap_bytes = sum(j.swap_in_bytes for j, _ in chunks if j.prefilled == 0)
         copy = self._h2d(swap_bytes) if swap_bytes else 0.0
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         yield self.env.timeout(duration)
+        self._last_end_s = self.env.now
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
         duration = decode_step_s(self.profile, len(jobs), mean_context_tokens, self.new_shape)
+        duration += self._cold_start_s()
         yield self.env.timeout(duration)
+        self._last_end_s = self.env.now
         return duration
 
     def decode_durations(self, batch_size: int, context_sum_tokens: int,
@@ -95,7 +115,7 @@ class PredictedIterations:
             overhead = step_overhead_s(profile, batch_size)
             durations = [d + overhead for d in durations]
         if steps:  # as decode_step_s: every step has the batch's token count, the first may pay
-            durations[0] += self.new_shape(batch_size)
+            durations[0] += self.new_shape(batch_size) + self._cold_start_s()
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
@@ -107,7 +127,9 @@ class PredictedIterations:
         return durations
 
     def decode_run_ended(self, steps_run: int) -> None:
-        """The last priced run ended after ``steps_run`` steps: count their extrapolations."""
+        """The last priced run ended after ``steps_run`` steps (now): count their
+        extrapolations."""
+        self._last_end_s = self.env.now
         if self._run_outside is not None:
             self.profile.decode.extrapolated_queries += sum(self._run_outside[:steps_run])
 
@@ -122,6 +144,7 @@ class PredictedIterations:
 
     def recover(self, restart_s: float, root_bytes: int) -> Wait:
         yield self.env.timeout(self.recovery_s(restart_s, root_bytes))
+        self._last_end_s = self.env.now
 
 
 def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool):
