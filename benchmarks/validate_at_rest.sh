@@ -114,7 +114,8 @@ pct = lambda x: "-" if x is None else f"{x:+.1%}"
 share = lambda x: "-" if x is None else f"{x:.1%}"
 lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error | "
          "throughput error | 95% interval over the real runs (runs, real mean's cv) | "
-         "hit agreement | cost model / decisions | search error | "
+         "hit agreement | cost model (steps' prices / outside steps) / decisions | "
+         "search error | "
          "iteration time pred/meas | machine speed | largest component |", "|" + "---|" * 13]
 for name in names:
     combined = json.loads((out / f"{name}.json").read_text())
@@ -133,7 +134,8 @@ for name in names:
         lines.append(
             f"| {name} | {row['load']} | {rate} | {pct(row['ttft_mean_error'])} | "
             f"{share(row['ttft_p90_abs_error'])} | {pct(row['throughput_error'])} | "
-            f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} / "
+            f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} "
+            f"({pct(row.get('step_price_error'))} / {pct(row.get('outside_steps_error'))}) / "
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if speed is None else f'x{speed:.2f}'} | "

@@ -25,10 +25,17 @@ The replay and the real run share every decision and differ only in costs, so
   real mean): what the simulator's own decisions (and its search times) add.
 
 They are shares of the real mean TTFT and add up to the report's ``ttft_mean_error``, as the
-components' ``share_of_ttft`` do. What a real iteration spent outside the priced work (the
-engine's own scheduling between iterations) is in the cost model's share: the simulator charges
-nothing for it. The replay keeps the real run's submission times, so a decision the engine made
-because of real costs (which request waited for which batch) stays as it was: that is the point.
+components' ``share_of_ttft`` do. The same decisions replayed at each iteration's *measured*
+duration split the cost model's share once more:
+
+* ``step_price_error`` = (replayed at prices - replayed at measured durations) / real mean:
+  what the profile's prices of the steps themselves add, and
+* ``outside_steps_error`` = (replayed at measured durations - real mean) / real mean: the
+  engine thread's time outside its steps (taking a request in, the harness's loop between
+  steps, the other work that runs there), which the simulator charges nothing for.
+
+The replay keeps the real run's submission times, so a decision the engine made because of
+real costs (which request waited for which batch) stays as it was: that is the point.
 """
 
 from __future__ import annotations
@@ -125,11 +132,14 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
     return ttft
 
 
-def split_error(joined, replayed_ttft: np.ndarray, request_ids: np.ndarray) -> dict:
+def split_error(joined, replayed_ttft: np.ndarray, request_ids: np.ndarray,
+                measured_ttft: np.ndarray | None = None) -> dict:
     """The TTFT mean error split into ``cost_model_error`` and ``decision_error`` (shares of
     the real mean TTFT over the requests both runs completed; they add up to the TTFT mean
     error), with the replay's own errors against the real run. ``replayed_ttft`` is aligned
-    with the real run's rows, whose ids are ``request_ids``."""
+    with the real run's rows, whose ids are ``request_ids``; so is ``measured_ttft`` (the
+    replay at measured durations), which splits ``cost_model_error`` into
+    ``step_price_error`` and ``outside_steps_error``."""
     row_of = {int(r): k for k, r in enumerate(np.asarray(request_ids).tolist())}
     rows = np.array([row_of[int(r)] for r in joined["request_id"].tolist()], dtype=np.int64)
     real = joined["ttft_s_real"].to_numpy(float)
@@ -139,7 +149,13 @@ def split_error(joined, replayed_ttft: np.ndarray, request_ids: np.ndarray) -> d
     cost = (float(replayed.mean()) - real_mean) / real_mean
     total = (float(sim.mean()) - real_mean) / real_mean
     per_request = np.abs(replayed - real) / real
-    return {"cost_model_error": cost, "decision_error": total - cost,
+    split = {}
+    if measured_ttft is not None:
+        at_measured = float(measured_ttft[rows].mean())
+        outside = (at_measured - real_mean) / real_mean
+        split = {"step_price_error": cost - outside, "outside_steps_error": outside,
+                 "measured_replay_ttft_mean_s": at_measured}
+    return {"cost_model_error": cost, "decision_error": total - cost, **split,
             "replayed_ttft_mean_s": float(replayed.mean()),
             "replayed_ttft_p90_abs_error": float(np.percentile(per_request, 90)),
             "replay_iterations_from": "the real run's iterations, priced by the simulator's "

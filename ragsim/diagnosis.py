@@ -23,6 +23,9 @@ The rules, in order (the first that holds names the cause):
 * machine speed: the probes put the machine more than ``MATERIAL`` away from the profile's
   speed, or moving by more during the run, and the errors at that speed meet the target
   (``machine_speed``): the model priced a machine that was not there;
+* outside the steps: the replay at the iterations' measured durations (``--replay-decisions``)
+  puts more of the cost model's share on the engine thread's time outside its steps than on
+  the steps' prices, and at least ``MATERIAL`` (``engine_loop``);
 * iteration costs: the profile prices the run's own iterations more than ``MATERIAL`` away
   from their measured time (``iteration_costs``), or the engine's steps are not seen one by
   one (vLLM) and the cost model carries the error;
@@ -53,6 +56,8 @@ CAUSES = {
     "host_copies": "the host->GPU copies take a different time",
     "capacity": "the engine's capacity differs with iterations priced right",
     "engine_handover": "the engine takes time to take a request in, which is not modelled",
+    "engine_loop": "the engine's thread spends time outside its steps (taking requests in, "
+                   "the loop between steps), which is not modelled",
     "reference_profile": "the simulated reference is priced by another profile",
     "engine_spread": "the miss lies inside the engine's own run-to-run spread",
 }
@@ -87,6 +92,9 @@ _NEXT_FIX = {
     "engine_handover": "a measured hand-over term (the engine's own work on a new request and "
                        "its loop's wake-up before the step), timed on the engine the way the "
                        "harness hands requests over",
+    "engine_loop": "measure the engine thread's time outside its steps, per step and per "
+                   "request taken in (the harness's loop on synthetic traffic, in the "
+                   "profile), and charge it on the simulated engine's timeline",
     "queueing": "compare the batches both sides formed (--replay-decisions; the scheduler's "
                 "batch and token limits on both sides)",
     "host_copies": "measure the host->GPU copy on this machine (ragsim profile's transfer "
@@ -150,6 +158,19 @@ def _on_glibc(report: dict, evidence: list[str]) -> str | None:
     return "iteration_costs_allocator"
 
 
+def _outside_steps(report: dict, evidence: list[str]) -> bool:
+    """Whether the replay at measured durations puts more of the cost model's share outside
+    the engine's steps than on their prices, and a material part (the evidence line either
+    way, where the split exists)."""
+    split = report.get("decisions") or {}
+    outside, steps = split.get("outside_steps_error"), split.get("step_price_error")
+    if outside is None or steps is None:
+        return False
+    evidence.append(f"of the cost model's share, the steps' prices {_pct(steps)}, the engine "
+                    f"thread's time outside its steps {_pct(outside)}")
+    return abs(outside) > abs(steps) and abs(outside) > MATERIAL
+
+
 def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str]:
     """(cause, next-fix key) for a miss the cost model carries: speed, iteration prices,
     queueing, host copies or capacity."""
@@ -165,6 +186,8 @@ def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str
             return "machine_speed", "machine_speed"
         if meets is False:
             evidence.append("at that speed the target is still missed")
+    if _outside_steps(report, evidence):
+        return "engine_loop", "engine_loop"
     ratio = report.get("iteration_time_ratio")
     past = report.get("beyond_profile_time_share")
     if ratio is not None:

@@ -232,21 +232,27 @@ def warmed_like(profile: Profile, real) -> Profile:
     return profile.warmed(warm) if warm else profile
 
 
-def replay_decisions(real, profile: Profile) -> np.ndarray | None:
+def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.ndarray | None:
     """Per request of the real run, its TTFT under the run's own decisions at the simulator's
     prices (``ragsim.decisions.replay``); None when the run kept no decisions (a simulated
-    'real' side, or an engine whose steps ragsim does not see)."""
+    'real' side, or an engine whose steps ragsim does not see). ``measured``: each iteration
+    at its measured duration instead (``ragsim.decisions.measured_s``): what is left of the
+    real TTFT is the engine thread's time outside its steps."""
     kept = getattr(real, "decisions", None)
     if not kept or not kept["iterations"]:
         return None
-    from ragsim.decisions import priced_s, replay
+    from ragsim.decisions import measured_s, priced_s, replay
     from ragsim.profiles.new_shapes import NewShapeCharge
 
+    closed_loop = real.config.arrival == "sequential"
+    if measured:
+        return replay(kept["iterations"], kept["submitted_s"], real.columns, measured_s,
+                      closed_loop=closed_loop)
     overlap = bool(real.config.overlap_swap)
     new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
                   lambda decision: priced_s(decision, profile, overlap, new_shape),
-                  closed_loop=real.config.arrival == "sequential",
+                  closed_loop=closed_loop,
                   cold_start=profile.idle_start_s if profile.idle_start is not None else None)
 
 
@@ -333,7 +339,8 @@ def compare(real, sim, *, backend: str, load: str | None = None,
             sim_speed_adjusted=None, terms: dict[str, tuple] | None = None,
             replayed_ttft: np.ndarray | None = None,
             capacity_error: float | None = None, repeats: Sequence = (),
-            repeats_replayed: Sequence[np.ndarray | None] = ()) -> dict:
+            repeats_replayed: Sequence[np.ndarray | None] = (),
+            measured_replayed: Sequence[np.ndarray | None] = ()) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -347,7 +354,10 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     ``repeats``: more real runs of the same point (``--repeats``; ``repeats_replayed`` their
     replays): the raw errors are then against the runs' per-request average, with each run's
     own errors and the interval their spread gives beside them (``ragsim.engine_spread``);
-    ``real`` is the first run, whose summary the report keeps."""
+    ``real`` is the first run, whose summary the report keeps. ``measured_replayed``: per real
+    run, its decisions replayed at their measured durations (``replay_decisions(measured=
+    True)``), which split the cost model's share into the steps' prices and the engine thread's
+    time outside its steps (``decisions.split_error``)."""
     reals = [real, *repeats]
     if repeats:
         from ragsim import engine_spread
@@ -392,15 +402,18 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
     }
     request_ids = real.columns["request_id"]
+    measured_ttft = measured_replayed[0] if len(measured_replayed) == len(reals) else None
     if repeats and replayed_ttft is not None:
         from ragsim.engine_spread import pooled_replay
 
         request_ids = joined["request_id"].to_numpy()
         replayed_ttft = pooled_replay(reals, [replayed_ttft, *repeats_replayed], request_ids)
+        if measured_ttft is not None:
+            measured_ttft = pooled_replay(reals, list(measured_replayed), request_ids)
     if replayed_ttft is not None:
         from ragsim.decisions import split_error
 
-        report["decisions"] = split_error(joined, replayed_ttft, request_ids)
+        report["decisions"] = split_error(joined, replayed_ttft, request_ids, measured_ttft)
         report["cost_model_error"] = report["decisions"]["cost_model_error"]
         report["decision_error"] = report["decisions"]["decision_error"]
     if getattr(config, "replicas", 1) > 1:  # a fleet on both sides: routed by one router
@@ -733,6 +746,9 @@ def load_row(report: dict) -> dict:
             "dominant_component": report["dominant_component"],
             "cost_model_error": report.get("cost_model_error"),
             "decision_error": report.get("decision_error"),
+            # the cost model's share: the steps' prices, the engine thread's time outside them
+            "step_price_error": (report.get("decisions") or {}).get("step_price_error"),
+            "outside_steps_error": (report.get("decisions") or {}).get("outside_steps_error"),
             "search_mean_error": report.get("search_mean_error"),
             "search_mode": report.get("search_mode"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),

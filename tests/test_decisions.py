@@ -157,6 +157,13 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert report["cost_model_error"] + report["decision_error"] == pytest.approx(
         report["ttft_mean_error"])
     assert report["decisions"]["replayed_ttft_mean_s"] > 0
+    # the cost model's share split once more: replayed at the steps' measured durations, a
+    # request's first token comes no later than it really did (the test above), so what is
+    # left outside the steps is a share of at most 0; the two parts add up to the share
+    split = report["decisions"]
+    assert split["outside_steps_error"] <= 1e-9
+    assert split["step_price_error"] + split["outside_steps_error"] == pytest.approx(
+        report["cost_model_error"])
     ran = (out / "config.toml").read_text()
     assert 'search_latency = "trace"' in ran
     # the hand-off measured before the runs (said in a note without --json) and added once to

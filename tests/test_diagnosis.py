@@ -212,3 +212,23 @@ def test_decisions_at_a_share_of_a_mispriced_capacity_are_the_capacitys():
     assert "+103.0% of the engine's throughput" in miss["evidence"][-1]
     r["capacity_error"] = 0.05  # capacity right: the decisions are the decisions
     assert causes(r)["ttft_mean_abs_error"] == "decisions"
+
+
+def test_time_outside_the_steps_is_named_when_it_outweighs_their_prices():
+    """vLLM at 50% load: the cost model's -25% of the mean, of which the replay at the steps'
+    measured durations leaves -17% outside the steps and -8% on their prices (about the
+    thirds of docs/validation.md, run S): the engine thread's time outside its steps."""
+    r = report(mean=-0.29, p90=0.45, cost=-0.25, decisions=-0.04)
+    r["decisions"] = {"cost_model_error": -0.25, "step_price_error": -0.08,
+                      "outside_steps_error": -0.17}
+    miss = diagnose(r)[0]
+    assert miss["cause"] == "engine_loop" and "timeline" in miss["next_fix"]
+    assert any("-8.0%" in line and "-17.0%" in line for line in miss["evidence"])
+    # the steps' prices the larger part: their cost, as before, with the split as evidence
+    r["decisions"].update(step_price_error=-0.17, outside_steps_error=-0.08)
+    miss = diagnose(r)[0]
+    assert miss["cause"] == "iteration_costs"
+    assert any("-17.0%" in line for line in miss["evidence"])
+    # outside the steps the larger part but immaterial (within 10% of the mean): not named
+    r["decisions"].update(step_price_error=-0.05, outside_steps_error=-0.09)
+    assert diagnose(r)[0]["cause"] != "engine_loop"

@@ -16,8 +16,13 @@ from ragsim.errors import ProfileError
 from ragsim.profiles.idle_start import IdleStart, fit_idle_start
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import Profile, load_profile
-from ragsim.profiles.profiler import IDLE_PAUSES_S, IDLE_REPEATS, ProfilePlan, idle_sizes, \
-    run_profile
+from ragsim.profiles.profiler import (
+    IDLE_PAUSES_S,
+    IDLE_REPEATS,
+    ProfilePlan,
+    idle_sizes,
+    run_profile,
+)
 from ragsim.sim.simulator import run_simulation
 
 BASE = load_profile("a10g-mistral-7b")
@@ -187,3 +192,23 @@ def test_profiles_show_prints_the_term(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert "a step after the engine sat idle: 1 ms after 10 ms, 2 ms after 100 ms" \
         in shown.output
+
+
+def test_the_split_puts_the_steps_prices_and_the_time_outside_them_apart():
+    """Two requests, real TTFTs 10 and 30 ms (mean 20); replayed at the profile's prices 8 and
+    24 (mean 16: the cost model -20%); at the steps' measured durations 9 and 27 (mean 18:
+    -10% outside the steps, so -10% on the steps' prices); simulated 15 and 21 (mean 18:
+    decisions +10%)."""
+    import pandas as pd
+
+    from ragsim.decisions import split_error
+
+    joined = pd.DataFrame({"request_id": [7, 9], "ttft_s_real": [0.010, 0.030],
+                           "ttft_s_sim": [0.015, 0.021]})
+    ids = np.array([9, 7])  # the real run's rows: request 9 first
+    split = split_error(joined, np.array([0.024, 0.008]), ids, np.array([0.027, 0.009]))
+    assert split["cost_model_error"] == pytest.approx(-0.20)
+    assert split["outside_steps_error"] == pytest.approx(-0.10)
+    assert split["step_price_error"] == pytest.approx(-0.10)
+    assert split["decision_error"] == pytest.approx(0.10)
+    assert "outside_steps_error" not in split_error(joined, np.array([0.024, 0.008]), ids)

@@ -390,6 +390,8 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
         assert row["search_mode"] == "faiss"
         assert row["cost_model_error"] + row["decision_error"] == pytest.approx(
             row["ttft_mean_error"])
+        assert row["step_price_error"] + row["outside_steps_error"] == pytest.approx(
+            row["cost_model_error"])
     report = json.loads((out / "load-over" / "validation.json").read_text())
     assert report["real"]["search"]["stages_run"] == 2 * 16
 

@@ -297,10 +297,13 @@ class ValidationSetup:
             adjusted = v.speed_adjusted_sim(data, cfg, sim_costs, *reals)
             replayed = [v.replay_decisions(r, v.warmed_like(costs, r)) for r in reals] \
                 if self.replay_decisions else [None]
+            measured = [v.replay_decisions(r, costs, measured=True) for r in reals] \
+                if self.replay_decisions else []
             report = v.compare(real, sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
-                               repeats=more, repeats_replayed=replayed[1:])
+                               repeats=more, repeats_replayed=replayed[1:],
+                               measured_replayed=measured)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             _write_pair(folder, reals, sim, report, backend)
