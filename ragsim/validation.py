@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,7 +228,13 @@ def search_error(joined: pd.DataFrame, real_summary: dict) -> dict:
 def warmed_like(profile: Profile, real) -> Profile:
     """``profile`` pricing an engine that has run the step sizes ``real``'s engine process had
     run before that run began (``engine_warm_step_tokens``: vLLM's engines, whose shapes stay
-    built in the process; ``realrun.vllm.shapes``); ``profile`` itself for other runs."""
+    built in the process; ``realrun.vllm.shapes``) and that keeps as many of them built as
+    ``real``'s process does (``engine_built_capacity_counts``, where the run records it and the
+    profile has first-time prices); ``profile`` itself for other runs."""
+    kept = getattr(real, "engine_built_capacity_counts", None)
+    shapes = profile.new_shapes
+    if shapes is not None and kept is not None and kept != shapes.built_capacity_counts:
+        profile = replace(profile, new_shapes=replace(shapes, built_capacity_counts=kept))
     warm = getattr(real, "engine_warm_step_tokens", None)
     return profile.warmed(warm) if warm else profile
 

@@ -135,6 +135,14 @@ def test_a_validation_prices_the_sim_with_what_the_real_engine_had_run():
     real = SimpleNamespace(engine_warm_step_tokens=(300,))
     assert warmed_like(profile, real).new_shapes.warm_step_tokens == (300,)
     assert warmed_like(profile, SimpleNamespace()) is profile  # a torch or simulated run
+    # the engine's own bound on built counts, where the run recorded one: the profile had
+    # none (every count stays built), the run's process keeps 256 of them
+    bounded = warmed_like(profile, SimpleNamespace(engine_built_capacity_counts=256,
+                                                   engine_warm_step_tokens=(300,)))
+    assert bounded.new_shapes.built_capacity_counts == 256
+    assert bounded.new_shapes.warm_step_tokens == (300,)
+    assert profile.new_shapes.built_capacity_counts is None  # the profile itself unchanged
+    assert warmed_like(BASE, SimpleNamespace(engine_built_capacity_counts=256)) is BASE
 
 
 def test_the_replay_prices_a_token_count_once_in_the_order_of_the_real_steps():

@@ -401,6 +401,10 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
                            "rate_rps": 50.0, "prefix_block_tokens": BLOCK, "scheduler": "mixed"})
     run = VllmRun(trace, config, profile, speed_probes=False)
     ran = run.run()
+    # oneDNN's default 1,024 primitives over the model's 4 distinct linear shapes (lane's
+    # environment sets no capacity); the shipped profile records no bound, and the run says so
+    assert ran.summary["engine_built_capacity_counts"] == 256
+    assert any("keeps 256 token counts built" in w for w in ran.summary["warnings"])
     steps = ran.decisions["iterations"]
     assert steps and all(step["kind"] == "mixed" for step in steps)
     taken: dict[int, list[tuple[int, int]]] = {}

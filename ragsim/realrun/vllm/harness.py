@@ -375,6 +375,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         self._fix_records(result)
         result.engine_warm_step_tokens = warm
         result.summary["engine_warm_step_tokens"] = len(warm)
+        self._note_built_capacity(result)
         if self._scheduled is not None:  # for ``validate --replay-decisions``
             result.decisions = {"iterations": self.decisions, "submitted_s": self.submitted_s}
         result.summary.update(self._vllm_fields(result))
@@ -392,6 +393,27 @@ class VllmRun(RealSearchDriving, Pipeline):
                                   speed_probes={"before": before.points,
                                                 "after": after.points})
         return result
+
+    def _note_built_capacity(self, result: RunResult) -> None:
+        """How many token counts this process's oneDNN keeps built (``shape_cache_counts``: the
+        capacity this process runs with), recorded for the simulation of the run
+        (``validation.warmed_like``), and said where the profile was measured keeping another
+        number: a profile measured on the default, run under ``ONEDNN_PRIMITIVE_CACHE_CAPACITY
+        =4096``, would charge rebuilds the engine never does."""
+        from ragsim.realrun.vllm.profile import shape_cache_counts
+
+        kept = shape_cache_counts(self.profile.model)
+        result.engine_built_capacity_counts = kept
+        result.summary["engine_built_capacity_counts"] = kept
+        shapes = self.profile.new_shapes
+        measured = shapes.built_capacity_counts if shapes is not None else None
+        if shapes is not None and measured != kept:
+            profiled = ("records no such bound" if measured is None
+                        else f"was measured keeping {measured:,}")
+            result.summary.setdefault("warnings", []).append(
+                f"vLLM's engine keeps {kept:,} token counts built in this process "
+                f"(ONEDNN_PRIMITIVE_CACHE_CAPACITY); its profile {profiled}: the simulation "
+                "of this run prices the engine's bound")
 
     def _fix_records(self, result: RunResult) -> None:
         """Columns derived from ``finish_s`` before vLLM's finish times were set."""
