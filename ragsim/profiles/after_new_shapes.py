@@ -151,6 +151,29 @@ def after_new_shapes_from_dict(data: object, *, source: str) -> AfterNewShapes:
     return AfterNewShapes(sizes, counts, rows, fit)
 
 
+def running_seconds(values: object, length: int, axis: str, where: str, source: str
+                    ) -> list[float]:
+    """A term's extras along its axis (``axis``, ``length`` entries): finite seconds >= 0,
+    never below the one before (a running sum, or a curve made non-decreasing)."""
+    if not isinstance(values, list) or len(values) != length:
+        raise ProfileError(f"must be a list as long as {axis} ({length})", file=source,
+                           field=where)
+    for i, s in enumerate(values):
+        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) \
+                or s < 0 or (i and s < values[i - 1]):
+            raise ProfileError(f"entry {i} is {s!r}; must be a finite number >= 0 of seconds, "
+                               "never below the one before", file=source, field=where)
+    return [float(s) for s in values]
+
+
+def fit_object(data: dict, where: str, source: str) -> dict:
+    """A term's ``fit``: how it was obtained (an object; empty where absent)."""
+    fit = data.get("fit", {})
+    if not isinstance(fit, dict):
+        raise ProfileError("must be an object", file=source, field=f"{where}.fit")
+    return fit
+
+
 def increasing_ints(values: object, where: str, source: str) -> list[int]:
     if not isinstance(values, list) or not values:
         raise ProfileError("missing, empty or not a list", file=source, field=where)

@@ -25,13 +25,11 @@ past the largest).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ragsim.errors import ProfileError
-from ragsim.profiles.after_new_shapes import increasing_ints
+from ragsim.profiles.after_new_shapes import fit_object, increasing_ints, running_seconds
 from ragsim.profiles.steps import _check_model
 
 ENGINE_GROWTH_MODEL = "cumulative_first_step_extra_above_the_processs_largest"
@@ -87,17 +85,6 @@ def engine_growth_from_dict(data: object, *, source: str) -> EngineGrowth:
     where = "new_shapes.engine_growth"
     _check_model(data, where, ENGINE_GROWTH_MODEL, source)
     sizes = increasing_ints(data.get("step_tokens"), f"{where}.step_tokens", source)
-    extra = data.get("extra_s")
-    if not isinstance(extra, list) or len(extra) != len(sizes):
-        raise ProfileError(f"must be a list as long as step_tokens ({len(sizes)})",
-                           file=source, field=f"{where}.extra_s")
-    for i, s in enumerate(extra):
-        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) \
-                or s < 0 or (i and s < extra[i - 1]):
-            raise ProfileError(f"entry {i} is {s!r}; must be a finite number >= 0, never "
-                               "below the one before (a running sum)", file=source,
-                               field=f"{where}.extra_s")
-    fit = data.get("fit", {})
-    if not isinstance(fit, dict):
-        raise ProfileError("must be an object", file=source, field=f"{where}.fit")
-    return EngineGrowth(sizes, [float(s) for s in extra], fit)
+    extra = running_seconds(data.get("extra_s"), len(sizes), "step_tokens", f"{where}.extra_s",
+                            source)
+    return EngineGrowth(sizes, extra, fit_object(data, where, source))

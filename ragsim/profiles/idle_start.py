@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ragsim.errors import ProfileError
+from ragsim.profiles.after_new_shapes import fit_object, running_seconds
 from ragsim.profiles.steps import _check_model
 
 IDLE_START_MODEL = "extra_after_idle_interpolated_in_the_pause"
@@ -105,17 +106,5 @@ def idle_start_from_dict(data: object, *, source: str) -> IdleStart:
                 or t <= 0 or (i and t <= idle[i - 1]):
             raise ProfileError(f"entry {i} is {t!r}; must be a finite number > 0 of seconds, "
                                "increasing strictly", file=source, field=f"{where}.idle_s")
-    extra = data.get("extra_s")
-    if not isinstance(extra, list) or len(extra) != len(idle):
-        raise ProfileError(f"must be a list as long as idle_s ({len(idle)})", file=source,
-                           field=f"{where}.extra_s")
-    for i, s in enumerate(extra):
-        if isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s) \
-                or s < 0 or (i and s < extra[i - 1]):
-            raise ProfileError(f"entry {i} is {s!r}; must be a finite number >= 0 of seconds, "
-                               "never below the one before", file=source,
-                               field=f"{where}.extra_s")
-    fit = data.get("fit", {})
-    if not isinstance(fit, dict):
-        raise ProfileError("must be an object", file=source, field=f"{where}.fit")
-    return IdleStart([float(t) for t in idle], [float(s) for s in extra], fit)
+    extra = running_seconds(data.get("extra_s"), len(idle), "idle_s", f"{where}.extra_s", source)
+    return IdleStart([float(t) for t in idle], extra, fit_object(data, where, source))
