@@ -97,7 +97,8 @@ def validate(
     replay_decisions: Annotated[bool, typer.Option(
         "--replay-decisions", help="Price the real run's own iterations (its admission, "
         "batch and speculation decisions) with the simulator's costs: the TTFT error split "
-        "into cost_model_error and decision_error (torch, vllm).")] = False,
+        "into cost_model_error and decision_error, and the cost model's share into the steps' "
+        "prices and the engine's time outside its steps (torch, vllm).")] = False,
     repeats: Annotated[int, typer.Option(
         help="Real runs of each point, each on a fresh engine, against the one simulation: "
         "the errors are against their per-request average, with each run's own and the 95% "
@@ -220,6 +221,11 @@ def _print_report(r: dict) -> None:
     if r.get("cost_model_error") is not None:
         table.add_row("TTFT mean error: cost model / decisions",
                       f"{_pct(r['cost_model_error'])} / {_pct(r['decision_error'])}", "", "")
+        split = r.get("decisions") or {}
+        if split.get("outside_steps_error") is not None:
+            table.add_row("cost model: steps' prices / outside the steps",
+                          f"{_pct(split['step_price_error'])} / "
+                          f"{_pct(split['outside_steps_error'])}", "", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
