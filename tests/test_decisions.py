@@ -164,9 +164,8 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert split["outside_steps_error"] <= 1e-9
     assert split["step_price_error"] + split["outside_steps_error"] == pytest.approx(
         report["cost_model_error"])
-    from ragsim.cli.validate import _print_report
-
     from ragsim.cli.common import out as console
+    from ragsim.cli.validate import _print_report
 
     capsys.readouterr()
     width, console.width = console.width, 200  # one row a line
