@@ -133,7 +133,8 @@ def text_trace(tmp_path_factory):
     yield from text_trace_dir(tmp_path_factory)
 
 
-def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path, capsys):
+def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path, capsys,
+                                                              monkeypatch):
     """``validate --search-latency trace --replay-decisions`` on a trace built with its text:
     the real run searches the staged faiss index on the search workers (every stage of every
     request, the recorded lists), the search is a component with its own error, and the TTFT
@@ -164,15 +165,11 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert split["outside_steps_error"] <= 1e-9
     assert split["step_price_error"] + split["outside_steps_error"] == pytest.approx(
         report["cost_model_error"])
-    from ragsim.cli.common import out as console
     from ragsim.cli.validate import _print_report
 
     capsys.readouterr()
-    width, console.width = console.width, 200  # one row a line
-    try:
-        _print_report(report)  # as validate prints it without --json
-    finally:
-        console.width = width
+    monkeypatch.setenv("COLUMNS", "200")  # one row a line (the console reads it when printing)
+    _print_report(report)  # as validate prints it without --json
     assert "steps' prices / outside the steps" in capsys.readouterr().out
     ran = (out / "config.toml").read_text()
     assert 'search_latency = "trace"' in ran
