@@ -64,7 +64,7 @@ class PredictedIterations:
 
     def prefill(self, jobs: list[Job]) -> Wait:
         timing = self.timing(jobs)
-        cold = self._cold_start_s()
+        cold = self._cold_start_s()  # on top of the step: a copy beside it does not hide it
         if cold:
             timing = PrefillTiming(duration_s=timing.duration_s + cold,
                                    compute_s=timing.compute_s + cold, copy_s=timing.copy_s)
@@ -86,10 +86,13 @@ class PredictedIterations:
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
-        compute += self._cold_start_s()
         swap_bytes = sum(j.swap_in_bytes for j, _ in chunks if j.prefilled == 0)
         copy = self._h2d(swap_bytes) if swap_bytes else 0.0
         duration = max(compute, copy) if self.overlap_swap else compute + copy
+        # the cold start on top of the step, as ``prefill`` and the replay charge it (a copy
+        # beside the compute does not hide it)
+        cold = self._cold_start_s()
+        compute, duration = compute + cold, duration + cold
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
