@@ -13,34 +13,70 @@
 # 2. runs `ragsim validate --backend torch --device cuda` on that measured profile for ragcache
 #    at overload, 90%, 50% of the measured capacity and idle (REQUESTS requests each, default
 #    300), with --replay-decisions (the TTFT error split into cost model and decisions) and,
-#    on a trace built with its text (TRACE), --search-latency trace (its faiss search run for
-#    real on both sides' terms);
+#    on a trace built with its text (TRACE, a path), --search-latency trace (its faiss search
+#    run for real on both sides' terms; a built-in trace has no measured search times, so both
+#    sides model its search alike);
 # 3. checks --overlap-swap on CUDA (layer-wise copies on their own stream);
 # 4. where vLLM's CUDA build is installed, profiles vLLM and validates its three systems (vllm,
 #    vllm-apc, and ragcache: the knowledge tree inside vLLM as its host tier) on the same loads,
 #    each printing one JSON object whose `loads` rows carry the raw ttft_mean_error,
 #    ttft_p90_abs_error, throughput_error and hit_agreement; validate sets vLLM's terms itself
 #    (no --config) and says what it set.
-set -euo pipefail
+#
+# Device time is scarce, so every stage has its own time limit (seconds, below) and a stage that
+# fails or runs out leaves the next ones to run: stages.tsv says how each ended and how long it
+# took. The same script dry-runs on a CPU with a small model, to find its mistakes before a GPU
+# is spent on them:
+#   DEVICE=cpu DTYPE=fp32 MODEL_ARGS="--layers 2 --hidden 256" benchmarks/gpu_validate.sh OUT 40
+set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_validate.sh OUT_DIR [REQUESTS] [TRACE]}
 REQUESTS=${2:-300}
 TRACE=${3:-mmlu}  # a trace built with its text searches for real (--search-latency trace)
-LOADS=over,90,50,idle
+LOADS=${LOADS:-over,90,50,idle}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-fp16}
+MODEL=${MODEL:-mistral-7b}
+MODEL_ARGS=${MODEL_ARGS:-}  # e.g. "--layers 2 --hidden 256" for a dry run on a CPU
+LIMIT_PROFILE_S=${LIMIT_PROFILE_S:-170}
+LIMIT_VALIDATE_S=${LIMIT_VALIDATE_S:-270}
+LIMIT_OVERLAP_S=${LIMIT_OVERLAP_S:-60}
+LIMIT_VLLM_S=${LIMIT_VLLM_S:-600}
+OVERLAP_REQUESTS=${OVERLAP_REQUESTS:-40}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+printf "stage\trc\tseconds\n" > "$OUT/stages.tsv"
+exec 3>&1  # the stages' own notes, whatever their commands' output is redirected to
+# a trace built with its text (a path) searches its faiss index for real; a built-in one has no
+# measured search times, so both sides model its search alike
+SEARCH=()
+[ -e "$TRACE" ] && SEARCH=(--search-latency trace)
+
+# stage NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, notes how it ended, and never
+# stops the script (a later stage may still have something to show)
+stage() {
+  local name=$1 limit=$2 started rc
+  shift 2
+  echo "== $name (at most ${limit}s) ==" >&3
+  started=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@"
+  rc=$?
+  printf "%s\t%s\t%s\n" "$name" "$rc" "$(( $(date +%s) - started ))" >> "$OUT/stages.tsv"
+  [ "$rc" = 124 ] && echo "$name: stopped at its limit of ${limit}s" >&3
+  return 0
+}
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  "$PY" - <<'EOF'
-import platform
+  DEVICE=$DEVICE "$PY" - <<'EOF'
+import os, platform
 print("python:", platform.python_version())
 missing = []
 for module in ("torch", "transformers", "numpy", "pandas", "pyarrow", "scipy", "matplotlib",
-               "simpy", "typer", "rich", "tomli_w", "cython"):
+               "simpy", "typer", "rich", "tomli_w", "cachetools"):
     try:
         m = __import__(module)
         print(f"{module}: {getattr(m, '__version__', '?')}")
@@ -50,20 +86,31 @@ if missing:
     raise SystemExit(f"missing Python packages: {', '.join(missing)}")
 import torch
 print("cuda:", torch.version.cuda, "available:", torch.cuda.is_available())
-if not torch.cuda.is_available():
-    raise SystemExit("no CUDA device visible to torch")
-print("device:", torch.cuda.get_device_name(0))
+if os.environ["DEVICE"].startswith("cuda"):
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device visible to torch")
+    print("device:", torch.cuda.get_device_name(0))
 EOF
 } > "$OUT/machine.txt" 2>&1 || { cat "$OUT/machine.txt"; exit 3; }
 cat "$OUT/machine.txt"
 
-PROFILE="$OUT/cuda-mistral-7b-fp16.json"
-echo "== profile (quick plan) =="
-time "$PY" -m ragsim profile --model mistral-7b --device cuda --dtype fp16 --quick \
-  --name h200-mistral-7b-measured --out "$PROFILE" 2>&1 | tee "$OUT/profile.txt"
+PROFILE="$OUT/$DEVICE-$MODEL-$DTYPE.json"
+if [ -n "${REUSE_PROFILE:-}" ]; then  # a dry run's second try: the profile it measured before
+  cp "$REUSE_PROFILE" "$PROFILE"
+else
+# shellcheck disable=SC2086  # MODEL_ARGS is a list of options
+stage profile "$LIMIT_PROFILE_S" "$PY" -m ragsim profile --model "$MODEL" $MODEL_ARGS \
+  --device "$DEVICE" --dtype "$DTYPE" --quick --name "$DEVICE-$MODEL-measured" \
+  --out "$PROFILE" > "$OUT/profile.txt" 2>&1
+tail -40 "$OUT/profile.txt"
+fi
+if [ ! -f "$PROFILE" ]; then
+  # still worth the device time already spent: the derived profile's raw errors on the GPU
+  echo "no profile was measured: the stages below price with the derived h200-$MODEL"
+  PROFILE="h200-$MODEL"
+fi
 
-echo "== derived vs measured =="
-"$PY" - "$PROFILE" "$OUT/derived_vs_measured.json" <<'EOF'
+stage derived-vs-measured 60 "$PY" - "$PROFILE" "$OUT/derived_vs_measured.json" <<'EOF'
 import json, sys
 from ragsim.profiles.profile import load_profile
 measured, derived = load_profile(sys.argv[1]), load_profile("h200-mistral-7b")
@@ -83,22 +130,30 @@ json.dump(report, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(report, indent=1))
 EOF
 
-echo "== validate on CUDA =="
-time "$PY" -m ragsim validate --backend torch --device cuda --profile "$PROFILE" \
-  --trace "$TRACE" --system ragcache --requests "$REQUESTS" --loads "$LOADS" \
-  --search-latency trace --replay-decisions --json --out "$OUT/validate" \
+stage validate "$LIMIT_VALIDATE_S" "$PY" -m ragsim validate --backend torch --device "$DEVICE" \
+  --profile "$PROFILE" --trace "$TRACE" --system ragcache --requests "$REQUESTS" \
+  --loads "$LOADS" "${SEARCH[@]}" --replay-decisions --json --out "$OUT/validate" \
   > "$OUT/validate.json" 2> "$OUT/validate.txt"
-cat "$OUT/validate.json"
+tail -30 "$OUT/validate.txt"
+"$PY" - "$OUT/validate.json" <<'EOF' || true
+import json, sys
+report = json.load(open(sys.argv[1]))
+keys = ("load", "ttft_mean_error", "ttft_p90_abs_error", "throughput_error", "hit_agreement",
+        "cost_model_error", "decision_error", "dominant_component")
+for row in report.get("loads", []):
+    print({k: row.get(k) for k in keys})
+EOF
 
-echo "== --overlap-swap on CUDA: layer-wise copies on their own stream =="
 # tight GPU memory, room on the host: host hits every few requests; the same run with and without
 # the overlap must cache the same tokens (decisions) and the overlap's prefills must not be slower
 for overlap in "" "--overlap-swap"; do
-  "$PY" -m ragsim run --backend torch --device cuda --profile "$PROFILE" --trace mmlu \
-    --system ragcache --requests 60 --arrival sequential --gpu-mem 2GiB --host-mem 16GiB \
-    $overlap --json > "$OUT/overlap${overlap:+-on}.json"
+  stage "run${overlap:+-overlap}" "$LIMIT_OVERLAP_S" "$PY" -m ragsim run --backend torch \
+    --device "$DEVICE" --profile "$PROFILE" --trace mmlu --system ragcache \
+    --requests "$OVERLAP_REQUESTS" \
+    --arrival sequential --gpu-mem 1GiB --host-mem 16GiB $overlap --json \
+    > "$OUT/overlap${overlap:+-on}.json" 2> "$OUT/overlap${overlap:+-on}.txt"
 done
-"$PY" - "$OUT" <<'EOF'
+"$PY" - "$OUT" <<'EOF' || true
 import json, sys
 off, on = (json.load(open(f"{sys.argv[1]}/{name}.json")) for name in ("overlap", "overlap-on"))
 keys = ("token_hit_rate", "token_hit_rate_host", "engine_layerwise_swap_ins", "engine_swap_in_s",
@@ -107,19 +162,26 @@ print(json.dumps({k: [off.get(k), on.get(k)] for k in keys}, indent=1))
 EOF
 
 echo "== vLLM on CUDA (when the machine has vLLM's CUDA build) =="
-if "$PY" -c "import vllm, vllm.engine" >/dev/null 2>&1; then
-  VPROFILE="$OUT/cuda-vllm-mistral-7b.json"
-  "$PY" -m ragsim profile --engine vllm --model mistral-7b --device cuda --dtype fp16 --quick \
-    --block-tokens 16 --out "$VPROFILE" 2>&1 | tee "$OUT/profile-vllm.txt" || true
+if [ "$DEVICE" != cpu ] && "$PY" -c "import vllm, vllm.engine" >/dev/null 2>&1; then
+  VPROFILE="$OUT/cuda-vllm-$MODEL.json"
   # validate gives both sides vLLM's terms by itself (no speculation, FCFS, its block, batch
   # KV sharing, the mixed scheduler) and prints what it set
-  for system in vllm vllm-apc ragcache; do
-    "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" \
-      --trace "$TRACE" --system "$system" --requests "$REQUESTS" --loads "$LOADS" \
-      --search-latency trace --replay-decisions --json --out "$OUT/validate-vllm-$system" \
-      > "$OUT/validate-vllm-$system.json" 2> "$OUT/validate-vllm-$system.txt" || true
-    cat "$OUT/validate-vllm-$system.json"
-  done
+  vllm_lane() {
+    "$PY" -m ragsim profile --engine vllm --model "$MODEL" --device cuda --dtype "$DTYPE" \
+      --quick --block-tokens 16 --out "$VPROFILE" > "$OUT/profile-vllm.txt" 2>&1 || return
+    for system in vllm vllm-apc ragcache; do
+      "$PY" -m ragsim validate --backend vllm --device cuda --profile "$VPROFILE" \
+        --trace "$TRACE" --system "$system" --requests "$REQUESTS" --loads "$LOADS" \
+        ${SEARCH_OPTION:-} --replay-decisions --json --out "$OUT/validate-vllm-$system" \
+        > "$OUT/validate-vllm-$system.json" 2> "$OUT/validate-vllm-$system.txt"
+      cat "$OUT/validate-vllm-$system.json"
+    done
+  }
+  export -f vllm_lane
+  SEARCH_OPTION="${SEARCH[*]}"
+  export PY MODEL DTYPE OUT VPROFILE TRACE REQUESTS LOADS SEARCH_OPTION
+  stage vllm "$LIMIT_VLLM_S" bash -c vllm_lane
 else
-  echo "vLLM is not installed here: the vLLM lane is skipped (nothing can be installed on it)"
+  echo "vLLM's CUDA build is not installed here: the vLLM lane is skipped"
 fi
+cat "$OUT/stages.tsv"
