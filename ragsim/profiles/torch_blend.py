@@ -105,7 +105,8 @@ def run_layers(model: TorchModel, hidden: Any, positions: Any, layers: range,
     for layer in layers:
         hidden = inner.layers[layer](hidden, attention_mask=mask,
                                      position_embeddings=embeddings,
-                                     position_ids=position_ids, cache=cache, use_cache=True)
+                                     position_ids=position_ids, use_cache=True,
+                                     **{model.cache_kw: cache})
     return hidden
 
 

@@ -157,6 +157,18 @@ def _growing_layer_class():
 _GROWING_LAYER = None
 
 
+def cache_keyword(forward: Any) -> str:
+    """The name under which ``forward`` (a transformers model's or decoder layer's) takes its
+    KV cache: ``cache`` from transformers 5.2x on, ``past_key_values`` before. Given the other
+    name, a forward swallows it in ``**kwargs`` and runs on a fresh cache of its own: the pass
+    silently ignores every cached token (on transformers 5.17 the profile's decodes ran
+    without their context, and its prefills failed)."""
+    import inspect
+
+    parameters = inspect.signature(forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class TorchModel:
     """A model with random weights and its forward calls: prefill over cached KV, decode."""
 
@@ -191,6 +203,7 @@ class TorchModel:
         finally:
             torch.set_default_dtype(previous)
         self.model.eval()
+        self.cache_kw = cache_keyword(self.model.forward)
 
     @classmethod
     def build(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "fp32",
@@ -298,11 +311,15 @@ class TorchModel:
         try:
             with self.torch.no_grad():
                 out = self.model(input_ids=batch.ids, attention_mask=batch.mask,
-                                 position_ids=batch.positions, cache=batch.cache,
-                                 use_cache=True, logits_to_keep=1)
+                                 position_ids=batch.positions, use_cache=True,
+                                 logits_to_keep=1, **{self.cache_kw: batch.cache})
         finally:
             for hook in hooks:
                 hook.remove()
+        if not batch.cache.layers[0].is_initialized:
+            raise RuntimeError(f"the model did not write into the cache passed as "
+                               f"{self.cache_kw!r}: its forward takes the cache by another "
+                               "name (cache_keyword)")
         return out.logits[:, -1, :]
 
     def new_kv(self, batch: Batch) -> list[list[LayerKV]]:
@@ -331,8 +348,8 @@ class TorchModel:
             batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         with torch.no_grad():
             out = self.model(input_ids=ids, attention_mask=batch.mask,
-                             position_ids=batch.next_positions, cache=batch.cache,
-                             use_cache=True, logits_to_keep=1)
+                             position_ids=batch.next_positions, use_cache=True,
+                             logits_to_keep=1, **{self.cache_kw: batch.cache})
         batch.next_positions = batch.next_positions + 1
         return out.logits[:, -1, :]
 
