@@ -176,6 +176,7 @@ class RunSetup:
     terms: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     config_file: str | None = None
+    given: frozenset = frozenset()  # the fields the user set (options and the --config file)
 
     @property
     def inputs(self) -> tuple:
@@ -215,10 +216,21 @@ class RunSetup:
             problem = fleet_problem(config, self.backend)
             if problem is not None:
                 raise RagsimInputError(problem, field=label("replicas"))
+        memory_note = None
+        if self.backend == "torch":  # on a GPU: what its padded batches leave for the pool
+            from ragsim.realrun.memory import fit_for_device
+
+            config, memory_terms, memory_note = fit_for_device(
+                config, data, costs, self.device, given=self.given, who="the run")
+            self.terms = {**self.terms, **memory_terms}
         execute = runner(self.backend, device=self.device, threads=self.threads or None)
         if on_start is not None:
             on_start(data.n_requests)
         result = execute(data, config, costs, on_progress)
+        if memory_note is not None:
+            result.summary["backend_terms"] = {name: getattr(result.config, name)
+                                               for name in self.terms}
+            result.summary.setdefault("warnings", []).insert(0, memory_note)
         if self.backend == "vllm":  # the settings taken from vLLM (validate records them so too)
             result.summary["backend_terms"] = {name: getattr(result.config, name)
                                                for name in self.terms}
@@ -252,7 +264,7 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
                                f"torch: use one of them, or {label('reuse')} prefix",
                                field=label("reuse"))
     setup = RunSetup(resolved, backend=backend, device=device, threads=threads, terms=terms,
-                     config_file=config_file)
+                     config_file=config_file, given=frozenset({*(base or {}), *fields}))
     if terms:
         from ragsim.validation import terms_note
 

@@ -436,6 +436,17 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
             resolved = _search_pool_beside_engine(resolved, config, threads, costs, note)
         resolved = _with_measured_handoff(resolved, data, config, note)
     v.engine_scale(costs, layers, hidden)
+    if backend == "torch":  # on a GPU: what the engine's padded batches leave for the pool
+        from ragsim.realrun.memory import fit_for_device
+        from ragsim.serving.config import load_config_file
+
+        given = {*(load_config_file(config) if config is not None else {}),
+                 *(["gpu_kv_bytes"] if gpu_mem else [])}
+        resolved, memory_terms, memory_note = fit_for_device(
+            resolved, data, costs, device, given=given, who="both sides run so")
+        if memory_note is not None:
+            terms = {**terms, **memory_terms}
+            note(memory_note)
     if backend in ("torch", "vllm"):  # the real engine runs in this process, on its allocator
         from ragsim.profiles.allocator import allocator_note, memory_allocator
 

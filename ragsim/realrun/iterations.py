@@ -61,6 +61,16 @@ DECODE_HEADROOM_TOKENS = 64
 DECODE_HEADROOM_ROWS = 4
 
 
+def _release(layers: list, storage: list | None, index: int) -> None:
+    """Drop a discarded decode batch's tensors of layer ``index`` (and the row storage's, the
+    same buffers), so that their memory is free before the rest of a rebuild allocates."""
+    layer = layers[index]
+    layer.keys = layer.values = None
+    layer._keys_buffer = layer._values_buffer = None
+    if storage is not None:
+        storage[index] = None
+
+
 @dataclass
 class EngineTimes:
     """Where the real engine's time went (seconds), beside what the profile models."""
@@ -469,6 +479,13 @@ class TorchIterations:
         heads, dim = model.config.num_key_value_heads, model.config.head_dim
         device, dtype = model.device, model.dtype
         cache = model.new_cache()
+        # the old batch's memory goes as soon as nothing more is read from it (all of it now
+        # when no row stays, else each layer once copied): on a GPU the old and the new batch
+        # together were what ran out of memory (ragsim/realrun/memory.py)
+        old_storage, self._row_storage = self._row_storage, None
+        if old is not None and not kept:
+            for layer in range(model.num_layers):
+                _release(old.cache.layers, old_storage, layer)
         if kept:
             where = {j: i for i, j in enumerate(old_order)}
             old_rows = [where[j] for j in kept]
@@ -496,6 +513,8 @@ class TorchIterations:
                     copy_chunks(buffer[row, :, longest - lengths[row]:longest],
                                 self._running[job].kv[layer][side])
                 pair.append(buffer)
+            if kept:
+                _release(old_layers, old_storage, layer)
             storage.append(pair)
             cache.layers[layer].adopt(pair[0][:n], pair[1][:n], longest)
         for job in joined:
