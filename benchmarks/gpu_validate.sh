@@ -23,6 +23,9 @@
 #    ttft_p90_abs_error, throughput_error and hit_agreement; validate sets vLLM's terms itself
 #    (no --config) and says what it set.
 #
+# validate and run fit the torch engine's pool and batch limit to the GPU by themselves and say
+# what they set (ragsim/realrun/memory.py: its padded decode batch lives beside the pool).
+#
 # Device time is scarce, so every stage has its own time limit (seconds, below) and a stage that
 # fails or runs out leaves the next ones to run: stages.tsv says how each ended and how long it
 # took. The same script dry-runs on a CPU with a small model, to find its mistakes before a GPU
@@ -38,11 +41,12 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-fp16}
 MODEL=${MODEL:-mistral-7b}
 MODEL_ARGS=${MODEL_ARGS:-}  # e.g. "--layers 2 --hidden 256" for a dry run on a CPU
-LIMIT_PROFILE_S=${LIMIT_PROFILE_S:-170}
+LIMIT_PROFILE_S=${LIMIT_PROFILE_S:-200}  # the quick plan took 118 s on an H200
 LIMIT_VALIDATE_S=${LIMIT_VALIDATE_S:-270}
 LIMIT_OVERLAP_S=${LIMIT_OVERLAP_S:-60}
 LIMIT_VLLM_S=${LIMIT_VLLM_S:-600}
-OVERLAP_REQUESTS=${OVERLAP_REQUESTS:-40}
+OVERLAP_REQUESTS=${OVERLAP_REQUESTS:-40}  # 0: no overlap check
+VALIDATE_ARGS=${VALIDATE_ARGS:-}  # more options for validate, e.g. "--gpu-mem 48GiB"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -130,9 +134,16 @@ json.dump(report, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(report, indent=1))
 EOF
 
+# the profiler's decode path against the engine's (buffer layout, mask, appending) on the same
+# shapes: on the first H200 run the engine's steps took ~3x what the profile timed
+# shellcheck disable=SC2086
+stage decode-paths 120 "$PY" benchmarks/decode_paths.py --device "$DEVICE" --dtype "$DTYPE" \
+  $MODEL_ARGS --kernels > "$OUT/decode_paths.txt" 2>&1
+head -8 "$OUT/decode_paths.txt"
+
 stage validate "$LIMIT_VALIDATE_S" "$PY" -m ragsim validate --backend torch --device "$DEVICE" \
   --profile "$PROFILE" --trace "$TRACE" --system ragcache --requests "$REQUESTS" \
-  --loads "$LOADS" "${SEARCH[@]}" --replay-decisions --json --out "$OUT/validate" \
+  --loads "$LOADS" "${SEARCH[@]}" --replay-decisions --json --out "$OUT/validate" $VALIDATE_ARGS \
   > "$OUT/validate.json" 2> "$OUT/validate.txt"
 tail -30 "$OUT/validate.txt"
 "$PY" - "$OUT/validate.json" <<'EOF' || true
@@ -146,14 +157,14 @@ EOF
 
 # tight GPU memory, room on the host: host hits every few requests; the same run with and without
 # the overlap must cache the same tokens (decisions) and the overlap's prefills must not be slower
-for overlap in "" "--overlap-swap"; do
+[ "$OVERLAP_REQUESTS" = 0 ] || for overlap in "" "--overlap-swap"; do
   stage "run${overlap:+-overlap}" "$LIMIT_OVERLAP_S" "$PY" -m ragsim run --backend torch \
     --device "$DEVICE" --profile "$PROFILE" --trace mmlu --system ragcache \
     --requests "$OVERLAP_REQUESTS" \
     --arrival sequential --gpu-mem 1GiB --host-mem 16GiB $overlap --json \
     > "$OUT/overlap${overlap:+-on}.json" 2> "$OUT/overlap${overlap:+-on}.txt"
 done
-"$PY" - "$OUT" <<'EOF' || true
+[ "$OVERLAP_REQUESTS" = 0 ] || "$PY" - "$OUT" <<'EOF' || true
 import json, sys
 off, on = (json.load(open(f"{sys.argv[1]}/{name}.json")) for name in ("overlap", "overlap-on"))
 keys = ("token_hit_rate", "token_hit_rate_host", "engine_layerwise_swap_ins", "engine_swap_in_s",

@@ -1,0 +1,125 @@
+"""Decode steps timed the profiler's way and the engine's way, on the same model and shapes.
+
+On an H200 (Mistral-7B fp16, transformers 5.17) the profile timed a decode step of 1-16 rows over
+512-2,048 tokens at 23-29 ms, and its speed probes during the run agreed (24.7 ms for 4 x 512),
+yet the engine's own decode steps in the run took ~70 ms (305 steps: priced/measured median
+0.36). The two paths differ in the batch's layout, not in the model:
+
+* profiler: ``prepare`` + ``forward`` over rows of one length (no mask), then ``decode`` and
+  ``undo_decode`` at the same length, again and again;
+* engine (``realrun/iterations.py``): a rebuilt batch, each layer a buffer with spare rows
+  (``DECODE_HEADROOM_ROWS``, a quarter) and spare tokens (``DECODE_HEADROOM_TOKENS``) whose
+  first rows are the cache (views, not the whole buffer), a mask wherever rows differ in
+  length, and steps that append and grow the buffer.
+
+This times each path for a few steps and prints ms per step and the ratios, so a GPU session
+can tell which difference costs the time (run it with ``--kernels`` for the top CUDA kernels of
+each under torch.profiler)::
+
+    python benchmarks/decode_paths.py --device cuda --dtype fp16            # Mistral-7B
+    python benchmarks/decode_paths.py --layers 2 --hidden 256               # a CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from ragsim.profiles.models import resolve_model, scaled_down
+from ragsim.profiles.torch_model import Row, TorchModel
+from ragsim.realrun.iterations import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
+
+
+def profiler_path(model: TorchModel, rows: int, context: int, steps: int) -> float:
+    """The profile's decode: one length, no mask, the same step over and over."""
+    batch = model.prepare([Row(None, list(range(1, context + 1)), 0) for _ in range(rows)])
+    model.forward(batch)
+    ids = list(range(rows))
+    model.decode(batch, ids)  # warm-up: the buffer grows once, as in the profile's warm-up
+    model.undo_decode(batch)
+    model.sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        model.decode(batch, ids)
+        model.undo_decode(batch)
+    model.sync()
+    return (time.perf_counter() - started) / steps
+
+
+def engine_path(model: TorchModel, lengths: list[int], steps: int) -> float:
+    """The engine's decode: a rebuilt batch in buffers with spare rows and tokens (views of
+    their first rows), a mask when lengths differ, steps that append."""
+    torch = model.torch
+    n, longest = len(lengths), max(lengths)
+    buffer_rows = n + max(DECODE_HEADROOM_ROWS, n // 4)
+    heads, dim = model.config.num_key_value_heads, model.config.head_dim
+    cache = model.new_cache()
+    for layer in range(model.num_layers):
+        keys = torch.randn(buffer_rows, heads, longest + DECODE_HEADROOM_TOKENS, dim,
+                           device=model.device, dtype=model.dtype)
+        values = torch.randn_like(keys)
+        cache.layers[layer].adopt(keys[:n], values[:n], longest)
+    sizes = torch.tensor(lengths, device=model.device).reshape(n, 1)
+    mask = None
+    if len(set(lengths)) > 1:
+        span = torch.arange(longest + 1, device=model.device).reshape(1, -1)
+        mask = (span >= longest - sizes).to(torch.long)
+    from ragsim.profiles.torch_model import Batch
+
+    batch = Batch(ids=model.token_tensor(list(range(n))).reshape(n, 1), mask=mask,
+                  positions=sizes, cache=cache, cached_lengths=lengths, new_lengths=[1] * n,
+                  next_positions=sizes + 1)
+    model.forward(batch)  # the rebuilt batch's first step
+    ids = list(range(n))
+    model.sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        model.decode(batch, ids)
+    model.sync()
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--kernels", action="store_true",
+                        help="the top kernels of each path (torch.profiler)")
+    args = parser.parse_args()
+    spec = resolve_model("mistral-7b")
+    if args.layers or args.hidden:
+        spec = scaled_down(spec, layers=args.layers, hidden=args.hidden)
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else spec.dtype)
+    model = TorchModel(spec.with_dtype(dtype), device=args.device, dtype=dtype)
+    print(f"{spec.name}: {spec.num_layers} layers, hidden {spec.hidden_size}, {dtype}, "
+          f"{args.device}; ms per decode step ({args.steps} steps)")
+    print(f"{'rows':>5} {'context':>8} {'profiler':>9} {'engine':>9} {'ragged':>9} "
+          f"{'engine/profiler':>16} {'ragged/profiler':>16}")
+    for rows, context in [(1, 512), (1, 2048), (4, 512), (16, 2048)]:
+        a = profiler_path(model, rows, context, args.steps)
+        b = engine_path(model, [context] * rows, args.steps)
+        ragged = [context - (i * context) // (2 * rows) for i in range(rows)] if rows > 1 \
+            else [context]
+        c = engine_path(model, ragged, args.steps)
+        print(f"{rows:>5} {context:>8} {a * 1e3:>9.2f} {b * 1e3:>9.2f} {c * 1e3:>9.2f} "
+              f"{b / a:>16.2f} {c / a:>16.2f}")
+        if args.kernels:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + (
+                [ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+            for name, run, shape in (("profiler", profiler_path, (rows, context)),
+                                     ("engine", engine_path, (ragged,))):
+                with profile(activities=activities) as prof:
+                    run(model, *shape, 3)
+                key = ("self_cuda_time_total" if args.device.startswith("cuda")
+                       else "self_cpu_time_total")
+                print(f"-- {name} path, {rows} x {context}:")
+                print(prof.key_averages().table(sort_by=key, row_limit=8))
+
+
+if __name__ == "__main__":
+    main()
