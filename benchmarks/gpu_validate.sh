@@ -11,8 +11,8 @@
 #    derived h200-mistral-7b profile; the quick plan) and compares it with the derived profile
 #    at a few points (derived_vs_measured.json);
 # 2. runs `ragsim validate --backend torch --device cuda` on that measured profile for ragcache
-#    at overload, 90%, 50% of the measured capacity and idle (REQUESTS requests each, default
-#    300), with --replay-decisions (the TTFT error split into cost model and decisions) and,
+#    at overload, 90% and 50% of the measured capacity (REQUESTS requests each, default 300)
+#    and idle (IDLE_REQUESTS, default 60: sequential requests take minutes), with --replay-decisions (the TTFT error split into cost model and decisions) and,
 #    on a trace built with its text (TRACE, a path), --search-latency trace (its faiss search
 #    run for real on both sides' terms; a built-in trace has no measured search times, so both
 #    sides model its search alike);
@@ -36,13 +36,17 @@ set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_validate.sh OUT_DIR [REQUESTS] [TRACE]}
 REQUESTS=${2:-300}
 TRACE=${3:-mmlu}  # a trace built with its text searches for real (--search-latency trace)
-LOADS=${LOADS:-over,90,50,idle}
+# idle is sequential, each request alone to its last token: 300 of them took minutes a load on
+# the first H200 run, so idle runs apart with fewer requests (IDLE_REQUESTS; 0: none)
+LOADS=${LOADS:-over,90,50}
+IDLE_REQUESTS=${IDLE_REQUESTS:-60}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-fp16}
 MODEL=${MODEL:-mistral-7b}
 MODEL_ARGS=${MODEL_ARGS:-}  # e.g. "--layers 2 --hidden 256" for a dry run on a CPU
 LIMIT_PROFILE_S=${LIMIT_PROFILE_S:-200}  # the quick plan took 118 s on an H200
 LIMIT_VALIDATE_S=${LIMIT_VALIDATE_S:-270}
+LIMIT_IDLE_S=${LIMIT_IDLE_S:-150}
 LIMIT_OVERLAP_S=${LIMIT_OVERLAP_S:-60}
 LIMIT_VLLM_S=${LIMIT_VLLM_S:-600}
 OVERLAP_REQUESTS=${OVERLAP_REQUESTS:-40}  # 0: no overlap check
@@ -99,8 +103,12 @@ EOF
 cat "$OUT/machine.txt"
 
 PROFILE="$OUT/$DEVICE-$MODEL-$DTYPE.json"
-if [ -n "${REUSE_PROFILE:-}" ]; then  # a dry run's second try: the profile it measured before
+# REUSE_PROFILE: a profile file or a shipped name, instead of measuring one (a dry run's second
+# try; or h200-torch-mistral-7b on an H200, which saves the quick plan's two minutes)
+if [ -f "${REUSE_PROFILE:-}" ]; then
   cp "$REUSE_PROFILE" "$PROFILE"
+elif [ -n "${REUSE_PROFILE:-}" ]; then
+  PROFILE=$REUSE_PROFILE
 else
 # shellcheck disable=SC2086  # MODEL_ARGS is a list of options
 stage profile "$LIMIT_PROFILE_S" "$PY" -m ragsim profile --model "$MODEL" $MODEL_ARGS \
@@ -108,7 +116,7 @@ stage profile "$LIMIT_PROFILE_S" "$PY" -m ragsim profile --model "$MODEL" $MODEL
   --out "$PROFILE" > "$OUT/profile.txt" 2>&1
 tail -40 "$OUT/profile.txt"
 fi
-if [ ! -f "$PROFILE" ]; then
+if [ -z "${REUSE_PROFILE:-}" ] && [ ! -f "$PROFILE" ]; then
   # still worth the device time already spent: the derived profile's raw errors on the GPU
   echo "no profile was measured: the stages below price with the derived h200-$MODEL"
   PROFILE="h200-$MODEL"
@@ -146,13 +154,26 @@ stage validate "$LIMIT_VALIDATE_S" "$PY" -m ragsim validate --backend torch --de
   --loads "$LOADS" "${SEARCH[@]}" --replay-decisions --json --out "$OUT/validate" $VALIDATE_ARGS \
   > "$OUT/validate.json" 2> "$OUT/validate.txt"
 tail -30 "$OUT/validate.txt"
-"$PY" - "$OUT/validate.json" <<'EOF' || true
+if [ "$IDLE_REQUESTS" != 0 ]; then
+  # shellcheck disable=SC2086
+  stage validate-idle "$LIMIT_IDLE_S" "$PY" -m ragsim validate --backend torch \
+    --device "$DEVICE" --profile "$PROFILE" --trace "$TRACE" --system ragcache \
+    --requests "$IDLE_REQUESTS" --loads idle "${SEARCH[@]}" --replay-decisions --json \
+    --out "$OUT/validate-idle" $VALIDATE_ARGS > "$OUT/validate-idle.json" \
+    2> "$OUT/validate-idle.txt"
+  tail -5 "$OUT/validate-idle.txt"
+fi
+"$PY" - "$OUT/validate.json" "$OUT/validate-idle.json" <<'EOF' || true
 import json, sys
-report = json.load(open(sys.argv[1]))
 keys = ("load", "ttft_mean_error", "ttft_p90_abs_error", "throughput_error", "hit_agreement",
         "cost_model_error", "decision_error", "dominant_component")
-for row in report.get("loads", []):
-    print({k: row.get(k) for k in keys})
+for name in sys.argv[1:]:
+    try:
+        report = json.load(open(name))
+    except (OSError, ValueError):
+        continue
+    for row in report.get("loads", []):
+        print({k: row.get(k) for k in keys})
 EOF
 
 # tight GPU memory, room on the host: host hits every few requests; the same run with and without
