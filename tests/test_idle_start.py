@@ -212,3 +212,35 @@ def test_the_split_puts_the_steps_prices_and_the_time_outside_them_apart():
     assert split["step_price_error"] == pytest.approx(-0.10)
     assert split["decision_error"] == pytest.approx(0.10)
     assert "outside_steps_error" not in split_error(joined, np.array([0.024, 0.008]), ids)
+
+
+def test_a_host_copy_beside_the_compute_does_not_hide_the_cold_start():
+    """With ``overlap_swap`` a step takes the longer of its compute and its host->GPU copy; the
+    cold start comes on top of that (the engine starts the step late, copy or not), in a
+    prefill-first step and in a mixed one alike. The first step of a run pays the longest
+    pause's 2 ms; a copy of 1 GB (tens of ms at the A10G's bandwidth) outlasts the compute."""
+    import simpy
+
+    from ragsim.serving.engine import Job
+    from ragsim.sim.predicted import PredictedIterations
+
+    def job() -> Job:
+        j = Job(0, 0, [1], [300], 100, 1, speculative=False)
+        j.alpha, j.beta, j.swap_in_bytes = 300, 100, 2**30
+        return j
+
+    profile = with_idle()
+    copy_s = profile.transfers.host_to_device_s(2**30)
+    compute_s = BASE.prefill.at(300, 100)
+    assert copy_s > compute_s + 0.002  # the copy hides the compute, and would hide 2 ms
+
+    for step in ("prefill", "mixed"):
+        for overlap, expected in ((True, copy_s + 0.002), (False, compute_s + copy_s + 0.002)):
+            env = simpy.Environment()
+            engine = PredictedIterations(env, profile, overlap)
+            one = job()
+            run = (engine.prefill([one]) if step == "prefill"
+                   else engine.mixed([(one, one.beta)], set(), 0.0))
+            timing = env.run(env.process(run))
+            assert timing.duration_s == pytest.approx(expected, rel=1e-9), (step, overlap)
+            assert env.now == pytest.approx(expected, rel=1e-9)
