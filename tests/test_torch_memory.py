@@ -163,3 +163,18 @@ def test_validate_refuses_a_pool_the_user_set_that_the_gpu_cannot_hold(monkeypat
     with pytest.raises(RagsimInputError, match="--gpu-mem"):
         setup_validation(tmp_path / "v", backend="torch", device="cuda",
                          profile="h200-torch-mistral-7b", requests=300, gpu_mem="130GiB")
+
+
+def test_a_gpu_run_without_cuda_says_so_before_anything_is_sized():
+    """No CUDA here: the fit must not reach torch.cuda (whose own error is an assertion about
+    torch's build), but say what the engine would."""
+    import torch
+
+    import ragsim
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RagsimInputError, match="CUDA is not available") as caught:
+        ragsim.simulate(backend="torch", device="cuda", profile="h200-torch-mistral-7b",
+                        requests=5)
+    assert caught.value.field == "--device"

@@ -171,6 +171,8 @@ def device_free_bytes(device: str) -> int | None:
         return None
     import torch
 
+    if not torch.cuda.is_available():  # as the engine would say, before it is built
+        raise RagsimInputError("CUDA is not available on this machine", field="--device")
     index = torch.device(device).index or 0
     free, _ = torch.cuda.mem_get_info(index)
     return int(free)
