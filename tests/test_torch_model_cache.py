@@ -1,6 +1,6 @@
 """The reference engine hands its KV cache to transformers under the name transformers takes.
 
-transformers renamed the forward's ``past_key_values`` to ``cache`` (5.2x; the old name stays,
+transformers renamed the forward's ``past_key_values`` to ``cache`` (5.24; the old name stays,
 deprecated, until 5.40). Given a name it does not take, a forward swallows it and builds a fresh
 cache of its own: every cached token is silently ignored. That happened on a GPU machine with
 transformers 5.17: the profile's decodes ran without their context and its prefills failed.

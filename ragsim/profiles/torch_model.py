@@ -159,7 +159,7 @@ _GROWING_LAYER = None
 
 def cache_keyword(forward: Any) -> str:
     """The name under which ``forward`` (a transformers model's or decoder layer's) takes its
-    KV cache: ``cache`` from transformers 5.2x on, ``past_key_values`` before. Given the other
+    KV cache: ``cache`` from transformers 5.24 on, ``past_key_values`` before. Given the other
     name, a forward swallows it in ``**kwargs`` and runs on a fresh cache of its own: the pass
     silently ignores every cached token (on transformers 5.17 the profile's decodes ran
     without their context, and its prefills failed)."""
