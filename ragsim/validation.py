@@ -634,9 +634,7 @@ def run_needs(trace: Trace, config: SimConfig, kv_bytes_per_token: int) -> dict[
     longest prompt (cached prefix and prefill), the longest context a decode step sees, and the
     most requests that can decode at once (the batch limit, the requests, and the GPU memory's
     room for requests of the mean context, whichever is least)."""
-    running = np.concatenate([[0], np.cumsum(trace.doc_tokens_flat)])
-    docs = running[trace.doc_offsets[1:]] - running[trace.doc_offsets[:-1]]
-    prompts = config.system_prompt_tokens + docs + trace.query_tokens
+    prompts = config.system_prompt_tokens + trace.doc_tokens_per_request + trace.query_tokens
     contexts = prompts + trace.output_tokens
     batch = min(config.max_batch_size, trace.n_requests)
     if config.gpu_kv_bytes:

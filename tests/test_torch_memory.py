@@ -178,3 +178,18 @@ def test_a_gpu_run_without_cuda_says_so_before_anything_is_sized():
         ragsim.simulate(backend="torch", device="cuda", profile="h200-torch-mistral-7b",
                         requests=5)
     assert caught.value.field == "--device"
+
+
+def test_the_longest_request_counts_its_documents_query_output_and_system_prompt():
+    """By hand: request 0 retrieves documents of 10 and 20 tokens (query 7, output 3: 40),
+    request 1 one of 5 tokens (query 50, output 9: 64); with a 100-token system prompt, 164."""
+    from ragsim.realrun.memory import longest_request_tokens
+    from ragsim.traces.io import TraceBuilder
+
+    builder = TraceBuilder("by-hand")
+    builder.add(0, 0.0, 7, 3, [1, 2], [10, 20])
+    builder.add(1, 1.0, 50, 9, [3], [5])
+    trace = builder.build({"name": "by-hand"})
+    assert trace.doc_tokens_per_request.tolist() == [30, 5]
+    assert longest_request_tokens(trace, SimConfig()) == 64
+    assert longest_request_tokens(trace, SimConfig().replace(system_prompt_tokens=100)) == 164

@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-import numpy as np
-
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.models import ModelSpec
 from ragsim.realrun.iterations import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
@@ -70,9 +68,8 @@ def prefill_bytes(rows: int, longest_tokens: int, batched_tokens: int,
 def longest_request_tokens(trace, config) -> int:
     """The longest request's tokens once it has answered: system prompt, documents, query and
     output."""
-    running = np.concatenate([[0], np.cumsum(trace.doc_tokens_flat)])
-    docs = running[trace.doc_offsets[1:]] - running[trace.doc_offsets[:-1]]
-    total = config.system_prompt_tokens + docs + trace.query_tokens + trace.output_tokens
+    total = (config.system_prompt_tokens + trace.doc_tokens_per_request + trace.query_tokens
+             + trace.output_tokens)
     return int(total.max()) if len(total) else 1
 
 

@@ -103,6 +103,12 @@ class Trace:
             self._doc_tokens_flat = self.tokens_of(self.doc_ids)
         return self._doc_tokens_flat
 
+    @property
+    def doc_tokens_per_request(self) -> np.ndarray:
+        """Each request's retrieved documents' tokens, summed."""
+        running = np.concatenate(([0], np.cumsum(self.doc_tokens_flat)))
+        return running[self.doc_offsets[1:]] - running[self.doc_offsets[:-1]]
+
     def tokens_of(self, doc_ids) -> np.ndarray:
         """Token counts of ``doc_ids`` (ids or an array of ids, each in the documents table)."""
         return self.document_tokens[np.searchsorted(self.document_ids, doc_ids)]

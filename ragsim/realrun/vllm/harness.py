@@ -137,9 +137,7 @@ def engine_settings(trace: Trace, config: SimConfig, profile: Profile, seed: int
         raise RagsimInputError(f"vLLM pages KV in blocks of a multiple of "
                                f"{BLOCK_MULTIPLE_TOKENS} tokens, got {block}",
                                field="--block-tokens")
-    cumulative = np.concatenate(([0], np.cumsum(trace.doc_tokens_flat)))
-    docs = cumulative[trace.doc_offsets[1:]] - cumulative[trace.doc_offsets[:-1]]
-    longest = int((config.system_prompt_tokens + docs + trace.query_tokens
+    longest = int((config.system_prompt_tokens + trace.doc_tokens_per_request + trace.query_tokens
                    + trace.output_tokens).max()) if trace.n_requests else 1
     max_len = -(-max(longest, 1) // block) * block
     return EngineSettings(
