@@ -14,10 +14,15 @@ yet the engine's own decode steps in the run took ~70 ms (305 steps: priced/meas
 
 This times each path for a few steps and prints ms per step and the ratios, so a GPU session
 can tell which difference costs the time (run it with ``--kernels`` for the top CUDA kernels of
-each under torch.profiler)::
+each under torch.profiler). With ``--run N --profile P`` it also serves N sequential requests
+for real (``ragsim.simulate(backend="torch")``) under torch.profiler and prints the run's wall
+time beside the device time of its kernels: device time near the profile's prices with a wall
+time three times longer puts the gap on the host, around the model's calls::
 
-    python benchmarks/decode_paths.py --device cuda --dtype fp16            # Mistral-7B
-    python benchmarks/decode_paths.py --layers 2 --hidden 256               # a CPU check
+    python benchmarks/decode_paths.py --device cuda --dtype fp16 \
+        --run 8 --profile h200-torch-mistral-7b                               # Mistral-7B
+    python benchmarks/decode_paths.py --layers 2 --hidden 256 \
+        --run 4 --profile cpu-mistral-7b-l2-h256                              # a CPU check
 """
 
 from __future__ import annotations
@@ -88,7 +93,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--kernels", action="store_true",
                         help="the top kernels of each path (torch.profiler)")
+    parser.add_argument("--run", type=int, default=0,
+                        help="also serve this many sequential requests for real, profiled")
+    parser.add_argument("--profile", default="",
+                        help="with --run: the cost profile of the model served")
     args = parser.parse_args()
+    if args.run and not args.profile:
+        parser.error("--run needs --profile (the model the run serves is the profile's)")
     spec = resolve_model("mistral-7b")
     if args.layers or args.hidden:
         spec = scaled_down(spec, layers=args.layers, hidden=args.hidden)
@@ -119,6 +130,37 @@ def main() -> None:
                        else "self_cpu_time_total")
                 print(f"-- {name} path, {rows} x {context}:")
                 print(prof.key_averages().table(sort_by=key, row_limit=8))
+    if args.run:
+        served_run(args.device, args.profile, args.run)
+
+
+def served_run(device: str, profile: str, requests: int) -> None:
+    """N sequential requests served for real under torch.profiler: wall time against the
+    device time of the kernels, and the kernels that took it."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    import ragsim
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    started = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        run = ragsim.simulate(backend="torch", device=device, profile=profile,
+                              requests=requests, arrival="sequential")
+    wall_s = time.perf_counter() - started
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    device_s = sum(getattr(e, key, 0.0) for e in events) / 1e6
+    summary = run.summary
+    decode = summary.get("cost_model_errors", {}).get("decode", {})
+    print(f"served {summary['requests_completed']} requests in {wall_s:.2f} s wall (the "
+          f"profiler's own cost included); kernels {device_s:.2f} s of "
+          f"{'device' if cuda else 'host'} time; decode steps measured "
+          f"{decode.get('measured_s', float('nan')):.2f} s against "
+          f"{decode.get('predicted_s', float('nan')):.2f} s priced over "
+          f"{decode.get('iterations', 0)} steps")
+    print(events.table(sort_by=key, row_limit=12))
 
 
 if __name__ == "__main__":

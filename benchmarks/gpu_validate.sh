@@ -145,8 +145,8 @@ EOF
 # the profiler's decode path against the engine's (buffer layout, mask, appending) on the same
 # shapes: on the first H200 run the engine's steps took ~3x what the profile timed
 # shellcheck disable=SC2086
-stage decode-paths 120 "$PY" benchmarks/decode_paths.py --device "$DEVICE" --dtype "$DTYPE" \
-  $MODEL_ARGS --kernels > "$OUT/decode_paths.txt" 2>&1
+stage decode-paths 150 "$PY" benchmarks/decode_paths.py --device "$DEVICE" --dtype "$DTYPE" \
+  $MODEL_ARGS --kernels --run 8 --profile "$PROFILE" > "$OUT/decode_paths.txt" 2>&1
 head -8 "$OUT/decode_paths.txt"
 
 stage validate "$LIMIT_VALIDATE_S" "$PY" -m ragsim validate --backend torch --device "$DEVICE" \
