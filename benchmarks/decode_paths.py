@@ -91,6 +91,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int)
     parser.add_argument("--hidden", type=int)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (the shipped CPU profile's engine runs on one)")
     parser.add_argument("--kernels", action="store_true",
                         help="the top kernels of each path (torch.profiler)")
     parser.add_argument("--run", type=int, default=0,
@@ -104,19 +106,25 @@ def main() -> None:
     if args.layers or args.hidden:
         spec = scaled_down(spec, layers=args.layers, hidden=args.hidden)
     dtype = args.dtype or ("fp32" if args.device == "cpu" else spec.dtype)
-    model = TorchModel(spec.with_dtype(dtype), device=args.device, dtype=dtype)
+    model = TorchModel(spec.with_dtype(dtype), device=args.device, dtype=dtype,
+                       threads=args.threads if args.device == "cpu" else None)
     print(f"{spec.name}: {spec.num_layers} layers, hidden {spec.hidden_size}, {dtype}, "
           f"{args.device}; ms per decode step ({args.steps} steps)")
+    # ragged: rows from the context down to about half of it (a loaded engine's batch), whose
+    # step the simulator prices at their mean context; the engine pads them to the longest
     print(f"{'rows':>5} {'context':>8} {'profiler':>9} {'engine':>9} {'ragged':>9} "
-          f"{'engine/profiler':>16} {'ragged/profiler':>16}")
-    for rows, context in [(1, 512), (1, 2048), (4, 512), (16, 2048)]:
+          f"{'at mean':>9} {'engine/profiler':>16} {'ragged/profiler':>16} "
+          f"{'ragged/at mean':>15}")
+    for rows, context in [(1, 512), (1, 2048), (4, 512), (8, 1024), (16, 512), (16, 2048)]:
         a = profiler_path(model, rows, context, args.steps)
         b = engine_path(model, [context] * rows, args.steps)
         ragged = [context - (i * context) // (2 * rows) for i in range(rows)] if rows > 1 \
             else [context]
         c = engine_path(model, ragged, args.steps)
+        mean = profiler_path(model, rows, round(sum(ragged) / rows), args.steps) \
+            if rows > 1 else a
         print(f"{rows:>5} {context:>8} {a * 1e3:>9.2f} {b * 1e3:>9.2f} {c * 1e3:>9.2f} "
-              f"{b / a:>16.2f} {c / a:>16.2f}")
+              f"{mean * 1e3:>9.2f} {b / a:>16.2f} {c / a:>16.2f} {c / mean:>15.2f}")
         if args.kernels:
             from torch.profiler import ProfilerActivity, profile
 

@@ -302,3 +302,21 @@ def test_reuse_table_prints_each_load_memory_and_rule_with_throughput_paired_by_
     assert row[12] == (f"{sum(ratios) / len(ratios):.3f} [{min(ratios):.3f}, "
                        f"{max(ratios):.3f}]")
     assert row[12] != "1.000 [1.000, 1.000]"  # at saturation the rules' throughputs differ
+
+
+def test_decode_paths_prints_each_shape_and_ratios_of_its_own_columns():
+    """benchmarks/decode_paths.py (the GPU session's first stage) on a tiny model: a row per
+    shape, each ratio the quotient of the columns it names (to the printed rounding); no
+    timing is judged."""
+    out = run_script("decode_paths.py", "--layers", "1", "--hidden", "128", "--steps", "2")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and
+            line.split()[0].isdigit()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(1, 512), (1, 2048), (4, 512),
+                                                      (8, 1024), (16, 512), (16, 2048)]
+    for r in rows:
+        profiler, engine, ragged, at_mean = (float(x) for x in r[2:6])
+        for shown, a, b in ((r[6], engine, profiler), (r[7], ragged, profiler),
+                            (r[8], ragged, at_mean)):
+            # each time is printed to 0.01 ms: the ratio of the true times lies within that
+            low, high = (a - 0.005) / (b + 0.005), (a + 0.005) / (b - 0.005)
+            assert low - 0.005 <= float(shown) <= high + 0.005, (r, shown)
