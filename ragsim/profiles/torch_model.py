@@ -135,12 +135,19 @@ def _growing_layer_class():
                 self.keys, self.values = key_states, value_states  # shape and dtype to copy
                 self._reserve(need)
             elif need > buffer.shape[-2]:
-                self._reserve(max(need, buffer.shape[-2] + buffer.shape[-2] // 4 + 64))
+                self._reserve(max(need, buffer.shape[-2] + buffer.shape[-2] // 4
+                                  + GROWTH_EXTRA_TOKENS))
             self._keys_buffer[..., self._length:need, :] = key_states
             self._values_buffer[..., self._length:need, :] = value_states
             self._length = need
             self._view()
             return self.keys, self.values
+
+        def release(self) -> None:
+            """Drop this layer's tensors (a discarded batch's memory, freed before the rest of
+            a rebuild allocates)."""
+            self.keys = self.values = None
+            self._keys_buffer = self._values_buffer = None
 
         def crop(self, tokens_to_remove: int) -> None:
             if tokens_to_remove > 0:
@@ -155,6 +162,8 @@ def _growing_layer_class():
 
 
 _GROWING_LAYER = None
+# a full GrowingLayer grows by a quarter plus this many tokens
+GROWTH_EXTRA_TOKENS = 64
 
 
 def cache_keyword(forward: Any) -> str:

@@ -64,9 +64,7 @@ DECODE_HEADROOM_ROWS = 4
 def _release(layers: list, storage: list | None, index: int) -> None:
     """Drop a discarded decode batch's tensors of layer ``index`` (and the row storage's, the
     same buffers), so that their memory is free before the rest of a rebuild allocates."""
-    layer = layers[index]
-    layer.keys = layer.values = None
-    layer._keys_buffer = layer._values_buffer = None
+    layers[index].release()
     if storage is not None:
         storage[index] = None
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.torch_model import GROWTH_EXTRA_TOKENS
 from ragsim.realrun.iterations import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
 from ragsim.units import format_bytes
 
@@ -51,7 +52,7 @@ def decode_batch_bytes(rows: int, longest_tokens: int, spec: ModelSpec) -> int:
     """The dense decode batch's most: ``rows`` running requests padded to the longest, with the
     engine's spare rows, and its buffer grown by a quarter past that row's last token."""
     buffer_rows = rows + max(DECODE_HEADROOM_ROWS, int(rows * ROW_HEADROOM_FRACTION))
-    tokens = int(TOKEN_GROWTH * (longest_tokens + DECODE_HEADROOM_TOKENS)) + 64
+    tokens = int(TOKEN_GROWTH * (longest_tokens + DECODE_HEADROOM_TOKENS)) + GROWTH_EXTRA_TOKENS
     return buffer_rows * tokens * spec.kv_bytes_per_token
 
 
@@ -133,9 +134,9 @@ def fit_terms(config, spec: ModelSpec, *, profile_pool_bytes: int, longest_token
     left = free_bytes - current.weights_bytes - current.prefill_bytes - current.slack_bytes
     if "max_batch_size" not in given:
         share = left // 2 if "gpu_kv_bytes" not in given else left - pool
-        rows = config.max_batch_size
+        rows = config.max_batch_size  # the most rows whose batch fits the share (at least 1)
         while rows > 1 and decode_batch_bytes(rows, longest_tokens, spec) > share:
-            rows = max(1, min(rows - 1, int(rows * 0.95)))
+            rows -= 1
         if rows < config.max_batch_size:
             changed["max_batch_size"] = (config.max_batch_size, rows)
             config = config.replace(max_batch_size=rows)
