@@ -82,7 +82,7 @@ def coarse_times(arrival_s: np.ndarray) -> str | None:
     """Arrival times so large that float64 cannot hold the simulation's short durations. A
     request that never arrived (a sequential run stopped before its turn: its time is inf) has
     no time to hold, and is not counted."""
-    arrived = arrival_s[np.isfinite(arrival_s)] if len(arrival_s) else arrival_s
+    arrived = arrival_s[np.isfinite(arrival_s)]
     if not len(arrived):
         return None
     latest = float(np.max(np.abs(arrived)))
