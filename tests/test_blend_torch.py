@@ -248,7 +248,8 @@ def in_place_kv(model, context) -> list:
 def reference_partial(model, ids, keep: list[int], kv, from_layer: int):
     cache = OverridingCache(model.config, keep, kv, from_layer)
     with torch.no_grad():
-        logits = model.model(input_ids=ids[None], cache=cache, use_cache=True).logits[0, -1]
+        logits = model.model(input_ids=ids[None], use_cache=True,
+                             **{model.cache_kw: cache}).logits[0, -1]
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers], logits
 
 

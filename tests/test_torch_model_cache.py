@@ -59,3 +59,25 @@ def test_a_prefill_over_cached_kv_reads_it(model):
     prefix = model.prefill([Row(None, tokens[:4], 0)]).new_kv[0]
     rest = model.prefill([Row(prefix, tokens[4:], 4)]).logits
     torch.testing.assert_close(rest, whole, rtol=1e-4, atol=1e-4)
+
+
+def test_the_floor_lane_installs_the_oldest_transformers_the_extra_allows():
+    """.ci/run-floor runs the torch engine's tests on the [profile] extra's lower bound for
+    transformers (4.56, the bound until 2026-12-04, crashed in the cache layer: its
+    ``lazy_initialization`` took one tensor before 5.0), and .ci/run calls it."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    root = Path(__file__).resolve().parent.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["profile"]
+    bound = next(re.fullmatch(r"transformers>=([\d.]+)", spec) for spec in extra
+                 if spec.startswith("transformers"))
+    assert bound, extra
+    lane = (root / ".ci" / "run-floor").read_text()
+    floor = re.search(r"^TRANSFORMERS_FLOOR=([\d.]+)$", lane, re.M).group(1)
+    assert Version(bound.group(1)) == Version(floor), (bound.group(1), floor)
+    assert "bash .ci/run-floor" in (root / ".ci" / "run").read_text()
