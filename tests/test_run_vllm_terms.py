@@ -41,10 +41,15 @@ EXPECTED = {**EXPECTED, ("vllm-apc", "cuda:1"): {**PROMPTS, **MIXED}}
 
 
 def _resolve(system: str, device: str = "cpu", given: Path | None = None, **flags):
-    """The configuration ``ragsim run --backend vllm --system SYSTEM [flags]`` runs."""
+    """The configuration ``ragsim run --backend vllm --system SYSTEM [flags]`` runs, and
+    what vLLM's terms changed."""
     base = load_config_file(given) if given is not None else None
-    return resolved_config({"system": system, "trace": "mmlu", "n_requests": 10, **flags},
-                           base=base, config_file=given, backend="vllm", device=device)
+    fields = {"system": system, "trace": "mmlu", "n_requests": 10, **flags}
+    config, changed, set_by_user = resolved_config(fields, base=base, config_file=given,
+                                                   backend="vllm", device=device)
+    assert set_by_user == {*fields, *(base or {})}
+    assert not set_by_user & set(changed), "a term changed a field the user set"
+    return config, changed
 
 
 @pytest.mark.parametrize(("system", "device"), list(EXPECTED))
@@ -60,8 +65,9 @@ def test_unset_settings_take_the_values_vllm_runs_with(system, device):
 
 
 def test_the_simulator_runs_the_configuration_as_given():
-    config, changed = resolved_config({"system": "ragcache", "trace": "mmlu"}, base=None,
-                                      config_file=None, backend="sim")
+    config, changed, set_by_user = resolved_config({"system": "ragcache", "trace": "mmlu"},
+                                                   base=None, config_file=None, backend="sim")
+    assert set_by_user == {"system", "trace"}
     assert changed == {}
     assert (config.speculate, config.reorder, config.prefix_block_tokens,
             config.batch_kv_sharing, config.scheduler) == (True, True, 1, False, "prefill-first")

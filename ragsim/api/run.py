@@ -130,20 +130,22 @@ def _in_user_words(exc: RagsimInputError, by_option: set[str], from_file: dict |
 def resolved_config(fields: dict, *, base: dict | None, config_file: str | None,
                     backend: str = "sim", device: str = "cpu"):
     """The configuration a run runs (``fields`` over the config file's table ``base``) and the
-    settings the backend changed (field -> (was, now)). With the vLLM backend each setting
+    settings the backend changed (field -> (was, now)), and the fields the user set (``fields``
+    and the file's: what no later term may change). With the vLLM backend each setting
     vLLM's engine fixes that neither set takes vLLM's value and one set to a value vLLM cannot
     run is refused: ``validate.backend_terms``, the rule validation applies, so the run's
     config.toml and summary hold what vLLM ran. Errors name the option or the file's field as
     the user set it."""
     from ragsim.serving.config import build_config
 
+    given = frozenset({*(base or {}), *fields})
     try:
         config = build_config(fields, base=base, source=config_file)
         if backend != "vllm":
-            return config, {}
+            return config, {}, given
         from ragsim.validation import backend_terms
 
-        return backend_terms(config, backend, device=device, given={*(base or {}), *fields})
+        return (*backend_terms(config, backend, device=device, given=given), given)
     except RagsimInputError as exc:
         raise _in_user_words(exc, set(fields), base, config_file) from None
 
@@ -250,8 +252,8 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
         raise RagsimInputError(f"must be >= 0, got {threads}", field=label("threads"))
     base, config_file = _config_table(config)
     fields = fields_of_options(options)
-    resolved, terms = resolved_config(fields, base=base, config_file=config_file,
-                                      backend=backend, device=device)
+    resolved, terms, given = resolved_config(fields, base=base, config_file=config_file,
+                                             backend=backend, device=device)
     if backend != "sim" and resolved.host_write != "back":
         # a real engine applies the tree's moves before an iteration; a write-through copy of
         # KV the iteration has yet to compute has no order there yet
@@ -264,7 +266,7 @@ def setup_run(config=None, *, backend: str = "sim", device: str = "cpu", threads
                                f"torch: use one of them, or {label('reuse')} prefix",
                                field=label("reuse"))
     setup = RunSetup(resolved, backend=backend, device=device, threads=threads, terms=terms,
-                     config_file=config_file, given=frozenset({*(base or {}), *fields}))
+                     config_file=config_file, given=given)
     if terms:
         from ragsim.validation import terms_note
 

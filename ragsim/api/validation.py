@@ -53,8 +53,9 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
             replicas: int | None = None, router: str | None = None):
     """The run's configuration (a config file under this command's options) on the terms
     the backend runs it with, where neither set them (``validate.backend_terms``: for vLLM
-    its engine's settings and the mixed scheduler), and what those terms changed (field ->
-    (was, now)); an error naming this command's option or the file's field."""
+    its engine's settings and the mixed scheduler), what those terms changed (field ->
+    (was, now)), and the fields the user set (options and the file: what no later term may
+    change); an error naming this command's option or the file's field."""
     from ragsim import validation as v
     from ragsim.serving.config import build_config, load_config_file
 
@@ -72,7 +73,9 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
     except RagsimInputError as exc:
         option = _OPTION_OF_FIELD.get(exc.field or "")
         raise (type(exc)(exc.detail, field=label(option)) if option else exc) from None
-    return v.backend_terms(config, backend, device=device, given=given, source=source)
+    resolved, terms = v.backend_terms(config, backend, device=device, given=given,
+                                      source=source)
+    return resolved, terms, frozenset(given)
 
 
 def _with_measured_handoff(resolved, data, config_file, note):
@@ -397,7 +400,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                                    "replay_decisions"))
     if backend == "torch" or profile_now:
         require_extra("profile", "ragsim validate")
-    resolved, terms = _config(config, trace=trace, system=system, rate=rate,
+    resolved, terms, given = _config(config, trace=trace, system=system, rate=rate,
                               requests=requests, seed=seed, policy=policy, gpu_mem=gpu_mem,
                               host_mem=host_mem, scheduler=scheduler, backend=backend,
                               device=device, search_latency=search_latency, reuse=reuse,
@@ -438,10 +441,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     v.engine_scale(costs, layers, hidden)
     if backend == "torch":  # on a GPU: what the engine's padded batches leave for the pool
         from ragsim.realrun.memory import fit_for_device
-        from ragsim.serving.config import load_config_file
 
-        given = {*(load_config_file(config) if config is not None else {}),
-                 *(["gpu_kv_bytes"] if gpu_mem else [])}
         resolved, memory_terms, memory_note = fit_for_device(
             resolved, data, costs, device, given=given, who="both sides run so")
         if memory_note is not None:
