@@ -8,9 +8,9 @@ yet the engine's own decode steps in the run took ~70 ms (305 steps: priced/meas
 * profiler: ``prepare`` + ``forward`` over rows of one length (no mask), then ``decode`` and
   ``undo_decode`` at the same length, again and again;
 * engine (``realrun/iterations.py``): a rebuilt batch, each layer a buffer with spare rows
-  (``DECODE_HEADROOM_ROWS``, a quarter) and spare tokens (``DECODE_HEADROOM_TOKENS``) whose
-  first rows are the cache (views, not the whole buffer), a mask wherever rows differ in
-  length, and steps that append and grow the buffer.
+  and tokens (``decode_buffer_shape``) whose first rows are the cache (views, not the whole
+  buffer), a mask wherever rows differ in length (``decode_step_batch``), and steps that append
+  and grow the buffer. Both helpers are the engine's own, so this path follows the engine.
 
 This times each path for a few steps and prints ms per step and the ratios, so a GPU session
 can tell which difference costs the time (run it with ``--kernels`` for the top CUDA kernels of
@@ -32,7 +32,7 @@ import time
 
 from ragsim.profiles.models import resolve_model, scaled_down
 from ragsim.profiles.torch_model import Row, TorchModel
-from ragsim.realrun.iterations import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
+from ragsim.realrun.iterations import decode_buffer_shape, decode_step_batch
 
 
 def profiler_path(model: TorchModel, rows: int, context: int, steps: int) -> float:
@@ -56,24 +56,15 @@ def engine_path(model: TorchModel, lengths: list[int], steps: int) -> float:
     their first rows), a mask when lengths differ, steps that append."""
     torch = model.torch
     n, longest = len(lengths), max(lengths)
-    buffer_rows = n + max(DECODE_HEADROOM_ROWS, n // 4)
+    buffer_rows, buffer_tokens = decode_buffer_shape(n, longest)
     heads, dim = model.config.num_key_value_heads, model.config.head_dim
     cache = model.new_cache()
     for layer in range(model.num_layers):
-        keys = torch.randn(buffer_rows, heads, longest + DECODE_HEADROOM_TOKENS, dim,
-                           device=model.device, dtype=model.dtype)
+        keys = torch.randn(buffer_rows, heads, buffer_tokens, dim, device=model.device,
+                           dtype=model.dtype)
         values = torch.randn_like(keys)
         cache.layers[layer].adopt(keys[:n], values[:n], longest)
-    sizes = torch.tensor(lengths, device=model.device).reshape(n, 1)
-    mask = None
-    if len(set(lengths)) > 1:
-        span = torch.arange(longest + 1, device=model.device).reshape(1, -1)
-        mask = (span >= longest - sizes).to(torch.long)
-    from ragsim.profiles.torch_model import Batch
-
-    batch = Batch(ids=model.token_tensor(list(range(n))).reshape(n, 1), mask=mask,
-                  positions=sizes, cache=cache, cached_lengths=lengths, new_lengths=[1] * n,
-                  next_positions=sizes + 1)
+    batch = decode_step_batch(model, cache, lengths, longest, list(range(n)))
     model.forward(batch)  # the rebuilt batch's first step
     ids = list(range(n))
     model.sync()

@@ -10,6 +10,9 @@ per document and per query).
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch  # [profile] is in [dev]: missing is a broken set-up, not a skip
@@ -195,3 +198,63 @@ def test_the_trees_moves_applied_to_the_store_keep_it_in_step_with_the_tree():
     assert {"admit_gpu", "swap_out", "free_gpu", "swap_in", "drop"} <= kinds
     with pytest.raises(ValueError, match="admit_gpu"):
         store.apply("admit_gpu", "x")
+
+
+class _CountingTorch:
+    """torch, with each ``empty`` (a rebuild's buffer allocation) calling ``on_empty`` first."""
+
+    def __init__(self, on_empty) -> None:
+        self._on_empty = on_empty
+
+    def empty(self, *args, **kwargs):
+        self._on_empty()
+        return torch.empty(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def test_a_rebuild_frees_the_old_batch_before_allocating_the_next_layer(monkeypatch):
+    """The old decode batch's buffers are gone, layer by layer, before the new batch allocates
+    the next layer (on a GPU the old and the new batch together ran out of memory): when the
+    rebuild allocates layer L, no old layer before L is alive; when it returns, none is. The
+    buffers are watched through weak references, so only real frees pass."""
+    from ragsim.realrun.iterations import TorchIterations
+
+    rebuild = TorchIterations._rebuild
+    watched: list[list[int]] = []  # per rebuild over an old batch: old layers alive per alloc
+
+    def rebuild_watched(self, members):
+        if self._row_storage is None:
+            return rebuild(self, members)
+        old = [[weakref.ref(buffer) for buffer in pair] for pair in self._row_storage]
+        alive_at_alloc: list[int] = []
+
+        def on_empty():
+            alive = [layer for layer, refs in enumerate(old)
+                     if any(ref() is not None for ref in refs)]
+            layer = len(alive_at_alloc) // 2  # two buffers (keys, values) a layer
+            alive_at_alloc.append(layer)
+            assert all(alive_layer >= layer for alive_layer in alive), (layer, alive)
+
+        model = self.model
+        model.torch = _CountingTorch(on_empty)
+        try:
+            result = rebuild(self, members)
+        finally:
+            model.torch = torch
+        gc.collect()
+        assert all(ref() is None for refs in old for ref in refs), "an old buffer outlived it"
+        watched.append(alive_at_alloc)
+        return result
+
+    monkeypatch.setattr(TorchIterations, "_rebuild", rebuild_watched)
+    # a short request decoding for a while (~1 s here), then longer ones joining its batch:
+    # longer than its rows' common end, they cannot join in place (a rebuild over its batch)
+    b = TraceBuilder("rebuild-test")
+    b.add(0, 0.0, 5, 200, [3], [SIZES[3]])
+    for i, docs in enumerate([[4, 5], [5, 4], [0, 5]], start=1):
+        b.add(i, 0.1, 7, 3, docs, [SIZES[d] for d in docs])
+    run = served(b.build({"name": "rebuild-test"}), arrival="trace")
+    assert watched, "no rebuild replaced an existing batch: the test saw nothing"
+    assert all(len(allocs) == 2 * run.model.num_layers for allocs in watched)

@@ -135,8 +135,7 @@ def _growing_layer_class():
                 self.keys, self.values = key_states, value_states  # shape and dtype to copy
                 self._reserve(need)
             elif need > buffer.shape[-2]:
-                self._reserve(max(need, buffer.shape[-2] + buffer.shape[-2] // 4
-                                  + GROWTH_EXTRA_TOKENS))
+                self._reserve(max(need, grown_tokens(buffer.shape[-2])))
             self._keys_buffer[..., self._length:need, :] = key_states
             self._values_buffer[..., self._length:need, :] = value_states
             self._length = need
@@ -164,6 +163,12 @@ def _growing_layer_class():
 _GROWING_LAYER = None
 # a full GrowingLayer grows by a quarter plus this many tokens
 GROWTH_EXTRA_TOKENS = 64
+
+
+def grown_tokens(tokens: int) -> int:
+    """The tokens a full ``GrowingLayer`` buffer of ``tokens`` grows to (the memory bound
+    reads it here too)."""
+    return tokens + tokens // 4 + GROWTH_EXTRA_TOKENS
 
 
 def cache_keyword(forward: Any) -> str:

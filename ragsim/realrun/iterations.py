@@ -61,6 +61,31 @@ DECODE_HEADROOM_TOKENS = 64
 DECODE_HEADROOM_ROWS = 4
 
 
+def decode_buffer_shape(rows: int, longest_tokens: int) -> tuple[int, int]:
+    """A rebuilt decode batch's buffer (rows, tokens) for ``rows`` requests padded to
+    ``longest_tokens``: a quarter more rows (at least DECODE_HEADROOM_ROWS) for joiners, and
+    DECODE_HEADROOM_TOKENS for the tokens to come. The engine, its memory bound
+    (``realrun.memory``) and ``benchmarks/decode_paths.py`` all read it here."""
+    return rows + max(DECODE_HEADROOM_ROWS, rows // 4), longest_tokens + DECODE_HEADROOM_TOKENS
+
+
+def decode_step_batch(model: TorchModel, cache: Any, lengths: list[int], end: int,
+                      next_tokens: list[int]) -> Batch:
+    """A decode step's inputs for rows whose KV (``lengths`` tokens each, left-padded) ends at
+    ``end`` in ``cache``: each row's next token at its own position, and a mask of its own
+    tokens and the new one when the rows differ."""
+    torch, device = model.torch, model.device
+    n = len(lengths)
+    sizes = torch.tensor(lengths, device=device).reshape(n, 1)
+    mask = None
+    if len(set(lengths)) > 1 or lengths[0] != end:
+        span = torch.arange(end + 1, device=device).reshape(1, -1)
+        mask = (span >= end - sizes).to(torch.long)
+    return Batch(ids=model.token_tensor(next_tokens).reshape(n, 1), mask=mask,
+                 positions=sizes, cache=cache, cached_lengths=lengths, new_lengths=[1] * n,
+                 next_positions=sizes + 1)
+
+
 def _release(layers: list, storage: list | None, index: int) -> None:
     """Drop a discarded decode batch's tensors of layer ``index`` (and the row storage's, the
     same buffers), so that their memory is free before the rest of a rebuild allocates."""
@@ -473,7 +498,7 @@ class TorchIterations:
         order = kept + joined
         lengths = [self._running[j].tokens for j in order]
         n, longest = len(order), max(lengths)
-        rows = n + max(DECODE_HEADROOM_ROWS, n // 4)
+        rows, buffer_tokens = decode_buffer_shape(n, longest)
         heads, dim = model.config.num_key_value_heads, model.config.head_dim
         device, dtype = model.device, model.dtype
         cache = model.new_cache()
@@ -496,8 +521,8 @@ class TorchIterations:
             for side in (0, 1):
                 # written once: each row's KV where it belongs, zeros only in its padding, and
                 # room after it for the tokens to come (appended in place)
-                buffer = torch.empty(rows, heads, longest + DECODE_HEADROOM_TOKENS, dim,
-                                     device=device, dtype=dtype)
+                buffer = torch.empty(rows, heads, buffer_tokens, dim, device=device,
+                                     dtype=dtype)
                 if kept:
                     source = (old_layers[layer].keys if side == 0
                               else old_layers[layer].values)
@@ -506,6 +531,7 @@ class TorchIterations:
                                                                         old_total - take:]
                     if longest > take:
                         buffer[:len(kept), :, :longest - take].zero_()
+                    del source  # a view of the old buffer: held, it outlives its release
                 for row, job in enumerate(joined, start=len(kept)):
                     buffer[row, :, :longest - lengths[row]].zero_()
                     copy_chunks(buffer[row, :, longest - lengths[row]:longest],
@@ -572,19 +598,8 @@ class TorchIterations:
                           ) -> tuple[Batch, list[Job]]:
         """The decode step's inputs for rows ``order`` whose KV ends at ``end`` in ``cache``:
         each row's next token, its position, and a mask of its own tokens when rows differ."""
-        torch, model = self.model.torch, self.model
-        device = model.device
-        lengths = [self._running[j].tokens for j in order]
-        n = len(order)
-        sizes = torch.tensor(lengths, device=device).reshape(n, 1)
-        mask = None
-        if len(set(lengths)) > 1 or lengths[0] != end:  # each row's own tokens and the new one
-            span = torch.arange(end + 1, device=device).reshape(1, -1)
-            mask = (span >= end - sizes).to(torch.long)
-        batch = Batch(ids=model.token_tensor([self._running[j].next_token for j in order]
-                                             ).reshape(n, 1),
-                      mask=mask, positions=sizes, cache=cache, cached_lengths=lengths,
-                      new_lengths=[1] * n, next_positions=sizes + 1)
+        batch = decode_step_batch(self.model, cache, [self._running[j].tokens for j in order],
+                                  end, [self._running[j].next_token for j in order])
         self._decode_batch, self._decode_order = batch, order
         return batch, order
 

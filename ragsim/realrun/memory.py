@@ -27,13 +27,10 @@ from dataclasses import dataclass
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.models import ModelSpec
-from ragsim.profiles.torch_model import GROWTH_EXTRA_TOKENS
-from ragsim.realrun.iterations import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
+from ragsim.profiles.torch_model import grown_tokens
+from ragsim.realrun.iterations import decode_buffer_shape
 from ragsim.units import format_bytes
 
-# the decode batch's spare rows (a quarter, or at least DECODE_HEADROOM_ROWS), spare tokens,
-# and its growth by a quarter when a row outgrows it (torch_model.GrowingLayer)
-ROW_HEADROOM_FRACTION, TOKEN_GROWTH = 0.25, 1.25
 # CUDA's context, the caching allocator's fragmentation and what the measurement cannot
 # foresee: a share of the device's free memory kept out of every term
 SLACK_FRACTION, SLACK_MIN_BYTES = 0.05, 2 * 2**30
@@ -50,10 +47,9 @@ def weight_bytes(spec: ModelSpec) -> int:
 
 def decode_batch_bytes(rows: int, longest_tokens: int, spec: ModelSpec) -> int:
     """The dense decode batch's most: ``rows`` running requests padded to the longest, with the
-    engine's spare rows, and its buffer grown by a quarter past that row's last token."""
-    buffer_rows = rows + max(DECODE_HEADROOM_ROWS, int(rows * ROW_HEADROOM_FRACTION))
-    tokens = int(TOKEN_GROWTH * (longest_tokens + DECODE_HEADROOM_TOKENS)) + GROWTH_EXTRA_TOKENS
-    return buffer_rows * tokens * spec.kv_bytes_per_token
+    engine's spare rows and tokens, its buffer grown once (as when that row outgrows it)."""
+    buffer_rows, buffer_tokens = decode_buffer_shape(rows, longest_tokens)
+    return buffer_rows * grown_tokens(buffer_tokens) * spec.kv_bytes_per_token
 
 
 def prefill_bytes(rows: int, longest_tokens: int, batched_tokens: int,
