@@ -36,6 +36,11 @@ The rules, in order (the first that holds names the cause):
   target is named ``engine_spread`` whatever the rules above read (they are kept as evidence):
   the model and the engine's noise cannot be told apart there.
 
+A missed mean TTFT also carries how strongly the point answers the cost model
+(``cost_elasticity``: the simulation rerun with every step's price 5% lower and higher): at 90%
+load a 1% price error moves the mean by ~10%, so the target asks for prices within ~1%, and a
+fix of the steps' prices is sized by it (its next fix says so).
+
 Each rule is a reading of the report, not a measurement of its own: a cause is as good as the
 evidence behind it, which is given beside it. A machine whose speed moved is named as well
 when it is not the first cause (its evidence line says so).
@@ -281,6 +286,27 @@ def _spread(report: dict, metric: str, target: float) -> tuple[bool, str] | None
                      f"{_pct(high)}")
 
 
+# causes whose fix is a better price of the steps: sized by the point's cost elasticity
+_PRICE_FIXES = ("iteration_costs", "engine_loop", "machine_speed", "capacity", "engine_spread")
+
+
+def _elasticity(report: dict) -> tuple[str, float | None] | None:
+    """The evidence line of the point's cost elasticity and the price accuracy its mean-TTFT
+    target needs (None without one)."""
+    reading = report.get("cost_elasticity")
+    if not reading:
+        return None
+    means = reading["ttft_mean_s"]
+    needed = reading.get("price_accuracy_needed")
+    words = (f"every step's price x{1 - reading['price_step']:g} / x{1 + reading['price_step']:g}"
+             f" moves the simulated mean TTFT to {_ms(means['cheaper'])} / "
+             f"{_ms(means['dearer'])} (as priced {_ms(means['as_priced'])}): a 1% price error "
+             f"is {reading['elasticity']:.1f}% of it here")
+    if needed is not None:
+        words += f", so the mean target holds only with the steps priced within {needed:.1%}"
+    return words, needed
+
+
 def diagnose(report: dict) -> list[dict]:
     """One entry per missed target of ``report`` (a ``validation.compare`` report): the
     metric, its value and target, the cause (a key of ``CAUSES``) and what it means, the
@@ -308,7 +334,13 @@ def diagnose(report: dict) -> list[dict]:
         speed = _speed(report)
         if cause in ("decisions", "search") and speed is not None:  # not read on their way
             evidence.append(_speed_words(speed) + ": part of the error is the machine's")
+        next_fix = _NEXT_FIX[key]
+        sized = _elasticity(report) if metric == "ttft_mean_abs_error" else None
+        if sized is not None:
+            evidence.append(sized[0])
+            if cause in _PRICE_FIXES and sized[1] is not None:
+                next_fix += f" (at this load: the steps priced within {sized[1]:.1%})"
         misses.append({"metric": metric, "value": check["value"], "target": check["target"],
                        "cause": cause, "meaning": CAUSES[cause], "evidence": evidence,
-                       "next_fix": _NEXT_FIX[key]})
+                       "next_fix": next_fix})
     return misses

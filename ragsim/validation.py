@@ -331,6 +331,41 @@ def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals
     return runner("sim")(trace, config, profile.scaled_compute(factor), None)
 
 
+# the change of every step's price at which a point's cost elasticity is read: small enough to
+# stay near the point (a queue answers a price change non-linearly), large enough to move runs
+# of whole steps
+ELASTICITY_PRICE_STEP = 0.05
+
+
+def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> dict | None:
+    """How strongly the point's mean TTFT answers the cost model: the simulation (``sim``, run
+    with ``profile``) rerun with every step's price x(1 -+ ``ELASTICITY_PRICE_STEP``)
+    (``Profile.scaled_compute``; copies and search unchanged). ``elasticity``: the change of
+    ln(mean TTFT) over the change of ln(price) -- about 1 where a TTFT is its own steps
+    (idle), about 1 / (1 - load) where it is mostly a queue's wait. ``price_accuracy_needed``:
+    the error of the steps' prices that alone spends the mean-TTFT target, target /
+    elasticity: at 90% load a 10% mean target asks for prices within about 1%. A reading of the
+    simulation, never of the engine: None where a run has no finite positive mean TTFT. The
+    three means are kept beside it: with batches that form differently at another price, the
+    response need not be monotone (a cheaper step can leave a queue longer)."""
+    from ragsim.backends import runner
+
+    step = ELASTICITY_PRICE_STEP
+    base = sim.summary.get("ttft_mean_s")
+    means = [runner("sim")(trace, config, profile.scaled_compute(factor), None
+                           ).summary.get("ttft_mean_s") for factor in (1 - step, 1 + step)]
+    values = [base, *means]
+    if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values):
+        return None
+    elasticity = (math.log(means[1]) - math.log(means[0])) / (math.log(1 + step)
+                                                              - math.log(1 - step))
+    target = TARGETS["ttft_mean_abs_error"]
+    return {"price_step": step, "ttft_mean_s": {"cheaper": means[0], "as_priced": base,
+                                                "dearer": means[1]},
+            "elasticity": elasticity,
+            "price_accuracy_needed": target / elasticity if elasticity > 0 else None}
+
+
 def _errors(real_throughput_rps: float, sim, joined: pd.DataFrame, *, sequential: bool,
             overload: bool) -> dict:
     ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
@@ -347,7 +382,8 @@ def compare(real, sim, *, backend: str, load: str | None = None,
             replayed_ttft: np.ndarray | None = None,
             capacity_error: float | None = None, repeats: Sequence = (),
             repeats_replayed: Sequence[np.ndarray | None] = (),
-            measured_replayed: Sequence[np.ndarray | None] = ()) -> dict:
+            measured_replayed: Sequence[np.ndarray | None] = (),
+            elasticity: dict | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -364,7 +400,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     ``real`` is the first run, whose summary the report keeps. ``measured_replayed``: per real
     run, its decisions replayed at their measured durations (``replay_decisions(measured=
     True)``), which split the cost model's share into the steps' prices and the engine thread's
-    time outside its steps (``decisions.split_error``)."""
+    time outside its steps (``decisions.split_error``). ``elasticity``: how strongly the
+    point's mean TTFT answers the steps' prices (``cost_elasticity``), kept as
+    ``cost_elasticity`` for the diagnosis to size the next fix."""
     reals = [real, *repeats]
     if repeats:
         from ragsim import engine_spread
@@ -407,6 +445,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "cost_model_error": None, "decision_error": None, "capacity_error": capacity_error,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
+        "cost_elasticity": elasticity,
     }
     request_ids = real.columns["request_id"]
     measured_ttft = measured_replayed[0] if len(measured_replayed) == len(reals) else None
@@ -756,6 +795,8 @@ def load_row(report: dict) -> dict:
             "outside_steps_error": (report.get("decisions") or {}).get("outside_steps_error"),
             "search_mean_error": report.get("search_mean_error"),
             "search_mode": report.get("search_mode"),
+            # a 1% error of every step's price moves the simulated mean TTFT by this many %
+            "ttft_cost_elasticity": (report.get("cost_elasticity") or {}).get("elasticity"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
             "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
             "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(

@@ -306,7 +306,8 @@ class ValidationSetup:
                                sim_speed_adjusted=adjusted, terms=terms,
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
                                repeats=more, repeats_replayed=replayed[1:],
-                               measured_replayed=measured)
+                               measured_replayed=measured,
+                               elasticity=v.cost_elasticity(data, cfg, sim_costs, sim))
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             _write_pair(folder, reals, sim, report, backend)

@@ -1,0 +1,81 @@
+"""How strongly a validation point's mean TTFT answers the cost model (``cost_elasticity``).
+
+Expected values come from the shape of the system, not from the code: one request at a time, a
+TTFT is a fixed search plus steps whose prices scale, so its elasticity is the steps' share
+(computed here from the configured search time); under Poisson load a queue's wait grows like
+1 / (1 - load), so the elasticity grows with the load and passes 1 well before saturation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ragsim import validation as v
+from ragsim.diagnosis import diagnose
+from ragsim.profiles.profile import load_profile
+from ragsim.serving.config import build_config
+from ragsim.traces import resolve_trace
+
+PROFILE = "cpu-mistral-7b-l2-h256"
+SEARCH_S = 0.02
+
+
+def point(**flags):
+    config = build_config({"trace": "mmlu", "system": "ragcache", "n_requests": 150,
+                           "profile": PROFILE, "search_s": SEARCH_S, "speculate": False,
+                           "host_cache_bytes": 0, **flags})
+    trace = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
+    profile = load_profile(PROFILE)
+    sim = v.run_sim(trace, config, profile)
+    return v.cost_elasticity(trace, config, profile, sim), sim
+
+
+def test_one_request_at_a_time_the_elasticity_is_the_steps_share():
+    reading, sim = point(arrival="sequential")
+    mean = sim.summary["ttft_mean_s"]
+    steps = mean - SEARCH_S  # no queue, no copies (no host tier): the rest is priced compute
+    d = v.ELASTICITY_PRICE_STEP
+    # TTFT(f) = search + f * steps, read at f = 1 -+ d as the code reads it
+    expected = (math.log(SEARCH_S + (1 + d) * steps) - math.log(SEARCH_S + (1 - d) * steps)) \
+        / (math.log(1 + d) - math.log(1 - d))
+    assert 0 < steps < mean
+    assert reading["elasticity"] == pytest.approx(expected, rel=0.02)
+    assert reading["ttft_mean_s"]["as_priced"] == mean
+    assert reading["price_accuracy_needed"] == pytest.approx(0.10 / reading["elasticity"])
+
+
+def test_a_queue_answers_the_prices_more_the_fuller_it_is():
+    # capacity from the simulation's own overload throughput, then shares of it
+    over, busy = point(arrival="poisson", rate_rps=1e6)
+    capacity = busy.summary["throughput_rps"]
+    readings = [point(arrival="poisson", rate_rps=capacity * share)[0]["elasticity"]
+                for share in (0.3, 0.6, 0.9)]
+    assert readings == sorted(readings), readings
+    assert readings[-1] > 1.5 and readings[0] < readings[-1] / 1.5, readings
+    assert over["elasticity"] > 0
+
+
+def test_a_missed_mean_is_told_the_price_accuracy_its_load_asks_for():
+    components = {"queue": {"real_s": 0.05, "sim_s": 0.02, "error_s": -0.03,
+                            "share_of_ttft": -0.5, "assumption": "-"}}
+    report = {"load": "90", "arrival": "poisson", "ttft_mean_error": -0.6,
+              "ttft_p90_abs_error": 0.7, "throughput_error": 0.0, "hit_agreement": 1.0,
+              "components": components, "dominant_component": "queue",
+              "cost_model_error": -0.4, "decision_error": -0.2, "iteration_time_ratio": None,
+              "beyond_profile_time_share": None, "machine_speed": None,
+              "real_is_simulated": False, "real": {"throughput_rps": 5.0},
+              "sim": {"throughput_rps": 5.0},
+              "cost_elasticity": {"price_step": 0.05, "elasticity": 8.0,
+                                  "price_accuracy_needed": 0.0125,
+                                  "ttft_mean_s": {"cheaper": 0.02, "as_priced": 0.03,
+                                                  "dearer": 0.045}}}
+    report["checks"] = v.checks(report, sequential=False, overload=False)
+    misses = {miss["metric"]: miss for miss in diagnose(report)}
+    mean, p90 = misses["ttft_mean_abs_error"], misses["ttft_p90_abs_error"]
+    assert mean["cause"] == "iteration_costs"  # vLLM-like: the replay's cost share, -40%
+    assert any("8.0% of it here" in line and "within 1.2%" in line
+               for line in mean["evidence"])
+    assert mean["next_fix"].endswith("(at this load: the steps priced within 1.2%)")
+    assert not any("price error" in line for line in p90["evidence"])
