@@ -79,3 +79,22 @@ def test_a_missed_mean_is_told_the_price_accuracy_its_load_asks_for():
                for line in mean["evidence"])
     assert mean["next_fix"].endswith("(at this load: the steps priced within 1.2%)")
     assert not any("price error" in line for line in p90["evidence"])
+
+
+def test_validate_prints_and_writes_each_points_elasticity(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ragsim.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "--backend", "sim", "--requests", "40",
+                                      "--loads", "over,50", "--out", str(tmp_path)],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "a 1% error of every step's price moves the mean TTFT by: over " in result.stdout
+    rows = json.loads((tmp_path / "loads.json").read_text())["loads"]
+    assert all(row["ttft_cost_elasticity"] > 0 for row in rows), rows
+    report = json.loads((tmp_path / "load-50" / "validation.json").read_text())
+    means = report["cost_elasticity"]["ttft_mean_s"]
+    assert means["as_priced"] == report["sim"]["ttft_mean_s"]

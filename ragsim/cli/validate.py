@@ -226,6 +226,10 @@ def _print_report(r: dict) -> None:
             table.add_row("cost model: steps' prices / outside the steps",
                           f"{_pct(split['step_price_error'])} / "
                           f"{_pct(split['outside_steps_error'])}", "", "")
+    elasticity = r.get("cost_elasticity")
+    if elasticity is not None:
+        table.add_row("a 1% error of every step's price moves the mean by",
+                      f"{elasticity['elasticity']:.1f}%", "", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
@@ -336,6 +340,12 @@ def _print_loads(combined: dict) -> None:
                   + "; ".join(f"{row['load']} {_pct(row['cost_model_error'])} / "
                               f"{_pct(row['decision_error'])}" for row in split),
                   highlight=False)
+    answering = [row for row in combined["loads"]
+                 if row.get("ttft_cost_elasticity") is not None]
+    if answering:
+        out.print("a 1% error of every step's price moves the mean TTFT by: " + "; ".join(
+            f"{row['load']} {row['ttft_cost_elasticity']:.1f}%" for row in answering),
+            highlight=False)
     for row in combined["loads"]:
         if row.get("miss_causes"):
             out.print(f"[red]missed[/] at {row['load']}: {row['miss_causes']}. [bold]next:[/] "
