@@ -116,7 +116,8 @@ lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs er
          "throughput error | 95% interval over the real runs (runs, real mean's cv) | "
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
          "search error | "
-         "iteration time pred/meas | machine speed | largest component |", "|" + "---|" * 13]
+         "iteration time pred/meas | machine speed | largest component | "
+         "1% price error moves the mean by (* unstable) |", "|" + "---|" * 14]
 for name in names:
     combined = json.loads((out / f"{name}.json").read_text())
     for row in combined["loads"]:
@@ -126,6 +127,9 @@ for name in names:
         ratio = report.get("iteration_time_ratio")
         speed = row["machine_speed_factor"]
         runs = row.get("real_runs", 1)
+        elasticity = row.get("ttft_cost_elasticity")
+        elasticity = ("-" if elasticity is None else f"{elasticity:.1f}%"
+                      + ("*" if row.get("ttft_cost_unstable") else ""))
         over = row["load"] == "over"
         low, high = ((row["throughput_error_low"], row["throughput_error_high"]) if over
                      else (row["ttft_mean_error_low"], row["ttft_mean_error_high"]))
@@ -139,7 +143,7 @@ for name in names:
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if speed is None else f'x{speed:.2f}'} | "
-            f"{row['dominant_component']} |")
+            f"{row['dominant_component']} | {elasticity} |")
 table = "\n".join(lines) + "\n\nload averages:\n\n" + (out / "load.txt").read_text()
 (out / "table.md").write_text(table)
 print(table)

@@ -302,6 +302,10 @@ def _elasticity(report: dict) -> tuple[str, float | None] | None:
              f" moves the simulated mean TTFT to {_ms(means['cheaper'])} / "
              f"{_ms(means['dearer'])} (as priced {_ms(means['as_priced'])}): a 1% price error "
              f"is {reading['elasticity']:.1f}% of it here")
+    if reading.get("unstable"):
+        return (words + "; the simulated point is unstable (its three means span "
+                f"{reading['span']:.1f}x or leave the prices' order): one error of it says "
+                "little about the cost model", None)
     if needed is not None:
         words += f", so the mean target holds only with the steps priced within {needed:.1%}"
     return words, needed

@@ -335,6 +335,10 @@ def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals
 # stay near the point (a queue answers a price change non-linearly), large enough to move runs
 # of whole steps
 ELASTICITY_PRICE_STEP = 0.05
+# three means (cheaper, as priced, dearer) spanning more than this many times, or not in the
+# prices' order: the simulated point is unstable (a queue that grows or does not, speculative
+# prefills that win or lose their race), and one error of it says little about the cost model
+UNSTABLE_ELASTICITY_SPAN = 2.0
 
 
 def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> dict | None:
@@ -347,7 +351,9 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
     elasticity: at 90% load a 10% mean target asks for prices within about 1%. A reading of the
     simulation, never of the engine: None where a run has no finite positive mean TTFT. The
     three means are kept beside it: with batches that form differently at another price, the
-    response need not be monotone (a cheaper step can leave a queue longer)."""
+    response need not be monotone (a cheaper step can leave a queue longer); ``unstable``: the
+    three span more than ``UNSTABLE_ELASTICITY_SPAN`` times or are out of the prices' order,
+    where one error of the point says little about the cost model."""
     from ragsim.backends import runner
 
     step = ELASTICITY_PRICE_STEP
@@ -360,10 +366,13 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
     elasticity = (math.log(means[1]) - math.log(means[0])) / (math.log(1 + step)
                                                               - math.log(1 - step))
     target = TARGETS["ttft_mean_abs_error"]
+    ordered = means[0] <= base <= means[1]
+    span = max(values) / min(values)
     return {"price_step": step, "ttft_mean_s": {"cheaper": means[0], "as_priced": base,
                                                 "dearer": means[1]},
             "elasticity": elasticity,
-            "price_accuracy_needed": target / elasticity if elasticity > 0 else None}
+            "price_accuracy_needed": target / elasticity if elasticity > 0 else None,
+            "span": span, "unstable": span > UNSTABLE_ELASTICITY_SPAN or not ordered}
 
 
 def _errors(real_throughput_rps: float, sim, joined: pd.DataFrame, *, sequential: bool,
@@ -797,6 +806,7 @@ def load_row(report: dict) -> dict:
             "search_mode": report.get("search_mode"),
             # a 1% error of every step's price moves the simulated mean TTFT by this many %
             "ttft_cost_elasticity": (report.get("cost_elasticity") or {}).get("elasticity"),
+            "ttft_cost_unstable": (report.get("cost_elasticity") or {}).get("unstable"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
             "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
             "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(

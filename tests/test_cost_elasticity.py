@@ -23,6 +23,8 @@ SEARCH_S = 0.02
 
 
 def point(**flags):
+    """The elasticity of a simulated point of ragcache on mmlu (150 requests, a fixed search,
+    no host tier, no speculation), and its run."""
     config = build_config({"trace": "mmlu", "system": "ragcache", "n_requests": 150,
                            "profile": PROFILE, "search_s": SEARCH_S, "speculate": False,
                            "host_cache_bytes": 0, **flags})
@@ -98,3 +100,41 @@ def test_validate_prints_and_writes_each_points_elasticity(tmp_path):
     report = json.loads((tmp_path / "load-50" / "validation.json").read_text())
     means = report["cost_elasticity"]["ttft_mean_s"]
     assert means["as_priced"] == report["sim"]["ttft_mean_s"]
+
+
+def test_a_point_that_tips_under_a_small_price_change_is_called_unstable():
+    """Run U's torch ragcache at 50% load: x0.95 gave 52 ms, as priced 124 ms, x1.05 175 ms (a
+    speculative race won or lost): no price accuracy is asked of it, the evidence says why."""
+    components = {"queue": {"real_s": 0.03, "sim_s": 0.09, "error_s": 0.06,
+                            "share_of_ttft": 0.9, "assumption": "-"}}
+    report = {"load": "50", "arrival": "poisson", "ttft_mean_error": 0.78,
+              "ttft_p90_abs_error": 0.56, "throughput_error": 0.0, "hit_agreement": 1.0,
+              "components": components, "dominant_component": "queue",
+              "cost_model_error": 0.07, "decision_error": 0.70, "iteration_time_ratio": 0.91,
+              "beyond_profile_time_share": 0.0, "machine_speed": None,
+              "real_is_simulated": False, "real": {"throughput_rps": 5.0},
+              "sim": {"throughput_rps": 5.0},
+              "cost_elasticity": {"price_step": 0.05, "elasticity": 12.2,
+                                  "price_accuracy_needed": 0.0082, "span": 0.175 / 0.052,
+                                  "unstable": True,
+                                  "ttft_mean_s": {"cheaper": 0.052, "as_priced": 0.124,
+                                                  "dearer": 0.175}}}
+    report["checks"] = v.checks(report, sequential=False, overload=False)
+    mean = next(m for m in diagnose(report) if m["metric"] == "ttft_mean_abs_error")
+    assert mean["cause"] == "decisions"
+    assert any("unstable" in line and "3.4x" in line for line in mean["evidence"])
+    assert "priced within" not in mean["next_fix"]
+
+
+def test_the_reading_flags_means_out_of_the_prices_order():
+    """One request at a time the means follow the prices; at 60% of the simulated capacity on
+    this trace a cheaper step left the queue longer (70.0 against 60.1 ms, seen when this was
+    written): flagged there, not one request at a time."""
+    sequential, _ = point(arrival="sequential")
+    assert sequential["unstable"] is False and sequential["span"] < 1.2
+    _, busy = point(arrival="poisson", rate_rps=1e6)
+    loaded, _ = point(arrival="poisson", rate_rps=0.6 * busy.summary["throughput_rps"])
+    means = loaded["ttft_mean_s"]
+    out_of_order = not means["cheaper"] <= means["as_priced"] <= means["dearer"]
+    assert out_of_order, means  # the case this test is about
+    assert loaded["unstable"] is True

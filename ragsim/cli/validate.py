@@ -229,7 +229,8 @@ def _print_report(r: dict) -> None:
     elasticity = r.get("cost_elasticity")
     if elasticity is not None:
         table.add_row("a 1% error of every step's price moves the mean by",
-                      f"{elasticity['elasticity']:.1f}%", "", "")
+                      f"{elasticity['elasticity']:.1f}%",
+                      "unstable" if elasticity.get("unstable") else "", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
@@ -344,7 +345,9 @@ def _print_loads(combined: dict) -> None:
                  if row.get("ttft_cost_elasticity") is not None]
     if answering:
         out.print("a 1% error of every step's price moves the mean TTFT by: " + "; ".join(
-            f"{row['load']} {row['ttft_cost_elasticity']:.1f}%" for row in answering),
+            f"{row['load']} {row['ttft_cost_elasticity']:.1f}%"
+            + (" (unstable: x0.95 / x1.05 span over 2x or out of order)"
+               if row.get("ttft_cost_unstable") else "") for row in answering),
             highlight=False)
     for row in combined["loads"]:
         if row.get("miss_causes"):
