@@ -42,7 +42,9 @@ COMMON = dict(trace="mmlu", rate=None, requests=10, seed=0, policy=None, gpu_mem
 
 @pytest.mark.parametrize(("system", "device"), list(EXPECTED))
 def test_unset_settings_take_the_values_vllm_runs_with(system, device):
-    config, changed = _config(None, system=system, **COMMON, backend="vllm", device=device)
+    config, changed, given = _config(None, system=system, **COMMON, backend="vllm",
+                                     device=device)
+    assert not given & set(changed), "a term changed a field the user set"
     assert changed == EXPECTED[system, device]
     for name, (_, now) in changed.items():
         assert getattr(config, name) == now
@@ -55,7 +57,7 @@ def test_unset_settings_take_the_values_vllm_runs_with(system, device):
 
 def test_other_backends_run_the_configuration_as_given():
     for backend in ("torch", "sim"):
-        config, changed = _config(None, system="ragcache", **COMMON, backend=backend)
+        config, changed, _ = _config(None, system="ragcache", **COMMON, backend=backend)
         assert changed == {}
         assert (config.speculate, config.reorder, config.prefix_block_tokens,
                 config.batch_kv_sharing, config.scheduler) == (True, True, 1, False,
@@ -64,7 +66,8 @@ def test_other_backends_run_the_configuration_as_given():
 
 def test_what_the_user_set_and_vllm_can_run_stands(tmp_path):
     file = config_file(tmp_path, 'prefix_block_tokens = 64\nscheduler = "prefill-first"')
-    config, changed = _config(file, system="ragcache", **COMMON, backend="vllm")
+    config, changed, given = _config(file, system="ragcache", **COMMON, backend="vllm")
+    assert {"prefix_block_tokens", "scheduler", "system", "trace"} <= given  # file and options
     assert (config.prefix_block_tokens, config.scheduler) == (64, "prefill-first")
     assert set(changed) == {"speculate", "reorder", "max_prefill_bs", "batch_kv_sharing"}
     # a value equal to vLLM's is no change and no refusal
@@ -100,8 +103,8 @@ def test_a_setting_vllm_cannot_run_is_one_line_naming_the_file_and_field(
 
 def test_a_gpu_pages_blocks_of_16(tmp_path):
     file = config_file(tmp_path, "prefix_block_tokens = 16")
-    config, changed = _config(file, system="vllm-apc", **COMMON, backend="vllm",
-                              device="cuda")
+    config, changed, _ = _config(file, system="vllm-apc", **COMMON, backend="vllm",
+                                 device="cuda")
     assert config.prefix_block_tokens == 16 and changed == {**PROMPTS, **MIXED}
 
 
@@ -109,7 +112,7 @@ def test_the_output_says_so_in_one_line():
     """(The command prints it before the runs: tests/test_validate.py sees it there.)"""
     from ragsim.validation import terms_note
 
-    _, changed = _config(None, system="ragcache", **COMMON, backend="vllm")
+    _, changed, _ = _config(None, system="ragcache", **COMMON, backend="vllm")
     assert terms_note(changed, "vllm") == (
         "--backend vllm: both sides run as it does: speculate true -> false, reorder true -> "
         "false, max_prefill_bs 8 -> 256, prefix_block_tokens 1 -> 32, batch_kv_sharing false -> "
@@ -122,7 +125,7 @@ def test_the_result_records_the_settings_both_sides_ran(tmp_path):
     validation.json lists the settings the backend set, config.toml holds them."""
     from ragsim import validation as v
 
-    config, changed = _config(None, system="ragcache", **COMMON, backend="vllm")
+    config, changed, _ = _config(None, system="ragcache", **COMMON, backend="vllm")
     config = config.replace(profile=PROFILE)
     real, sim = v.run_pair(small_trace(), config, load_profile(PROFILE), backend="sim")
     report = v.compare(real, sim, backend="sim", terms=changed)
