@@ -37,9 +37,10 @@ The rules, in order (the first that holds names the cause):
   the model and the engine's noise cannot be told apart there.
 
 A missed mean TTFT also carries how strongly the point answers the cost model
-(``cost_elasticity``: the simulation rerun with every step's price 5% lower and higher): at 90%
-load a 1% price error moves the mean by ~10%, so the target asks for prices within ~1%, and a
-fix of the steps' prices is sized by it (its next fix says so).
+(``cost_elasticity``: the simulation rerun with every step's price 5% lower and higher): where
+a 1% price error moves the mean by E%, the 10% target asks for prices within 10/E %, and a fix
+of the steps' prices is sized by it (its next fix says so). A point whose simulated mean tips
+under that change (``unstable``) is asked no accuracy: its error says little about prices.
 
 Each rule is a reading of the report, not a measurement of its own: a cause is as good as the
 evidence behind it, which is given beside it. A machine whose speed moved is named as well

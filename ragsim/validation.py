@@ -346,9 +346,10 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
     with ``profile``) rerun with every step's price x(1 -+ ``ELASTICITY_PRICE_STEP``)
     (``Profile.scaled_compute``; copies and search unchanged). ``elasticity``: the change of
     ln(mean TTFT) over the change of ln(price) -- about 1 where a TTFT is its own steps
-    (idle), about 1 / (1 - load) where it is mostly a queue's wait. ``price_accuracy_needed``:
-    the error of the steps' prices that alone spends the mean-TTFT target, target /
-    elasticity: at 90% load a 10% mean target asks for prices within about 1%. A reading of the
+    (idle); up to 1 / (1 - load) where it is a queue's wait behind steps that do not batch, less
+    for an engine that batches more as its load grows (vLLM on two cores: 1.3-1.9 at 50% of its
+    overload throughput, 1.9-3.2 at 90%). ``price_accuracy_needed``: the error of the steps'
+    prices that alone spends the mean-TTFT target, target / elasticity. A reading of the
     simulation, never of the engine: None where a run has no finite positive mean TTFT. The
     three means are kept beside it: with batches that form differently at another price, the
     response need not be monotone (a cheaper step can leave a queue longer); ``unstable``: the
