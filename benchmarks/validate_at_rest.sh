@@ -15,8 +15,8 @@
 #    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on
 #    vLLM's steps profiled here by the first (--profile-now) and given to the others;
 # 4. prints one markdown table of every load point (raw errors first; the speed probe, the cost
-#    model / decisions split and the search error beside them) into OUT_DIR/table.md, for
-#    docs/validation.md.
+#    model / decisions split, the search error and the point's cost elasticity beside them)
+#    into OUT_DIR/table.md, for docs/validation.md.
 #
 # Both engines, their profiles and their runs run on tcmalloc where it is installed (Debian and
 # Ubuntu: libtcmalloc-minimal4), as PyTorch's and vLLM's CPU guides say: on glibc's malloc a

@@ -335,10 +335,6 @@ def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals
 # stay near the point (a queue answers a price change non-linearly), large enough to move runs
 # of whole steps
 ELASTICITY_PRICE_STEP = 0.05
-# three means (cheaper, as priced, dearer) spanning more than this many times, or not in the
-# prices' order: the simulated point is unstable (a queue that grows or does not, speculative
-# prefills that win or lose their race), and one error of it says little about the cost model
-UNSTABLE_ELASTICITY_SPAN = 2.0
 
 
 def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> dict | None:
@@ -353,8 +349,10 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
     simulation, never of the engine: None where a run has no finite positive mean TTFT. The
     three means are kept beside it: with batches that form differently at another price, the
     response need not be monotone (a cheaper step can leave a queue longer); ``unstable``: the
-    three span more than ``UNSTABLE_ELASTICITY_SPAN`` times or are out of the prices' order,
-    where one error of the point says little about the cost model."""
+    three span more than ``run --sensitivity``'s limit (``api.uncertainty.UNSTABLE_SPAN``: a
+    queue that grows or does not, speculative prefills that win or lose their race) or are out
+    of the prices' order, where one error of the point says little about the cost model."""
+    from ragsim.api.uncertainty import UNSTABLE_SPAN, spans
     from ragsim.backends import runner
 
     step = ELASTICITY_PRICE_STEP
@@ -368,12 +366,12 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
                                                               - math.log(1 - step))
     target = TARGETS["ttft_mean_abs_error"]
     ordered = means[0] <= base <= means[1]
-    span = max(values) / min(values)
+    span = spans(min(values), max(values))
     return {"price_step": step, "ttft_mean_s": {"cheaper": means[0], "as_priced": base,
                                                 "dearer": means[1]},
             "elasticity": elasticity,
             "price_accuracy_needed": target / elasticity if elasticity > 0 else None,
-            "span": span, "unstable": span > UNSTABLE_ELASTICITY_SPAN or not ordered}
+            "span": span, "unstable": span > UNSTABLE_SPAN or not ordered}
 
 
 def _errors(real_throughput_rps: float, sim, joined: pd.DataFrame, *, sequential: bool,
