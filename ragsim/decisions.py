@@ -160,3 +160,47 @@ def split_error(joined, replayed_ttft: np.ndarray, request_ids: np.ndarray,
             "replayed_ttft_p90_abs_error": float(np.percentile(per_request, 90)),
             "replay_iterations_from": "the real run's iterations, priced by the simulator's "
                                       "costs (ragsim.decisions)"}
+
+
+# where the table of steps by size splits (a step's tokens: the prompt tokens it took plus one
+# for each request it decoded): a decode step, small, mid-sized and large prompt steps, and
+# the steps a burst builds, past the quick profile plan's grid of 3,072 new tokens
+STEP_TOKEN_EDGES = (64, 256, 1024, 4096)
+
+
+def step_tokens(decision: dict) -> int:
+    """The tokens one step computed: its prompt chunks' new tokens, plus one for each request
+    it decoded (a decode or a mixed step)."""
+    new = sum(job[3] for job in decision.get("jobs", ()))
+    return new + (decision.get("size", 0) if decision["kind"] != "prefill" else 0)
+
+
+def prices_by_step_size(decisions: list[dict], price: Callable[[dict], float],
+                        edges: tuple[int, ...] = STEP_TOKEN_EDGES) -> list[dict]:
+    """The steps of a run grouped by their tokens (``step_tokens``, between consecutive
+    ``edges``), each group's measured time against what ``price`` charges for its steps
+    (called on every step, in the run's order, as the replay calls it: a first-time price
+    depends on what ran before). Why: one ratio over a run hides where the prices miss; a
+    burst's few large steps carry every request behind them (a CPU vLLM run at 90% load: the
+    steps past 2,048 tokens ran 1.22-1.27x their price, the small ones 0.90-0.95x). Groups
+    without steps are left out."""
+    bounds = (0, *edges)
+    groups = [{"tokens_from": lo, "tokens_to": hi, "steps": 0, "measured_s": 0.0,
+               "priced_s": 0.0} for lo, hi in zip(bounds, (*edges, None), strict=True)]
+    for decision in decisions:
+        tokens = step_tokens(decision)
+        group = groups[sum(tokens >= edge for edge in edges)]
+        group["steps"] += 1
+        group["measured_s"] += measured_s(decision)
+        group["priced_s"] += price(decision)
+    return with_ratios([g for g in groups if g["steps"]])
+
+
+def with_ratios(groups: list[dict]) -> list[dict]:
+    """``groups`` (of steps: ``measured_s``, ``priced_s``) with each one's measured time over
+    its price and its share of all their measured time."""
+    total = sum(g["measured_s"] for g in groups)
+    for g in groups:
+        g["measured_over_priced"] = g["measured_s"] / g["priced_s"] if g["priced_s"] else None
+        g["share_of_step_time"] = g["measured_s"] / total if total else None
+    return groups

@@ -27,14 +27,18 @@ The rules, in order (the first that holds names the cause):
   puts more of the cost model's share on the engine thread's time outside its steps than on
   the steps' prices, and at least ``MATERIAL`` (``engine_loop``);
 * iteration costs: the profile prices the run's own iterations more than ``MATERIAL`` away
-  from their measured time (``iteration_costs``), or the engine's steps are not seen one by
-  one (vLLM) and the cost model carries the error;
+  from their measured time (``iteration_costs``), or, for an engine that runs its own steps
+  (vLLM), the replay's cost-model share carries the error;
 * otherwise queueing or the host copies, whichever component is largest (``queueing``,
   ``host_copies``), and ``capacity`` for a throughput miss with iterations priced right;
 * a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``);
 * over repeated real runs (``--repeats``), a miss whose error's interval reaches inside the
   target is named ``engine_spread`` whatever the rules above read (they are kept as evidence):
   the model and the engine's noise cannot be told apart there.
+
+Where the real runs kept their steps (``--replay-decisions``), a missed TTFT or throughput
+also carries those steps against their prices (``step_prices``): over every step, and the
+size of step the prices miss most, past the profile's grid or not.
 
 A missed mean TTFT also carries how strongly the point answers the cost model
 (``cost_elasticity``: the simulation rerun with every step's price 5% lower and higher): where
@@ -177,6 +181,31 @@ def _outside_steps(report: dict, evidence: list[str]) -> bool:
     return abs(outside) > abs(steps) and abs(outside) > MATERIAL
 
 
+def _step_sizes(report: dict, evidence: list[str]) -> None:
+    """Evidence lines from the real runs' steps against their prices (``step_prices``, with
+    ``--replay-decisions``): over every step, and the size of step whose time the prices miss
+    most (in seconds), saying where those steps lie past the profile's grid: a burst's few
+    large steps carry every request queued behind them."""
+    steps = report.get("step_prices")
+    if not steps or steps.get("measured_over_priced") is None:
+        return
+    evidence.append(f"the real runs' {steps['steps']:,} steps ran "
+                    f"{steps['measured_over_priced']:.2f}x the simulator's price for them")
+    worst = max(steps["by_tokens"], key=lambda g: abs(g["measured_s"] - g["priced_s"]))
+    if worst["measured_over_priced"] is None:
+        return
+    low, high, grid = worst["tokens_from"], worst["tokens_to"], steps["grid_new_tokens"]
+    size = f"{low:,}-{high:,}" if high is not None else f"{low:,} or more"
+    words = (f"the largest gap: steps of {size} tokens ran {worst['measured_over_priced']:.2f}x "
+             f"their price ({worst['steps']:,} steps, {worst['share_of_step_time']:.0%} of the "
+             "step time)")
+    if low >= grid:
+        words += f", past the profile's grid ({grid:,} new tokens a step)"
+    elif high is None or high > grid:
+        words += f", partly past the profile's grid ({grid:,} new tokens a step)"
+    evidence.append(words)
+
+
 def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str]:
     """(cause, next-fix key) for a miss the cost model carries: speed, iteration prices,
     queueing, host copies or capacity."""
@@ -209,10 +238,9 @@ def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str
     else:  # the engine's steps are its own (vLLM): the split is the only view of their prices
         cost = report.get("cost_model_error")
         if cost is None or abs(cost) > MATERIAL:
-            evidence.append("the engine runs its own steps, which are not timed one by one "
-                            "here: " + ("the replay's cost-model share is the view of their "
-                                        "prices" if cost is not None else
-                                        "--replay-decisions would split the error"))
+            evidence.append("the engine runs its own steps: " + (
+                "the replay's cost-model share is the view of their prices" if cost is not None
+                else "--replay-decisions would time them one by one and split the error"))
             return "iteration_costs", _on_glibc(report, evidence) or "iteration_costs_unseen"
     if metric == "throughput_abs_error":
         return "capacity", "capacity"
@@ -228,6 +256,7 @@ def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
     if decisions is not None:
         evidence.append(f"of the mean error {_pct(report['ttft_mean_error'])}, the cost model "
                         f"{_pct(cost)}, diverged decisions {_pct(decisions)}")
+        _step_sizes(report, evidence)
         if abs(decisions) >= abs(cost) and abs(decisions) > MATERIAL:
             capacity = report.get("capacity_error")
             if capacity is not None and abs(capacity) > MATERIAL:
@@ -261,6 +290,7 @@ def _throughput_cause(report: dict) -> tuple[str, str, list[str]]:
     real = report.get("real_throughput_rps", report["real"]["throughput_rps"])
     evidence = [f"throughput {report['sim']['throughput_rps']:.2f} req/s simulated against "
                 f"{real:.2f} real"]
+    _step_sizes(report, evidence)
     cause, key = _cost_side(report, "throughput_abs_error", evidence)
     return cause, key, evidence
 

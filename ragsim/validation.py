@@ -239,6 +239,45 @@ def warmed_like(profile: Profile, real) -> Profile:
     return profile.warmed(warm) if warm else profile
 
 
+def _pricer(real, profile: Profile):
+    """What the simulator charges for each of ``real``'s steps, called in their order: one
+    engine's first-time prices (``NewShapeCharge``) follow the steps it has run."""
+    from ragsim.decisions import priced_s
+    from ragsim.profiles.new_shapes import NewShapeCharge
+
+    overlap = bool(real.config.overlap_swap)
+    new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
+    return lambda decision: priced_s(decision, profile, overlap, new_shape)
+
+
+def step_prices(reals: Sequence, profile: Profile) -> dict | None:
+    """The real runs' steps, each measured against the simulator's price for it (the profile
+    as each run's engine had warmed it, ``warmed_like``), over every run and by the steps'
+    size (``decisions.prices_by_step_size``); None where no run kept its steps. The replay's
+    cost-model share says how far the prices move the mean TTFT; this says which steps they
+    miss, and whether those lie past the profile's grid."""
+    from ragsim.decisions import STEP_TOKEN_EDGES, prices_by_step_size, with_ratios
+
+    kept = [(real, real.decisions["iterations"]) for real in reals
+            if getattr(real, "decisions", None) and real.decisions["iterations"]]
+    if not kept:
+        return None
+    groups: dict[int, dict] = {}
+    for real, iterations in kept:
+        for g in prices_by_step_size(iterations, _pricer(real, warmed_like(profile, real))):
+            into = groups.setdefault(g["tokens_from"], {**g, "steps": 0, "measured_s": 0.0,
+                                                        "priced_s": 0.0})
+            for name in ("steps", "measured_s", "priced_s"):
+                into[name] += g[name]
+    rows = with_ratios([groups[k] for k in sorted(groups)])
+    measured = sum(g["measured_s"] for g in rows)
+    priced = sum(g["priced_s"] for g in rows)
+    return {"runs": len(kept), "steps": sum(g["steps"] for g in rows),
+            "measured_over_priced": measured / priced if priced else None,
+            "grid_new_tokens": int(max(profile.prefill.y_axis)),
+            "edges_tokens": list(STEP_TOKEN_EDGES), "by_tokens": rows}
+
+
 def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.ndarray | None:
     """Per request of the real run, its TTFT under the run's own decisions at the simulator's
     prices (``ragsim.decisions.replay``); None when the run kept no decisions (a simulated
@@ -248,18 +287,14 @@ def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.nd
     kept = getattr(real, "decisions", None)
     if not kept or not kept["iterations"]:
         return None
-    from ragsim.decisions import measured_s, priced_s, replay
-    from ragsim.profiles.new_shapes import NewShapeCharge
+    from ragsim.decisions import measured_s, replay
 
     closed_loop = real.config.arrival == "sequential"
     if measured:
         return replay(kept["iterations"], kept["submitted_s"], real.columns, measured_s,
                       closed_loop=closed_loop)
-    overlap = bool(real.config.overlap_swap)
-    new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
-                  lambda decision: priced_s(decision, profile, overlap, new_shape),
-                  closed_loop=closed_loop,
+                  _pricer(real, profile), closed_loop=closed_loop,
                   cold_start=profile.idle_start_s if profile.idle_start is not None else None)
 
 
@@ -391,7 +426,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
             capacity_error: float | None = None, repeats: Sequence = (),
             repeats_replayed: Sequence[np.ndarray | None] = (),
             measured_replayed: Sequence[np.ndarray | None] = (),
-            elasticity: dict | None = None) -> dict:
+            elasticity: dict | None = None, steps: dict | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -410,7 +445,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     True)``), which split the cost model's share into the steps' prices and the engine thread's
     time outside its steps (``decisions.split_error``). ``elasticity``: how strongly the
     point's mean TTFT answers the steps' prices (``cost_elasticity``), kept as
-    ``cost_elasticity`` for the diagnosis to size the next fix."""
+    ``cost_elasticity`` for the diagnosis to size the next fix. ``steps``: the real runs' steps
+    measured against their prices, by size (``step_prices``), kept as ``step_prices``: which
+    steps the prices miss."""
     reals = [real, *repeats]
     if repeats:
         from ragsim import engine_spread
@@ -454,6 +491,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "iteration_time_ratio": iteration_time_ratio(real.summary),
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
         "cost_elasticity": elasticity,
+        "step_prices": steps,
     }
     request_ids = real.columns["request_id"]
     measured_ttft = measured_replayed[0] if len(measured_replayed) == len(reals) else None

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ragsim.decisions import measured_s, replay, split_error
+from ragsim.decisions import measured_s, prices_by_step_size, replay, split_error
 
 PRICES = {"prefill": 0.2, "decode": 0.1}
 
@@ -133,6 +133,31 @@ def text_trace(tmp_path_factory):
     yield from text_trace_dir(tmp_path_factory)
 
 
+def test_steps_are_grouped_by_their_tokens_against_their_prices():
+    """Four hand-made steps: a decode of 3 rows (3 tokens), a prefill of 100 + 200 new tokens
+    (300), a mixed step of 5,000 prompt tokens beside 2 decodes (5,002) and one of 900 beside
+    100 (1,000): groups 0-64, 256-1,024 (two steps) and 4,096 or more. Prices 0.1 s a step."""
+    steps = [{"kind": "decode", "start_s": 0.0, "end_s": 0.05, "size": 3, "context_tokens": 9},
+             {"kind": "prefill", "start_s": 1.0, "end_s": 1.2,
+              "jobs": [(1, 0, 0, 100, 0), (2, 1, 50, 200, 0)]},
+             {"kind": "mixed", "start_s": 2.0, "end_s": 2.5, "size": 2,
+              "jobs": [(3, 2, 0, 5000, 0)], "context_tokens": 10},
+             {"kind": "mixed", "start_s": 3.0, "end_s": 3.15, "size": 100,
+              "jobs": [(4, 3, 0, 900, 0)], "context_tokens": 10}]
+    seen = []
+    groups = prices_by_step_size(steps, lambda d: seen.append(d["start_s"]) or 0.1)
+    assert seen == [0.0, 1.0, 2.0, 3.0]  # priced once each, in the run's order
+    by_start = {g["tokens_from"]: g for g in groups}
+    assert sorted(by_start) == [0, 256, 4096]
+    assert by_start[0]["steps"] == 1 and by_start[0]["tokens_to"] == 64
+    assert by_start[256]["steps"] == 2 and by_start[256]["tokens_to"] == 1024
+    assert by_start[256]["measured_s"] == pytest.approx(0.2 + 0.15)
+    assert by_start[256]["measured_over_priced"] == pytest.approx(0.35 / 0.2)
+    assert by_start[4096]["tokens_to"] is None
+    assert by_start[4096]["measured_over_priced"] == pytest.approx(5.0)
+    assert by_start[4096]["share_of_step_time"] == pytest.approx(0.5 / (0.05 + 0.35 + 0.5))
+
+
 def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path, capsys,
                                                               monkeypatch):
     """``validate --search-latency trace --replay-decisions`` on a trace built with its text:
@@ -165,6 +190,13 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert split["outside_steps_error"] <= 1e-9
     assert split["step_price_error"] + split["outside_steps_error"] == pytest.approx(
         report["cost_model_error"])
+    # the same steps by size, against their prices: every step the run kept, once
+    steps = report["step_prices"]
+    assert steps["runs"] == 1 and steps["steps"] == sum(g["steps"] for g in steps["by_tokens"])
+    assert steps["steps"] == report["real"]["iterations_prefill"] + \
+        report["real"]["iterations_decode"]
+    assert 0.3 < steps["measured_over_priced"] < 3.0
+    assert sum(g["share_of_step_time"] for g in steps["by_tokens"]) == pytest.approx(1.0)
     from ragsim.cli.validate import _print_report
 
     capsys.readouterr()

@@ -127,6 +127,30 @@ def test_an_engine_whose_steps_are_its_own_is_read_through_the_replay():
     assert any("--replay-decisions" in line for line in diagnose(bare)[0]["evidence"])
 
 
+def test_the_steps_the_prices_miss_most_are_named_with_the_grid():
+    """A vLLM point whose real steps were kept: 500 small steps 0.95x their price and 6 large
+    ones 1.25x, past a grid of 3,072 new tokens. The gap in seconds is the large steps' (0.5 s
+    against 0.1 s), so they are named, past the grid."""
+    r = report(mean=-0.40, p90=0.50, cost=-0.10, decisions=-0.30)
+    small = {"tokens_from": 0, "tokens_to": 64, "steps": 500, "measured_s": 1.9,
+             "priced_s": 2.0, "measured_over_priced": 0.95, "share_of_step_time": 0.487}
+    large = {"tokens_from": 4096, "tokens_to": None, "steps": 6, "measured_s": 2.5,
+             "priced_s": 2.0, "measured_over_priced": 1.25, "share_of_step_time": 0.513}
+    r["step_prices"] = {"runs": 1, "steps": 506, "measured_over_priced": 4.4 / 4.0,
+                        "grid_new_tokens": 3072, "by_tokens": [small, large]}
+    evidence = diagnose(r)[0]["evidence"]
+    assert "the real runs' 506 steps ran 1.10x the simulator's price for them" in evidence
+    named = [line for line in evidence if line.startswith("the largest gap")]
+    assert named == ["the largest gap: steps of 4,096 or more tokens ran 1.25x their price "
+                     "(6 steps, 51% of the step time), past the profile's grid (3,072 new "
+                     "tokens a step)"]
+    # the same gap in the small steps (0.6 s against 0.5): they are named, inside the grid
+    r["step_prices"]["by_tokens"][0] = {**small, "measured_s": 1.4, "priced_s": 2.0,
+                                        "measured_over_priced": 0.70}
+    named = [line for line in diagnose(r)[0]["evidence"] if line.startswith("the largest")]
+    assert named and "steps of 0-64 tokens ran 0.70x" in named[0] and "grid" not in named[0]
+
+
 def test_iterations_priced_right_leave_queueing_copies_or_capacity():
     queue = {"queue": _component(8, 2, 20), "prefill": _component(12, 12, 20)}
     r = report(load="over", mean=-0.3, p90=0.4, throughput=0.2, ratio=0.98, components=queue)

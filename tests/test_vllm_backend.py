@@ -394,6 +394,13 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
             row["cost_model_error"])
     report = json.loads((out / "load-over" / "validation.json").read_text())
     assert report["real"]["search"]["stages_run"] == 2 * 16
+    # vLLM's steps against their prices, by size: every step vLLM ran, once
+    steps = report["step_prices"]
+    assert steps["steps"] == report["real"]["engine_steps"] > 0
+    assert steps["steps"] == sum(g["steps"] for g in steps["by_tokens"])
+    assert 0.2 < steps["measured_over_priced"] < 5.0
+    # the prompts' text was encoded before the clock started: none on the engine's thread
+    assert report["real"]["token_ids"]["prepared_during_run"] == 0
 
     trace = read_trace(text_trace)
     profile = load_profile("cpu-vllm-mistral-7b-l2-h256")

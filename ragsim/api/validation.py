@@ -307,7 +307,9 @@ class ValidationSetup:
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
                                repeats=more, repeats_replayed=replayed[1:],
                                measured_replayed=measured,
-                               elasticity=v.cost_elasticity(data, cfg, sim_costs, sim))
+                               elasticity=v.cost_elasticity(data, cfg, sim_costs, sim),
+                               steps=v.step_prices(reals, costs)
+                               if self.replay_decisions else None)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             _write_pair(folder, reals, sim, report, backend)
