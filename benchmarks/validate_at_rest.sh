@@ -15,8 +15,9 @@
 #    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on
 #    vLLM's steps profiled here by the first (--profile-now) and given to the others;
 # 4. prints one markdown table of every load point (raw errors first; the speed probe, the cost
-#    model / decisions split, the search error and the point's cost elasticity beside them)
-#    into OUT_DIR/table.md, for docs/validation.md.
+#    model / decisions split, the search error, the point's cost elasticity and its real steps
+#    against their prices, with the size of step they miss most, beside them) into
+#    OUT_DIR/table.md, for docs/validation.md.
 #
 # Both engines, their profiles and their runs run on tcmalloc where it is installed (Debian and
 # Ubuntu: libtcmalloc-minimal4), as PyTorch's and vLLM's CPU guides say: on glibc's malloc a
@@ -117,7 +118,8 @@ lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs er
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
          "search error | "
          "iteration time pred/meas | machine speed | largest component | "
-         "1% price error moves the mean by (* unstable) |", "|" + "---|" * 14]
+         "1% price error moves the mean by (* unstable) | "
+         "steps measured / priced (the size missed most: its ratio) |", "|" + "---|" * 15]
 for name in names:
     combined = json.loads((out / f"{name}.json").read_text())
     for row in combined["loads"]:
@@ -130,6 +132,15 @@ for name in names:
         elasticity = row.get("ttft_cost_elasticity")
         elasticity = ("-" if elasticity is None else f"{elasticity:.1f}%"
                       + ("*" if row.get("ttft_cost_unstable") else ""))
+        steps = report.get("step_prices")
+        if steps and steps.get("measured_over_priced") is not None:
+            worst = max(steps["by_tokens"], key=lambda g: abs(g["measured_s"] - g["priced_s"]))
+            size = (f"{worst['tokens_from']:,}-{worst['tokens_to']:,}" if worst["tokens_to"]
+                    else f">={worst['tokens_from']:,}")
+            steps = (f"{steps['measured_over_priced']:.2f} ({size} tokens: "
+                     f"{worst['measured_over_priced']:.2f})")
+        else:
+            steps = "-"
         over = row["load"] == "over"
         low, high = ((row["throughput_error_low"], row["throughput_error_high"]) if over
                      else (row["ttft_mean_error_low"], row["ttft_mean_error_high"]))
@@ -143,7 +154,7 @@ for name in names:
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if speed is None else f'x{speed:.2f}'} | "
-            f"{row['dominant_component']} | {elasticity} |")
+            f"{row['dominant_component']} | {elasticity} | {steps} |")
 table = "\n".join(lines) + "\n\nload averages:\n\n" + (out / "load.txt").read_text()
 (out / "table.md").write_text(table)
 print(table)
