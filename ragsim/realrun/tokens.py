@@ -171,7 +171,7 @@ class PromptTokens:
         self._trace = trace
         self._docs: dict[tuple[Hashable, int], np.ndarray] = {}
         self._queries: dict[int, np.ndarray] = {}
-        self._clock_started = False
+        self._encoded_ahead = False
 
     def encode_ahead(self) -> int:
         """Give every document the trace's requests retrieve (their final lists and the lists
@@ -196,7 +196,7 @@ class PromptTokens:
             self.document(doc, int(size_of[doc]))
         for row in range(trace.n_requests):
             self.query(row, int(trace.query_tokens[row]))
-        self._clock_started = True
+        self._encoded_ahead = True
         prepared = len(self._docs) + len(self._queries) - before
         self.report.prepared_before_clock += prepared
         return prepared
@@ -220,7 +220,7 @@ class PromptTokens:
             if ids is None:
                 ids = document_token_ids(doc_id, n_tokens, self.vocab_size)
             self._docs[key] = ids
-            self.report.prepared_during_run += self._clock_started
+            self.report.prepared_during_run += self._encoded_ahead
         return ids
 
     def query(self, row: int, n_tokens: int) -> np.ndarray:
@@ -237,7 +237,7 @@ class PromptTokens:
             else:
                 self.report.queries_encoded += 1
             self._queries[row] = ids
-            self.report.prepared_during_run += self._clock_started
+            self.report.prepared_during_run += self._encoded_ahead
         if n_tokens <= len(ids):
             return ids[:n_tokens]
         extra = query_token_ids(f"{self.request_ids[row]}+", n_tokens, self.vocab_size)
