@@ -176,23 +176,29 @@ def step_tokens(decision: dict) -> int:
 
 
 def prices_by_step_size(decisions: list[dict], price: Callable[[dict], float],
-                        edges: tuple[int, ...] = STEP_TOKEN_EDGES) -> list[dict]:
+                        edges: tuple[int, ...] = STEP_TOKEN_EDGES,
+                        cold_start: Callable[[float], float] | None = None) -> list[dict]:
     """The steps of a run grouped by their tokens (``step_tokens``, between consecutive
     ``edges``), each group's measured time against what ``price`` charges for its steps
     (called on every step, in the run's order, as the replay calls it: a first-time price
-    depends on what ran before). Why: one ratio over a run hides where the prices miss; a
-    burst's few large steps carry every request behind them (a CPU vLLM run at 90% load: the
-    steps past 2,048 tokens ran 1.22-1.27x their price, the small ones 0.90-0.95x). Groups
-    without steps are left out."""
+    depends on what ran before), plus ``cold_start`` of the engine's idle time before the step
+    as the run measured it (the first step: an infinite one), as ``replay`` charges it. Why:
+    one ratio over a run hides where the prices miss; a burst's few large steps carry every
+    request behind them (a CPU vLLM run at 90% load: the steps past 2,048 tokens ran
+    1.22-1.27x their price, the small ones 0.90-0.95x). Groups without steps are left out."""
     bounds = (0, *edges)
     groups = [{"tokens_from": lo, "tokens_to": hi, "steps": 0, "measured_s": 0.0,
                "priced_s": 0.0} for lo, hi in zip(bounds, (*edges, None), strict=True)]
+    last_end = -np.inf
     for decision in decisions:
         tokens = step_tokens(decision)
         group = groups[sum(tokens >= edge for edge in edges)]
         group["steps"] += 1
         group["measured_s"] += measured_s(decision)
         group["priced_s"] += price(decision)
+        if cold_start is not None:
+            group["priced_s"] += cold_start(decision["start_s"] - last_end)
+        last_end = decision["end_s"]
     return with_ratios([g for g in groups if g["steps"]])
 
 

@@ -252,8 +252,9 @@ def _pricer(real, profile: Profile):
 
 def step_prices(reals: Sequence, profile: Profile) -> dict | None:
     """The real runs' steps, each measured against the simulator's price for it (the profile
-    as each run's engine had warmed it, ``warmed_like``), over every run and by the steps'
-    size (``decisions.prices_by_step_size``); None where no run kept its steps. The replay's
+    as each run's engine had warmed it, ``warmed_like``, and the cold start of the idle time
+    before it, as the replay charges them), over every run and by the steps' size
+    (``decisions.prices_by_step_size``); None where no run kept its steps. The replay's
     cost-model share says how far the prices move the mean TTFT; this says which steps they
     miss, and whether those lie past the profile's grid."""
     from ragsim.decisions import STEP_TOKEN_EDGES, prices_by_step_size, with_ratios
@@ -264,7 +265,9 @@ def step_prices(reals: Sequence, profile: Profile) -> dict | None:
         return None
     groups: dict[int, dict] = {}
     for real, iterations in kept:
-        for g in prices_by_step_size(iterations, _pricer(real, warmed_like(profile, real))):
+        warmed = warmed_like(profile, real)
+        cold = warmed.idle_start_s if warmed.idle_start is not None else None
+        for g in prices_by_step_size(iterations, _pricer(real, warmed), cold_start=cold):
             into = groups.setdefault(g["tokens_from"], {**g, "steps": 0, "measured_s": 0.0,
                                                         "priced_s": 0.0})
             for name in ("steps", "measured_s", "priced_s"):

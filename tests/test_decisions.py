@@ -156,6 +156,14 @@ def test_steps_are_grouped_by_their_tokens_against_their_prices():
     assert by_start[4096]["tokens_to"] is None
     assert by_start[4096]["measured_over_priced"] == pytest.approx(5.0)
     assert by_start[4096]["share_of_step_time"] == pytest.approx(0.5 / (0.05 + 0.35 + 0.5))
+    # a cold start of 0.01 s a second of idle (0.03 for the first step, which has none before
+    # it): the idle times as run, 0.95, 0.8 and 0.5 s before steps 2-4
+    cold = prices_by_step_size(steps, lambda d: 0.1,
+                               cold_start=lambda idle: 0.03 if idle == float("inf")
+                               else 0.01 * idle)
+    priced = {g["tokens_from"]: g["priced_s"] for g in cold}
+    assert priced == pytest.approx({0: 0.1 + 0.03, 256: 0.2 + 0.0095 + 0.005,
+                                    4096: 0.1 + 0.008})
 
 
 def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path, capsys,
