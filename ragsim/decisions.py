@@ -184,8 +184,9 @@ def prices_by_step_size(decisions: list[dict], price: Callable[[dict], float],
     depends on what ran before), plus ``cold_start`` of the engine's idle time before the step
     as the run measured it (the first step: an infinite one), as ``replay`` charges it. Why:
     one ratio over a run hides where the prices miss; a burst's few large steps carry every
-    request behind them (a CPU vLLM run at 90% load: the steps past 2,048 tokens ran
-    1.22-1.27x their price, the small ones 0.90-0.95x). Groups without steps are left out."""
+    request behind them (run W, CPU vLLM at 90% load: the steps of 4,096+ tokens ran
+    1.19-1.41x their price, the mid-sized ones 0.93-1.11x; docs/validation.md). Groups
+    without steps are left out."""
     bounds = (0, *edges)
     groups = [{"tokens_from": lo, "tokens_to": hi, "steps": 0, "measured_s": 0.0,
                "priced_s": 0.0} for lo, hi in zip(bounds, (*edges, None), strict=True)]

@@ -250,6 +250,12 @@ def _pricer(real, profile: Profile):
     return lambda decision: priced_s(decision, profile, overlap, new_shape)
 
 
+def _cold_start(profile: Profile):
+    """What the simulator charges a step for the engine's idle time before it (``idle_start``;
+    None for a profile without the term)."""
+    return profile.idle_start_s if profile.idle_start is not None else None
+
+
 def step_prices(reals: Sequence, profile: Profile) -> dict | None:
     """The real runs' steps, each measured against the simulator's price for it (the profile
     as each run's engine had warmed it, ``warmed_like``, and the cold start of the idle time
@@ -266,8 +272,8 @@ def step_prices(reals: Sequence, profile: Profile) -> dict | None:
     groups: dict[int, dict] = {}
     for real, iterations in kept:
         warmed = warmed_like(profile, real)
-        cold = warmed.idle_start_s if warmed.idle_start is not None else None
-        for g in prices_by_step_size(iterations, _pricer(real, warmed), cold_start=cold):
+        for g in prices_by_step_size(iterations, _pricer(real, warmed),
+                                     cold_start=_cold_start(warmed)):
             into = groups.setdefault(g["tokens_from"], {**g, "steps": 0, "measured_s": 0.0,
                                                         "priced_s": 0.0})
             for name in ("steps", "measured_s", "priced_s"):
@@ -298,7 +304,7 @@ def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.nd
                       closed_loop=closed_loop)
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
                   _pricer(real, profile), closed_loop=closed_loop,
-                  cold_start=profile.idle_start_s if profile.idle_start is not None else None)
+                  cold_start=_cold_start(profile))
 
 
 def search_note(trace: Trace, config: SimConfig, backend: str) -> tuple[str, bool] | None:
