@@ -58,7 +58,9 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     ``new_shape``: the token counts run so far (one per replay, fed the iterations in their
     order), for the first-time price of a step's token count where the profile has one."""
     if decision["kind"] == "decode":
-        return decode_step_s(profile, decision["size"], decision["context_tokens"], new_shape)
+        context = profile.decode_context_tokens(decision["context_tokens"],
+                                                decision.get("padded_context_tokens"))
+        return decode_step_s(profile, decision["size"], context, new_shape)
     jobs = decision["jobs"]
     if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
         compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],

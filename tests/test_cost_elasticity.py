@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from ragsim import validation as v
@@ -22,10 +23,10 @@ PROFILE = "cpu-mistral-7b-l2-h256"
 SEARCH_S = 0.02
 
 
-def point(**flags):
-    """The elasticity of a simulated point of ragcache on mmlu (150 requests, a fixed search,
+def point(n_requests: int = 150, **flags):
+    """The elasticity of a simulated point of ragcache on mmlu (``n_requests``, a fixed search,
     no host tier, no speculation), and its run."""
-    config = build_config({"trace": "mmlu", "system": "ragcache", "n_requests": 150,
+    config = build_config({"trace": "mmlu", "system": "ragcache", "n_requests": n_requests,
                            "profile": PROFILE, "search_s": SEARCH_S, "speculate": False,
                            "host_cache_bytes": 0, **flags})
     trace = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
@@ -49,14 +50,23 @@ def test_one_request_at_a_time_the_elasticity_is_the_steps_share():
 
 
 def test_a_queue_answers_the_prices_more_the_fuller_it_is():
-    # capacity from the simulation's own overload throughput, then shares of it
-    over, busy = point(arrival="poisson", rate_rps=1e6)
-    capacity = busy.summary["throughput_rps"]
-    readings = [point(arrival="poisson", rate_rps=capacity * share)[0]["elasticity"]
-                for share in (0.3, 0.6, 0.9)]
-    assert readings == sorted(readings), readings
-    assert readings[-1] > 1.5 and readings[0] < readings[-1] / 1.5, readings
-    assert over["elasticity"] > 0
+    """One reading is one run's answer to +-5% prices, and a loaded run's decisions (which
+    requests share a batch, where a padded decode batch ends) tip one way or the other: over
+    1,000 requests single readings still fell as the load rose in one seed of four (0.82, 0.48,
+    6.02). The median over five seeds holds the queue's shape."""
+    shares = (0.3, 0.6, 0.9)
+    readings, over = [], []
+    for seed in range(5):
+        # capacity from the simulation's own overload throughput, then shares of it
+        at_over, busy = point(1000, arrival="poisson", rate_rps=1e6, seed=seed)
+        capacity = busy.summary["throughput_rps"]
+        over.append(at_over["elasticity"])
+        readings.append([point(1000, arrival="poisson", rate_rps=capacity * share,
+                               seed=seed)[0]["elasticity"] for share in shares])
+    medians = [float(np.median(column)) for column in zip(*readings, strict=True)]
+    assert medians == sorted(medians), readings
+    assert medians[-1] > 1.5 and medians[0] < medians[-1] / 1.5, readings
+    assert float(np.median(over)) > 0
 
 
 def test_a_missed_mean_is_told_the_price_accuracy_its_load_asks_for():
@@ -96,7 +106,11 @@ def test_validate_prints_and_writes_each_points_elasticity(tmp_path):
     assert result.exit_code == 0, result.output
     assert "a 1% error of every step's price moves the mean TTFT by: over " in result.stdout
     rows = json.loads((tmp_path / "loads.json").read_text())["loads"]
-    assert all(row["ttft_cost_elasticity"] > 0 for row in rows), rows
+    # every point carries its reading; all requests at once, the mean TTFT scales with the
+    # prices (40 requests at 50% are one run's answer, which can tip either way: the median
+    # over seeds is the queue test's above)
+    assert all(math.isfinite(row["ttft_cost_elasticity"]) for row in rows), rows
+    assert rows[0]["load"] == "over" and rows[0]["ttft_cost_elasticity"] > 0.5, rows
     report = json.loads((tmp_path / "load-50" / "validation.json").read_text())
     means = report["cost_elasticity"]["ttft_mean_s"]
     assert means["as_priced"] == report["sim"]["ttft_mean_s"]

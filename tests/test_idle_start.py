@@ -149,7 +149,7 @@ def test_the_torch_harness_prices_its_iterations_pause():
 
     profile = with_idle()
     log = [("prefill", [0], [300], 0.05, 0.0, float("inf")),
-           ("prefill", [0], [300], 0.05, 0.0, 0.055), ("decode", 4, 120.0, 0.05, False, 0.0)]
+           ("prefill", [0], [300], 0.05, 0.0, 0.055), ("decode", 4, 120.0, 0.05, False, 0.0, 121)]
     priced, plain = cost_model_errors(log, profile), cost_model_errors(log, BASE)
     assert priced["prefill_single"]["predicted_s"] == pytest.approx(
         plain["prefill_single"]["predicted_s"] + 0.002 + 0.0015, rel=1e-12)

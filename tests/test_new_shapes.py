@@ -201,7 +201,7 @@ def test_the_real_runs_iterations_are_priced_with_it_too():
 
     profile = with_shapes()
     log = [("prefill", [0], [300], 0.05, 0.0, 0.0), ("prefill", [0], [300], 0.05, 0.0, 0.0),
-           ("decode", 300, 120.0, 0.05, False, 0.0)]
+           ("decode", 300, 120.0, 0.05, False, 0.0, 121)]
     priced = cost_model_errors(log, profile)
     plain = cost_model_errors(log, BASE)
     assert priced["prefill_single"]["predicted_s"] == pytest.approx(

@@ -24,9 +24,10 @@ PROFILE = "cpu-mistral-7b-l2-h256"
 KV = load_profile(PROFILE).model.kv_bytes_per_token  # 2,048 B: 2 layers, 1 KV head, dim 128
 
 
-def small_trace(n: int = 36, seed: int = 3):
-    """Skewed retrieval over 10 documents of 30-120 tokens, 3 per request, short outputs: small
-    enough that a few hundred kilobytes of GPU and host memory force evictions and swaps."""
+def small_trace(n: int = 36, seed: int = 3, outputs=lambda i: 3):
+    """Skewed retrieval over 10 documents of 30-120 tokens, 3 per request, short outputs
+    (``outputs(i)`` tokens for request i): small enough that a few hundred kilobytes of GPU and
+    host memory force evictions and swaps."""
     rng = np.random.default_rng(seed)
     sizes = {d: int(rng.integers(30, 121)) for d in range(10)}
     weights = 1.0 / np.arange(1, 11)
@@ -34,7 +35,8 @@ def small_trace(n: int = 36, seed: int = 3):
     b = TraceBuilder("harness-test")
     for i in range(n):
         docs = [int(d) for d in rng.choice(10, size=3, replace=False, p=weights)]
-        b.add(i, 0.05 * i, int(rng.integers(4, 12)), 3, docs, [sizes[d] for d in docs])
+        b.add(i, 0.05 * i, int(rng.integers(4, 12)), outputs(i), docs,
+              [sizes[d] for d in docs])
     return b.build({"name": "harness-test"})
 
 
@@ -138,8 +140,9 @@ def test_open_loop_real_run_writes_the_simulators_columns():
 def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
     """All requests at once: prefills of mixed cached lengths share passes, and the decode
     batch changes at every join and leave (rows taken from the last step's cache, joiners
-    copied in). Greedy tokens must be those of the same requests served one at a time."""
-    trace = small_trace(n=16)
+    copied in). Greedy tokens must be those of the same requests served one at a time. Outputs
+    of 2-7 tokens keep rows in the batch while others leave and join."""
+    trace = small_trace(n=16, outputs=lambda i: 2 + i % 6)
     burst = {"arrival": "poisson", "rate_rps": 1e6, "max_prefill_bs": 4}
     batched = real_run(trace, config("ragcache", **MEMORY, **burst))
     alone = real_run(trace, config("vllm"))
@@ -148,7 +151,7 @@ def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
     assert summary["engine_decode_rebuilds"] >= 1 and summary["engine_decode_reshapes"] >= 1
     outputs = batched.iterations.outputs
     assert outputs == alone.iterations.outputs
-    assert all(len(tokens) == 3 for tokens in outputs.values())
+    assert [len(outputs[i]) for i in range(16)] == [2 + i % 6 for i in range(16)]
 
 
 def test_cost_model_errors_flag_iterations_past_the_profile():
@@ -162,8 +165,8 @@ def test_cost_model_errors_flag_iterations_past_the_profile():
     log = [("prefill", [0], [500], 0.05, 0.0, 0.0),             # inside
            ("prefill", [0, 0], [2000, 1900], 1.0, 0.0, 0.0),    # padded 2 x 2,000 > 3,072: past
            ("prefill", [3000], [100], 0.05, 0.0, 0.0),          # 3,000 cached > 2,048: past
-           ("decode", 64, 500.0, 0.2, False, 0.0),              # 64 requests > 16: past
-           ("decode", 8, 1000.0, 0.01, False, 0.0)]             # inside
+           ("decode", 64, 500.0, 0.2, False, 0.0, 501),            # 64 requests > 16: past
+           ("decode", 8, 1000.0, 0.01, False, 0.0, 1001)]           # inside
     errors = cost_model_errors(log, profile)
     assert errors["prefill_single"]["beyond_profile_iterations"] == 1
     assert errors["prefill_single"]["beyond_profile_measured_s"] == pytest.approx(0.05)

@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
+from ragsim.profiles.decode_layout import DECODE_PADDINGS
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
 from ragsim.profiles.idle_start import IdleStart, idle_start_from_dict
@@ -75,7 +76,7 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
 _OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes",
-                  "idle_start")
+                  "idle_start", "decode_padding")
 
 
 # the most rows of the batches the per-request term is fitted on (the profiler's random
@@ -363,6 +364,10 @@ class Profile:
     step_overhead: StepOverhead | None = None
     new_shapes: NewShapes | None = None  # a step's first-time price (``new_shapes.py``)
     idle_start: IdleStart | None = None  # a step after the engine sat idle (``idle_start.py``)
+    # how the engine's decode step lays out its rows (``decode_layout.py``): "none", each row
+    # over its own context (a paged engine; the step priced at the rows' mean), or
+    # "common_end", one batch padded to a common end (the torch engine; priced there)
+    decode_padding: str = "none"
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -370,6 +375,15 @@ class Profile:
 
     def decode_s(self, batch_size: float, context_tokens: float) -> float:
         return self.decode.at(batch_size, context_tokens)
+
+    def decode_context_tokens(self, mean_context_tokens: float,
+                              padded_context_tokens: float | None) -> float:
+        """The context a decode step is priced at: its rows' mean or, where the engine pads
+        its batch to a common end (``decode_padding``: the torch engine), that end, where it is
+        known (``decode_layout.PaddedDecodeBatch``)."""
+        if self.decode_padding == "common_end" and padded_context_tokens is not None:
+            return padded_context_tokens
+        return mean_context_tokens
 
     def prefill_pass_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
                        ) -> float:
@@ -513,6 +527,8 @@ class Profile:
                else {"step_overhead": self.step_overhead.to_dict()}),
             **({} if self.new_shapes is None else {"new_shapes": self.new_shapes.to_dict()}),
             **({} if self.idle_start is None else {"idle_start": self.idle_start.to_dict()}),
+            **({} if self.decode_padding == "none"
+               else {"decode_padding": self.decode_padding}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -583,7 +599,17 @@ class Profile:
                         else new_shapes_from_dict(data["new_shapes"], source=source)),
             idle_start=(None if data.get("idle_start") is None
                         else idle_start_from_dict(data["idle_start"], source=source)),
+            decode_padding=_decode_padding(data, source),
         )
+
+
+def _decode_padding(data: dict, source: str) -> str:
+    value = data.get("decode_padding", "none")
+    if value not in DECODE_PADDINGS:
+        raise ProfileError(f"is {value!r}; one of {', '.join(DECODE_PADDINGS)} (how the "
+                           "engine's decode step lays out its rows)", file=source,
+                           field="decode_padding")
+    return value
 
 
 def _grid(data: object, *, source: str, field: str, **names: str) -> BilinearGrid:

@@ -231,6 +231,9 @@ class TorchEngine:
 
     # what a batched pass computes: every row left-padded under a 2-D mask (BatchedPrefill)
     padding = "left_masked"
+    # how the engine's decode steps lay out their rows: one batch padded to a common end
+    # (``decode_layout.PaddedDecodeBatch``, as ``realrun/iterations.py`` runs them)
+    decode_padding = "common_end"
 
     def __init__(self, spec: ModelSpec, device: str, dtype: str, threads: int | None,
                  seed: int) -> None:
@@ -426,6 +429,7 @@ class TimingEngine(Protocol):
 
     device: Any  # a torch device (its ``type``: "cpu" or "cuda")
     padding: str  # what its batched prefills compute (``BatchedPrefill.padding``)
+    decode_padding: str  # how its decode steps lay out their rows (``Profile.decode_padding``)
 
     def sweeps(self, passes: list[tuple[list[int], list[int]]], warmup: int,
                repetitions: int, mixed: list[bool] | None = None) -> Timed:
@@ -1069,6 +1073,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
         prefill=prefill,
         batched_prefill=batched,
         decode=decode,
+        decode_padding=engine.decode_padding,
         transfers=Transfers(host_to_device_bytes_per_s=copies["h2d"][1],
                             host_to_device_latency_s=copies["h2d"][0],
                             device_to_host_bytes_per_s=copies["d2h"][1],

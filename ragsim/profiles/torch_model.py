@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.decode_layout import grown_tokens
 from ragsim.profiles.models import ModelSpec
 
 LayerKV = tuple[Any, Any]  # (keys, values), each [kv_heads, tokens, head_dim]
@@ -161,14 +162,6 @@ def _growing_layer_class():
 
 
 _GROWING_LAYER = None
-# a full GrowingLayer grows by a quarter plus this many tokens
-GROWTH_EXTRA_TOKENS = 64
-
-
-def grown_tokens(tokens: int) -> int:
-    """The tokens a full ``GrowingLayer`` buffer of ``tokens`` grows to (the memory bound
-    reads it here too)."""
-    return tokens + tokens // 4 + GROWTH_EXTRA_TOKENS
 
 
 def cache_keyword(forward: Any) -> str:

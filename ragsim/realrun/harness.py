@@ -175,8 +175,9 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
             padded_new = len(new) * max(new)  # what a padded batch prices on the grid
             beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
-            _, size, context, seconds, rebuilt, pause = entry
+            _, size, mean_context, seconds, rebuilt, pause, padded = entry
             kind = "decode_rebuilt" if rebuilt else "decode"
+            context = profile.decode_context_tokens(mean_context, padded)
             predicted = decode_step_s(profile, size, context, new_shape)
             beyond = size > decode_x or context > decode_y
         predicted += profile.idle_start_s(pause)

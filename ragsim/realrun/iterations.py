@@ -30,8 +30,10 @@ does what it decided and reports how long it took:
 * **Decode** generates one greedy token for every running job. The running set is one padded
   batch; when a job joins or leaves, the batch changes in place (a leaver's row takes the last
   row, a joiner's KV is copied into a free row) or, when it cannot, is rebuilt from each job's
-  KV. Those copies are a real cost of this engine, which the profile's decode grid does not
-  contain: they are reported apart.
+  KV (``profiles.decode_layout.PaddedDecodeBatch`` decides which, and where the rows end: every
+  row is computed over the batch's common end, and a profile of this engine prices the step
+  there). Those copies are a real cost of this engine, which the profile's decode grid does
+  not contain: they are reported apart.
 * **Time**: the harness runs on a wall clock (``simpy.rt``); an iteration measures its own work
   (moves, copies, forward) and yields that long, so the clock and the engine agree. Events that
   fell due while it worked are handled right after it, stamped with their own times: for
@@ -48,25 +50,13 @@ from typing import Any
 import simpy
 
 from ragsim.cache.tree import KnowledgeTree
+from ragsim.profiles.decode_layout import PaddedDecodeBatch, decode_buffer_shape
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_chunks
 from ragsim.realrun.blend import PlacedKV, prefill_request
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
 from ragsim.realrun.tokens import PromptTokens
 from ragsim.serving.engine import Job, PrefillTiming, Wait
-
-# room a rebuilt decode batch keeps for the tokens still to come (then it grows by a quarter)
-DECODE_HEADROOM_TOKENS = 64
-# and for rows that join later (at least this many, or a quarter more)
-DECODE_HEADROOM_ROWS = 4
-
-
-def decode_buffer_shape(rows: int, longest_tokens: int) -> tuple[int, int]:
-    """A rebuilt decode batch's buffer (rows, tokens) for ``rows`` requests padded to
-    ``longest_tokens``: a quarter more rows (at least DECODE_HEADROOM_ROWS) for joiners, and
-    DECODE_HEADROOM_TOKENS for the tokens to come. The engine, its memory bound
-    (``realrun.memory``) and ``benchmarks/decode_paths.py`` all read it here."""
-    return rows + max(DECODE_HEADROOM_ROWS, rows // 4), longest_tokens + DECODE_HEADROOM_TOKENS
 
 
 def decode_step_batch(model: TorchModel, cache: Any, lengths: list[int], end: int,
@@ -218,8 +208,10 @@ class TorchIterations:
         self.times = EngineTimes()
         # every iteration as it ran: what the profile is compared with (``cost_model_errors``)
         # ("prefill", cached list, new list, seconds, copy seconds, pause) or ("decode", batch
-        # size, mean context, seconds, rebuilt, pause); pause: the engine's idle time before
-        # the iteration (inf for the first), which a profile's cold start prices
+        # size, mean context, seconds, changed (rebuilt or changed in place), pause, padded
+        # context); pause: the engine's idle time before the iteration (inf for the first),
+        # which a profile's cold start prices; padded context: the batch's common end, which
+        # a profile of a padded decode (``decode_padding``) prices
         self.log: list[tuple] = []
         # the same iterations as decisions (``ragsim.decisions``): when each started on the
         # run's clock, which jobs it ran and what the simulator's costs need to price it
@@ -230,6 +222,9 @@ class TorchIterations:
         self._decode_order: list[Job] = []  # rows of the decode batch
         self._decode_batch = None
         self._row_storage: list | None = None  # per layer [keys, values]: the batch's rows
+        # where the batch's rows end and when it is rebuilt: the rule the simulator prices
+        # the same steps by (``profiles.decode_layout``, a profile's decode_padding)
+        self.layout = PaddedDecodeBatch()
         self._root_host: NodeKV | None = None
         # node -> the position of its first token when its KV was computed (a node's KV is
         # stored at its own positions; a position-free hit moves it from there)
@@ -488,8 +483,9 @@ class TorchIterations:
         cache, rows that join from their prefill's KV, each once, into a buffer zeroed only
         where rows are padded. Every row's KV ends at the same index (left padding, masked), so
         a step appends every row's token at one position. Used when the batch cannot change
-        in place (``_reshape``): the first batch, a joiner longer than the rows' common end,
-        or more rows than the buffer holds. The buffer keeps room for a quarter more rows."""
+        in place (``self.layout`` says so: the first batch, a joiner longer than the rows'
+        common end, or more rows than the buffer holds). The buffer keeps room for a quarter
+        more rows."""
         torch, model = self.model.torch, self.model
         old, old_order = self._decode_batch, self._decode_order
         kept = [j for j in old_order if j in members] if old is not None else []
@@ -552,10 +548,9 @@ class TorchIterations:
         row (one row copied), a joiner is written into the next free row (its own KV and the
         zeros of its padding). The rows that stay are not copied, as a paged engine copies
         none of its running KV when its batch changes; rebuilding the whole batch at every join
-        and leave took 28 of a 49 s overload run. None when it cannot be done in place."""
+        and leave took 28 of a 49 s overload run. Called where ``self.layout`` keeps the
+        batch."""
         old, order = self._decode_batch, self._decode_order
-        if old is None or self._row_storage is None:
-            return None
         model = self.model
         layers = old.cache.layers[:model.num_layers]
         if layers[0]._keys_buffer.data_ptr() != self._row_storage[0][0].data_ptr():
@@ -566,9 +561,12 @@ class TorchIterations:
         end = int(layers[0].keys.shape[-2])  # where every row's KV ends
         in_batch = set(order)
         joined = sorted((j for j in members if j not in in_batch), key=lambda j: j.key)
-        if (len(members) > storage[0][0].shape[0]
+        if (end != self.layout.end_tokens or len(members) > storage[0][0].shape[0]
                 or any(self._running[j].tokens > end for j in joined)):
-            return None
+            raise RuntimeError(  # the layout and the buffers disagree: a bug, never data
+                f"the decode layout (end {self.layout.end_tokens}, {self.layout.buffer_rows} "
+                f"rows) does not match the batch's buffers (end {end}, "
+                f"{storage[0][0].shape[0]} rows) for {len(members)} rows")
         rows = list(order)
         for row in sorted((r for r, j in enumerate(order) if j not in members), reverse=True):
             last = len(rows) - 1
@@ -608,16 +606,27 @@ class TorchIterations:
         self.decisions.append({"kind": "decode", "start_s": self.env.now, "size": len(jobs),
                                "context_tokens": mean_context_tokens})
         order = self._decode_order
-        rebuilt = not (self._decode_batch is not None and len(order) == len(jobs)
+        changed = not (self._decode_batch is not None and len(order) == len(jobs)
                        and all(j in jobs for j in order))
-        if not rebuilt:
+        rebuild = self.layout.plan(jobs, lambda j: self._running[j].tokens)
+        if not changed:
             logits = self.model.decode(self._decode_batch,
                                        [self._running[j].next_token for j in order])
         else:
             rebuild_started = perf_counter()
-            batch, order = self._reshape(jobs) or self._rebuild(jobs)
+            batch, order = self._rebuild(jobs) if rebuild else self._reshape(jobs)
             self.times.decode_rebuild_s += perf_counter() - rebuild_started
             logits = self.model.forward(batch)
+        self.layout.advance()
+        # the step computed every row over the batch's common end, as its cache holds it
+        # (KV tokens with the step's own: the serving engine's context frame, as
+        # ``mean_context_tokens``); the layout the simulator prices by must have it there
+        padded = int(self._decode_batch.cache.layers[0].keys.shape[-2])
+        if padded != self.layout.end_tokens:
+            raise RuntimeError(f"the decode batch ends at {padded} tokens, its layout at "
+                               f"{self.layout.end_tokens}: the layout's rule is not the "
+                               "engine's (a bug, never data)")
+        self.decisions[-1]["padded_context_tokens"] = padded
         self.model.sync()
         for row, (job, token) in enumerate(zip(order, self.model.greedy(logits),
                                                strict=True)):
@@ -629,8 +638,8 @@ class TorchIterations:
                 self.logits[job.request] = (self.logits[job.request][0],
                                             logits[row].detach().to("cpu", copy=True))
         duration = perf_counter() - started
-        self.log.append(("decode", len(order), mean_context_tokens, duration, rebuilt,
-                         self._pause_s()))
+        self.log.append(("decode", len(order), mean_context_tokens, duration, changed,
+                         self._pause_s(), padded))
         self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.decode_s += duration
         self.times.decode_steps += 1
@@ -649,6 +658,7 @@ class TorchIterations:
         self._decode_batch = None
         self._row_storage = None
         self._decode_order = []
+        self.layout.reset()
         self._apply_moves()
         root = self.tree.root
         if self.store.tier(root) == "gpu":

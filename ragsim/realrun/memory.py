@@ -26,9 +26,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from ragsim.errors import RagsimInputError
+from ragsim.profiles.decode_layout import decode_buffer_shape, grown_tokens
 from ragsim.profiles.models import ModelSpec
-from ragsim.profiles.torch_model import grown_tokens
-from ragsim.realrun.iterations import decode_buffer_shape
 from ragsim.units import format_bytes
 
 # CUDA's context, the caching allocator's fragmentation and what the measurement cannot

@@ -1,7 +1,9 @@
 """The simulator's iterations: each takes the time the cost profile predicts for it.
 
 A single prefill costs T(alpha, beta) from the profile's bilinear grid, a batch the batched
-prefill model (priced on that grid), a decode step the decode grid at the batch's mean context.
+prefill model (priced on that grid), a decode step the decode grid at the batch's mean context
+or, where the profile's engine pads its decode batch (``decode_padding``), at the batch's common
+end (``PaddedDecodeBatch``, the rule that engine lays its batch out by).
 Host hits are copied host->GPU at the profile's measured bandwidth, before the prefill or, with
 ``overlap_swap``, while it computes (the iteration takes the longer of the two). A step that
 begins after the engine sat idle pays the profile's cold start for the pause
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import simpy
 
+from ragsim.profiles.decode_layout import PaddedDecodeBatch
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.serving.costs import (
@@ -43,6 +46,12 @@ class PredictedIterations:
         self._run_outside: list[bool] | None = None
         # when the last step ended (None: no step yet): a step begun later pays a cold start
         self._last_end_s: float | None = None
+        # the engine's padded decode batch, followed step by step (None: a paged engine). Its
+        # steps are priced one by one: a run of steps (``decode_durations``) is not offered,
+        # since the batch's end depends on the rows that ran before
+        self.layout = PaddedDecodeBatch() if profile.decode_padding == "common_end" else None
+        if self.layout is not None:
+            self.decode_durations = None
 
     def _cold_start_s(self) -> float:
         """What the step beginning now pays for the engine's idle time before it."""
@@ -83,6 +92,9 @@ class PredictedIterations:
         compute = mixed_step_s(self.profile, [j.alpha + j.prefilled for j, _ in chunks],
                                [take for _, take in chunks], len(decoding),
                                mean_context_tokens, self.new_shape)
+        if self.layout is not None and decoding:  # its rows took a token (priced at the mean:
+            self._padded_context(decoding)          # mixed steps are measured as such)
+            self.layout.advance()
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
@@ -97,8 +109,18 @@ class PredictedIterations:
         self._last_end_s = self.env.now
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
+    def _padded_context(self, jobs: set[Job]) -> float:
+        """The padded batch laid out for ``jobs`` (a joiner's context is its ``context_tokens``:
+        it joins at its first step): the batch's common end."""
+        self.layout.plan(jobs, _context_tokens)
+        return self.layout.end_tokens
+
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        duration = decode_step_s(self.profile, len(jobs), mean_context_tokens, self.new_shape)
+        context = mean_context_tokens
+        if self.layout is not None:
+            context = self._padded_context(jobs)
+            self.layout.advance()
+        duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
         duration += self._cold_start_s()
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
@@ -140,7 +162,8 @@ class PredictedIterations:
         pass  # no tensors to free
 
     def gpu_failed(self) -> None:
-        pass
+        if self.layout is not None:
+            self.layout.reset()
 
     def recovery_s(self, restart_s: float, root_bytes: int) -> float:
         return restart_s + self._h2d(root_bytes)
@@ -148,6 +171,10 @@ class PredictedIterations:
     def recover(self, restart_s: float, root_bytes: int) -> Wait:
         yield self.env.timeout(self.recovery_s(restart_s, root_bytes))
         self._last_end_s = self.env.now
+
+
+def _context_tokens(job: Job) -> int:
+    return job.context_tokens
 
 
 def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool):

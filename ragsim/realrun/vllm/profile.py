@@ -57,6 +57,7 @@ class VllmTimer:
 
     # vLLM's kernels run each request over its own tokens: nothing is padded (BatchedPrefill)
     padding = "none"
+    decode_padding = "none"  # nor in a decode step (paged KV): ``Profile.decode_padding``
 
     def __init__(self, llm, settings: EngineSettings, vocab_size: int, seed: int = 0) -> None:
         """Time steps of ``llm``, an engine built with ``settings`` (prefix caching on for
