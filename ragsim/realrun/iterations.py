@@ -483,9 +483,10 @@ class TorchIterations:
         cache, rows that join from their prefill's KV, each once, into a buffer zeroed only
         where rows are padded. Every row's KV ends at the same index (left padding, masked), so
         a step appends every row's token at one position. Used when the batch cannot change
-        in place (``self.layout`` says so: the first batch, a joiner longer than the rows'
-        common end, or more rows than the buffer holds). The buffer keeps room for a quarter
-        more rows."""
+        in place, or should not (``self.layout`` says which: the first batch, a joiner longer
+        than the rows' common end, more rows than the buffer holds, no row of the last step
+        staying, an end past twice the longest row). The buffer keeps room for a quarter more
+        rows."""
         torch, model = self.model.torch, self.model
         old, old_order = self._decode_batch, self._decode_order
         kept = [j for j in old_order if j in members] if old is not None else []
