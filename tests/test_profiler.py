@@ -87,6 +87,8 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     assert p.decode_s(16, 2048) > p.decode_s(1, 128)
     assert p.transfers.host_to_device_bytes_per_s > 1e8
     assert p.batched_prefill.padding == "left_masked"
+    # its decode steps run one batch padded to a common end (``decode_layout``)
+    assert p.decode_padding == "common_end"
     # the grid, the batches and the held-out points were timed in the same sweeps
     assert p.obtained["timing"].startswith("grid, batches and held-out points")
     speeds = p.obtained["validation"]["sweep_speed"]

@@ -307,6 +307,7 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
     assert all(v > 0 for row in saved.prefill.values for v in row)
     # vLLM's kernels pad nothing; its step() samples, so no step overhead is added to it
     assert saved.batched_prefill.padding == "none" and saved.step_overhead is None
+    assert saved.decode_padding == "none"  # nor does its paged decode
     # mixed steps measured on vLLM's own steps: each level is the raw steps with the running
     # requests less the chunk alone (its first raw entry), in plan order
     mixed = saved.mixed_steps
