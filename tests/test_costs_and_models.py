@@ -20,7 +20,7 @@ from ragsim.profiles.derived import (
     synthetic_batches,
     weight_bytes_read,
 )
-from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.grid import BilinearGrid, monotone_along_y
 from ragsim.profiles.hardware import GPUS
 from ragsim.profiles.heldout import HELDOUT_MAX_TARGET, HELDOUT_MEDIAN_TARGET, relative_errors
 from ragsim.profiles.models import BUILTIN_MODELS, resolve_model
@@ -72,6 +72,43 @@ def test_interpolation_is_monotone_inside_and_outside_the_grid():
     for cached in (0, 300, 5000, 50_000):
         values = p.prefill.many(np.full_like(new, cached), new)
         assert (np.diff(values) >= -1e-12).all()
+
+
+def test_a_grid_measured_to_fall_along_x_loads_only_when_it_says_so():
+    """A CPU decode step of 4 rows ran faster than one of 3: a decode grid that says it keeps
+    its batch axis as measured holds it; one that does not, or that falls along its contexts,
+    is refused."""
+    data = {"batch_sizes": [1, 3, 4], "context_tokens": [128, 2048],
+            "seconds": [[0.0056, 0.0064], [0.0156, 0.0172], [0.0102, 0.0109]]}
+    with pytest.raises(ProfileError, match=r"falls from 0\.0156"):
+        BilinearGrid.from_dict(data, name="p", x_name="batch_sizes", y_name="context_tokens",
+                               source="p.json", field="decode")
+    kept = BilinearGrid.from_dict({**data, "batch_sizes_monotone": False}, name="p",
+                                  x_name="batch_sizes", y_name="context_tokens",
+                                  source="p.json", field="decode")
+    assert kept.at(3, 128) == 0.0156 and kept.at(4, 128) == 0.0102
+    assert kept.at(3.5, 128) == pytest.approx((0.0156 + 0.0102) / 2)
+    assert kept.to_dict()["batch_sizes_monotone"] is False
+    assert "batch_sizes_monotone" not in BilinearGrid.from_dict(
+        {**data, "seconds": [[0.0056, 0.0064], [0.0102, 0.0109], [0.0156, 0.0172]]},
+        name="p", x_name="batch_sizes", y_name="context_tokens", source="p.json",
+        field="decode").to_dict()
+    falling_in_context = {**data, "batch_sizes_monotone": False,
+                          "seconds": [[0.0056, 0.0050], *data["seconds"][1:]]}
+    with pytest.raises(ProfileError, match="as context_tokens grows"):
+        BilinearGrid.from_dict(falling_in_context, name="p", x_name="batch_sizes",
+                               y_name="context_tokens", source="p.json", field="decode")
+    with pytest.raises(ProfileError, match="true or false"):
+        BilinearGrid.from_dict({**data, "batch_sizes_monotone": "no"}, name="p",
+                               x_name="batch_sizes", y_name="context_tokens", source="p.json",
+                               field="decode")
+
+
+def test_a_grid_made_monotone_along_y_keeps_x_as_measured():
+    # row 0 falls at its middle (isotonic: the two pooled at their mean), row 1 rises already;
+    # row 1 below row 0 at y=0 stays so
+    assert monotone_along_y([[3.0, 1.0, 4.0], [2.0, 5.0, 5.0]]) == [[2.0, 2.0, 4.0],
+                                                                    [2.0, 5.0, 5.0]]
 
 
 def _profile_dict() -> dict:

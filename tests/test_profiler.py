@@ -89,6 +89,14 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
     assert p.batched_prefill.padding == "left_masked"
     # its decode steps run one batch padded to a common end (``decode_layout``)
     assert p.decode_padding == "common_end"
+    # the decode grid keeps its batch axis as measured (a CPU's 4 rows can run faster than
+    # its 3): a batch size whose medians already rise with the context is held as measured
+    assert p.decode.monotone_x is False
+    raw = p.obtained["raw"]["decode"]
+    for i, rows in enumerate(p.decode.x_axis):
+        medians = [raw[f"{int(rows)},{int(c)}"][0] for c in p.decode.y_axis]
+        if medians == sorted(medians):
+            assert p.decode.values[i] == medians
     # the grid, the batches and the held-out points were timed in the same sweeps
     assert p.obtained["timing"].startswith("grid, batches and held-out points")
     speeds = p.obtained["validation"]["sweep_speed"]
@@ -308,6 +316,29 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total
+
+
+def test_the_decode_grid_is_timed_after_one_untimed_pass_over_its_cells(tmp_path):
+    """The decode grid is a new process's first timing, and timed cold its cells ran up to
+    1.45x their time a pass later: each cell runs once untimed, in order, before any is
+    timed."""
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=2, hidden=128).with_dtype("fp32")
+    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 64], batch_sizes=[1, 2],
+                       context_tokens=[16, 32], batches=2, held_out_points=1,
+                       held_out_batches=1, copy_bytes=[2**12, 2**16], warmup=0,
+                       repetitions=2, held_out_decode=1)
+    engine = TorchEngine(spec, "cpu", "fp32", 1, 0)
+    calls, timed = [], engine.decode
+
+    def decode(batch, context, warmup, repetitions):
+        calls.append((batch, context, repetitions))
+        return timed(batch, context, warmup, repetitions)
+
+    engine.decode = decode
+    run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=tmp_path / "p.json",
+                engine=engine)
+    cells = [(1, 16), (1, 32), (2, 16), (2, 32)]
+    assert calls[:8] == [(*cell, 1) for cell in cells] + [(*cell, 2) for cell in cells]
 
 
 def test_each_phase_is_one_line_where_stderr_is_no_terminal(capsys):
