@@ -12,14 +12,15 @@ times its longest row (a long request left: the copy of the rows costs about one
 of them, the padding it removes is read by every later step). So a step computes every row
 over the common end, not over its own context.
 
-Measured (``benchmarks/decode_paths.py``'s two paths, 2 layers x 256 hidden, one CPU thread,
-2026-12-04): 40 rows of 284 tokens on average, padded to 1,500 and 3,000 tokens, took 38.6 and
-58.6 ms a step; a batch of 40 rows of 284 tokens each took 21.5 ms, one of 40 rows of 1,500 or
-3,000 tokens 39.8 and 61.6 ms. A padded step costs what a uniform batch at its end costs, which
-the decode grid measures; priced at the rows' mean context, the torch engine's decode steps ran
-2-6x their price at overload and 1.33x at 50% load (run W, docs/validation.md). Before the last
-two reasons to rebuild, the end only ever grew within a run (at 50% load it averaged 1,134
-tokens over a run's 500 decode steps, rows of about 250 tokens decoded over 550-770).
+Measured (``benchmarks/decode_rows.py padded``: ``decode_paths.py``'s two paths, 2 layers x 256
+hidden, one CPU thread, 2026-12-04): 40 rows of 284 tokens on average, padded to 1,500 and 3,000
+tokens, took 38.6 and 58.6 ms a step; a batch of 40 rows of 284 tokens each took 21.5 ms, one of
+40 rows of 1,500 or 3,000 tokens 39.8 and 61.6 ms. A padded step costs what a uniform batch at
+its end costs, which the decode grid measures; priced at the rows' mean context, the torch
+engine's decode steps ran 2-6x their price at overload and 1.33x at 50% load (run W,
+docs/validation.md). Before the last two reasons to rebuild, the end only ever grew within a run
+(at 50% load it averaged 1,134 tokens over a run's 500 decode steps, rows of about 250 tokens
+decoded over 550-770).
 
 ``PaddedDecodeBatch`` is that rule in one place: the engine asks it whether a step rebuilds the
 batch, the simulator asks it where the step ends, so both lay out the same batch. A paged engine

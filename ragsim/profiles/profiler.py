@@ -524,8 +524,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     _starting(report, "decode", len(cells))
     if any(_key(bs, ctx) not in state.decode for bs, ctx in cells):
         # the decode grid is the process's first timing: each cell run once untimed first.
-        # Timed cold, a new process's first pass over the cells ran 1.1-1.45x its second
-        # (1 row: 8.2 against 5.7 ms; one thread, 2026-12-04), later cells least, and two
+        # Timed cold, a new process's first pass over the cells ran 1.02-1.44x its second
+        # (1 row: 8.2 against 5.7 ms; one thread, 2026-12-04; not in every process:
+        # benchmarks/decode_rows.py cold), later cells least, and two
         # profiles priced a 1-row step 5.5 and 7.5 ms while their prefills agreed within 1%
         for bs, ctx in cells:
             engine.decode(bs, ctx, w, 1)
