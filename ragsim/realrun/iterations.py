@@ -607,8 +607,7 @@ class TorchIterations:
         self.decisions.append({"kind": "decode", "start_s": self.env.now, "size": len(jobs),
                                "context_tokens": mean_context_tokens})
         order = self._decode_order
-        changed = not (self._decode_batch is not None and len(order) == len(jobs)
-                       and all(j in jobs for j in order))
+        changed = not self.layout.unchanged(jobs)  # its rows are the batch's rows
         rebuild = self.layout.plan(jobs, lambda j: self._running[j].tokens)
         if not changed:
             logits = self.model.decode(self._decode_batch,
