@@ -231,7 +231,9 @@ def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path
     ratios = [h["predicted"] / h["seconds"] for h in held]
     assert p.mixed_steps.heldout["median_ratio"] == pytest.approx(float(np.median(ratios)))
     summary = p.obtained["validation"]["iteration_ratios"]
-    assert set(summary) == {"prefill_points", "batches", "decode_points", "mixed_steps"}
+    # (and the torch engine's batches by row count, held out: ``profiler.TORCH_ROW_LEVELS``)
+    assert set(summary) == {"prefill_points", "batches", "decode_points", "mixed_steps",
+                            "wide_batches"}
     sampling = p.obtained["raw"]["sampling"]
     # two row counts: the fit goes through both points (unless a term would be negative)
     slope = (sampling["8"][0] - sampling["1"][0]) / 7

@@ -97,6 +97,16 @@ def test_quick_profile_is_valid_measured_and_predicts_held_out_points(quick_prof
         medians = [raw[f"{int(rows)},{int(c)}"][0] for c in p.decode.y_axis]
         if medians == sorted(medians):
             assert p.decode.values[i] == medians
+    # the per-request term measured at every row count the engine's batches reach (2 to its
+    # max_prefill_bs), on rows over a cached prefix (the masked path of the runs' batches)
+    from ragsim.serving.config import SimConfig
+
+    wide = p.batched_prefill.wide
+    assert wide.rows == [float(n) for n in range(2, SimConfig().max_prefill_bs + 1)]
+    assert wide.row_cached_tokens == 512 and wide.row_new_tokens == 128
+    assert [(w["rows"], w["cached"]) for w in p.obtained["raw"]["wide_batches"]] == [
+        (n, 512) for n in range(2, 9)]
+    assert wide.heldout["points"] == 6
     # the grid, the batches and the held-out points were timed in the same sweeps
     assert p.obtained["timing"].startswith("grid, batches and held-out points")
     speeds = p.obtained["validation"]["sweep_speed"]
@@ -249,12 +259,15 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
                     kv_capacity_bytes=capacity, progress=stop_after_first_group)
     partial = json.loads((tmp_path / "p.json.partial.json").read_text())
     assert partial["groups_done"] == 1 and partial["decode"] and partial["copies"]
-    first = partial["prefill"] | {str(b): b["seconds"] for b in partial["batches"]}
+    # (the torch plan's batches by row count are among what the first groups measure)
+    first = partial["prefill"] | {str(b): b["seconds"] for b in partial["batches"]
+                                  + partial["wide_batches"]}
     assert first
     profile = run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=out,
                           kv_capacity_bytes=capacity)
     raw = profile.obtained["raw"]
-    again = raw["prefill"] | {str(b): b["seconds"] for b in raw["batches"]}
+    again = raw["prefill"] | {str(b): b["seconds"] for b in raw["batches"]
+                              + raw["wide_batches"]}
     assert all(again[k] == v for k, v in first.items())  # kept, not remeasured
     assert len(raw["prefill"]) == 9 and len(raw["batches"]) == 4
     assert len(raw["held_out_batches"]) == 2 and len(profile.obtained["validation"][
@@ -405,6 +418,30 @@ def test_sweeps_mix_every_kind_and_spread_the_held_out_batches():
     # a budget of about a third of the KV splits them into groups of consecutive units
     groups = _sweep_groups(units, 1, sum(u.kv_tokens() for u in units) // 3)
     assert [u for g in groups for u in g] == units and len(groups) >= 3
+
+
+def test_the_torch_plan_times_every_row_count_on_cached_rows_in_the_same_sweeps():
+    """The torch engine's plan: a level at each of 2-8 rows (the serving default's
+    max_prefill_bs), rows of 128 new tokens on 512 cached, and held-out batches of 2-8 rows of
+    32-256 new tokens within the last level's 1,024, mixed into the sweeps with the grid."""
+    from ragsim.profiles.profiler import with_torch_row_levels
+    from ragsim.serving.config import SimConfig
+
+    plan = with_torch_row_levels(ProfilePlan.quick())
+    assert plan.wide_batch_rows[-1] == SimConfig().max_prefill_bs
+    units = _sweep_units(plan, seed=3)
+    levels = [u.passes[0] for u in units if u.kind == "wide_batch"]
+    assert levels == [([512] * n, [128] * n) for n in range(2, 9)]
+    held = [u.passes[0] for u in units if u.kind == "held_out_wide"]
+    assert len(held) == 6
+    for cached, new in held:
+        assert 2 <= len(new) <= 8 and sum(new) <= 1024 and all(32 <= b <= 256 for b in new)
+        assert set(cached) <= {0, 1, 128, 256, 512}
+    kinds = [u.kind for u in units]
+    assert "wide_batch" in kinds[: len(kinds) // 2] and "wide_batch" in kinds[len(kinds) // 2:]
+    # a plan that names its own levels (vLLM's wide batches) keeps them
+    own = dataclasses.replace(ProfilePlan.quick(), wide_batch_rows=[8, 64])
+    assert with_torch_row_levels(own) == own
 
 
 def _linear_cost(fixed_s: float, token_s: float, pair_s: float, row_s: float):

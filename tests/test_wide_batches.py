@@ -1,4 +1,5 @@
-"""Batches of many prompts on a varlen engine (``profile.WideBatches``, vLLM's profiles).
+"""The per-request term by row count (``profile.WideBatches``): batches of many prompts on a
+varlen engine (vLLM's profiles), and every row count of the torch engine's batches.
 
 Worked by hand on a grid of T(alpha, beta) = 1 + 0.01 beta + 0.001 alpha seconds, measured at
 alpha in {0, 100} and beta in {1, 11} (bilinear, so exact for this linear T).
@@ -74,6 +75,55 @@ def test_the_wide_term_is_what_each_row_adds_to_the_measured_batch():
     assert fitted.per_extra_request_s == 0.1  # the 2-4 row fit is kept
 
 
+def test_levels_at_the_fitted_rows_replace_the_fitted_term_there():
+    """The torch engine's levels: 2, 3, 4 and 8 rows measured (0.3, 0.35, 0.05, 0.02). Each
+    measured count takes its own level, 6 rows half way from 4 to 8 (0.035), past 8 the last;
+    the fitted 0.1 is used nowhere (one row has no extra request)."""
+    wide = WideBatches([2.0, 3.0, 4.0, 8.0], [0.3, 0.35, 0.05, 0.02], 1)
+    assert [wide.extra_s(n, 0.1) for n in (2, 3, 4, 6, 8, 12)] == pytest.approx(
+        [0.3, 0.35, 0.05, 0.035, 0.02, 0.02])
+    model = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1, wide=wide)
+    # three rows of 1 uncached token: 3 tokens, 1.5 pairs, alpha = 0.5 - 1.5 = -1:
+    # 2 T(0, 3) - T(1, 3) = 2.06 - 1.031 = 1.029; + 2 x 0.35
+    assert model.iteration_s([0] * 3, [1] * 3) == pytest.approx(1.029 + 2 * 0.35)
+
+
+def test_levels_on_cached_rows_and_the_random_batches_judged_again():
+    """Rows of 2 new tokens on 50 cached ones, timed as their tokens and pairs plus a planted
+    0.3 s (2 rows) and 0.05 s (4 rows) per extra row. The levels give those back, priced on the
+    cached rows' pairs: a level priced as uncached rows would read 0.001 x 50 = 0.05 s of the
+    cached prefix into the term (2 rows: 0.35). Random batches built the same way (3 rows:
+    0.175 half way) were fitted with 0.1 and missed; judged again with the levels they are
+    exact, and the fitted term stays what it was."""
+    from ragsim.profiles.profile import Batches
+
+    base = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1,
+                          fit={"points": 1, "median_rel_error": 0.2, "against": "by hand"})
+    planted = {2: 0.3, 4: 0.05}
+
+    def timed(cached: list[float], new: list[float]) -> float:
+        n = len(new)
+        extra = planted.get(n, 0.175)
+        return base.tokens_and_pairs_s(cached, new) + extra * (n - 1)
+
+    seconds = [timed([50.0] * n, [2.0] * n) for n in planted]
+    batches = [([50.0, 10.0, 0.0], [3.0, 2.0, 5.0]), ([0.0, 100.0], [4.0, 4.0])]
+    fitted = Batches([batches[0][0]], [batches[0][1]], [timed(*batches[0])])
+    held = Batches([batches[1][0]], [batches[1][1]], [timed(*batches[1])])
+    assert base.iteration_s(*batches[1]) != pytest.approx(held.seconds[0])
+    widened = with_wide_batches(base, list(planted), seconds, 2, row_cached_tokens=50,
+                                batches=(fitted, held))
+    assert widened.wide.per_extra_request_s == pytest.approx([0.3, 0.05])
+    assert widened.wide.row_cached_tokens == 50
+    assert widened.heldout_median_error == pytest.approx(0.0, abs=1e-12)
+    assert widened.fit["median_rel_error"] == pytest.approx(0.0, abs=1e-12)
+    assert widened.fit["against"] == "by hand" and widened.per_extra_request_s == 0.1
+    # levels above the fitted rows (vLLM's) leave the random batches' errors as they were
+    above = with_wide_batches(base, [8], [timed([0.0] * 8, [2.0] * 8)], 2,
+                              batches=(fitted, held))
+    assert above.fit == base.fit and above.heldout_median_error is None
+
+
 def _profile_with_wide(tmp_path, wide: dict | None):
     data = load_profile("cpu-vllm-mistral-7b-l2-h256").to_dict()
     data["batched_prefill"]["padding"] = "none"
@@ -96,13 +146,22 @@ def test_a_profile_file_keeps_its_wide_batches_and_scales_them(tmp_path):
     assert slower.batched_prefill.wide.per_extra_request_s == pytest.approx([0.002, 0.004])
     # a profile without them loads as before
     assert load_profile(str(_profile_with_wide(tmp_path, None))).batched_prefill.wide is None
+    # rows over a cached prefix (the torch engine's levels) are kept as such
+    cached = load_profile(str(_profile_with_wide(tmp_path, {**wide, "rows": [2, 3],
+                                                            "row_cached_tokens": 512})))
+    assert cached.batched_prefill.wide.row_cached_tokens == 512
+    again = Profile.from_dict(cached.to_dict(), source="again")
+    assert again.batched_prefill.wide == cached.batched_prefill.wide
 
 
 W = "batched_prefill.wide"
 
 
 @pytest.mark.parametrize(("wide", "field"), [
-    ({"rows": [4, 8], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256}, W + ".rows"),
+    ({"rows": [1, 8], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256}, W + ".rows"),
+    ({"rows": [8, 8], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256}, W + ".rows"),
+    ({"rows": [8], "per_extra_request_s": [0.1], "row_new_tokens": 256,
+      "row_cached_tokens": -1}, W + ".row_cached_tokens"),
     ({"rows": [16, 8], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256}, W + ".rows"),
     ({"rows": [8], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256},
      W + ".per_extra_request_s"),

@@ -44,6 +44,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -86,24 +87,39 @@ FITTED_ROWS = 4
 
 @dataclass(frozen=True)
 class WideBatches:
-    """What each request adds to a batch of many (``per_extra_request_s[i]`` at ``rows[i]``
-    rows), measured on batches of ``row_new_tokens`` uncached tokens a row, up to the engine's
-    token budget. Why: on vLLM's CPU engine a request added to a batch of several costs more
-    than in a batch of two to four (measured: 8, 20 and 57 rows of 291 tokens took 47, 140 and
-    470 ms where the term fitted on two to four rows priced 33, 74 and 202 ms), and an engine
-    that takes every waiting prompt into a step runs such batches at load. Between
-    ``FITTED_ROWS`` and the first level the term moves linearly from the fitted one; past the
-    last level it stays there."""
+    """What each request adds to a batch of ``rows[i]`` rows (``per_extra_request_s[i]``),
+    measured on batches of that many rows of ``row_new_tokens`` new tokens on
+    ``row_cached_tokens`` cached ones, beside the term fitted on random batches of 2 to
+    ``FITTED_ROWS``.
+
+    Why, on vLLM's CPU engine: a request added to a batch of several costs more than in a batch
+    of two to four (measured: 8, 20 and 57 rows of 291 tokens took 47, 140 and 470 ms where the
+    term fitted on two to four rows priced 33, 74 and 202 ms), and an engine that takes every
+    waiting prompt into a step runs such batches at load. Its levels start above
+    ``FITTED_ROWS``: between ``FITTED_ROWS`` and the first level the term moves linearly from
+    the fitted one.
+
+    Why, on the torch engine's CPU path: what a request adds depends on the row count itself,
+    not only on how many there are. Masked batches of 2 and 3 rows took 3.2-4.3 ms a request
+    over their tokens and pairs, 4 to 8 rows 0.1-1.0 ms (``benchmarks/batch_rows.py``), as its
+    decode steps of 2-3 rows take a slower path than 4. One constant fitted on 2-4 rows priced
+    the overloaded runs' 8-row batches 20-25% high. Its levels are every row count from 2 to
+    the engine's batch limit, and replace the fitted term where they are measured.
+
+    Past the last level the term stays there; below the first (and at one row) it is the
+    fitted one."""
 
     rows: list[float]
     per_extra_request_s: list[float]
     row_new_tokens: int
     heldout: dict | None = None
+    row_cached_tokens: int = 0
 
     def extra_s(self, rows: int, fitted_s: float) -> float:
-        xs = [float(FITTED_ROWS), *self.rows]
-        ys = [fitted_s, *self.per_extra_request_s]
-        if rows <= xs[0]:
+        xs, ys = list(self.rows), list(self.per_extra_request_s)
+        if xs[0] > FITTED_ROWS:
+            xs, ys = [float(FITTED_ROWS), *xs], [fitted_s, *ys]
+        if rows < xs[0]:
             return fitted_s
         if rows >= xs[-1]:
             return ys[-1]
@@ -113,7 +129,8 @@ class WideBatches:
 
     def to_dict(self) -> dict:
         return {"rows": list(self.rows), "per_extra_request_s": list(self.per_extra_request_s),
-                "row_new_tokens": self.row_new_tokens, "heldout": self.heldout}
+                "row_new_tokens": self.row_new_tokens, "row_cached_tokens": self.row_cached_tokens,
+                "heldout": self.heldout}
 
 
 @dataclass(frozen=True)
@@ -279,7 +296,7 @@ class BatchedPrefill:
         if self.wide is not None:
             levels = ", ".join(f"{e * 1e3:.3g} ms at {r:g} rows" for r, e in
                                zip(self.wide.rows, self.wide.per_extra_request_s, strict=True))
-            wide = f" (measured on wide batches: {levels})"
+            wide = f" (measured by row count: {levels})"
         return (f"batched prefill: the prefill grid's time for one request with the batch's "
                 f"tokens and query-key pairs ({self.padding} padding), + "
                 f"{self.per_extra_request_s * 1e3:.3g} ms per extra request{wide}, at least "
@@ -721,14 +738,16 @@ def _wide(data: object, source: str) -> WideBatches | None:
     if len(rows) != len(extras):
         raise ProfileError(f"has {len(extras)} entries but rows has {len(rows)}",
                            file=source, field=p + "per_extra_request_s")
-    if any(b <= a for a, b in zip([FITTED_ROWS, *rows], rows, strict=False)):
-        raise ProfileError(f"must increase strictly from more than {FITTED_ROWS}", file=source,
+    if rows[0] < 2 or any(b <= a for a, b in pairwise(rows)):
+        raise ProfileError("must increase strictly from 2 rows or more", file=source,
                            field=p + "rows")
     heldout = data.get("heldout")
     if heldout is not None and not isinstance(heldout, dict):
         raise ProfileError("must be an object or null", file=source, field=p + "heldout")
+    cached = (int(_number(data, "row_cached_tokens", source, prefix=p))
+              if "row_cached_tokens" in data else 0)  # optional: files before it had none
     return WideBatches([float(r) for r in rows], [float(e) for e in extras],
-                       int(_number(data, "row_new_tokens", source, prefix=p)), heldout)
+                       int(_number(data, "row_new_tokens", source, prefix=p)), heldout, cached)
 
 
 def _transfers(data: object, source: str) -> Transfers:
@@ -787,25 +806,49 @@ class Batches(NamedTuple):
 
 
 def with_wide_batches(model: BatchedPrefill, rows: Sequence[int], seconds: Sequence[float],
-                      row_new_tokens: int, heldout: Batches | None = None) -> BatchedPrefill:
-    """``model`` with the per-request term measured on wide batches: ``seconds[i]`` the time of
-    ``rows[i]`` uncached rows of ``row_new_tokens`` new tokens each, less the grid's price of
-    their tokens and pairs, per extra request (at least zero); judged on ``heldout`` batches
-    (their predicted / measured summary in ``wide.heldout``)."""
+                      row_new_tokens: int, heldout: Batches | None = None, *,
+                      row_cached_tokens: int = 0, batches: Batches | None = None
+                      ) -> BatchedPrefill:
+    """``model`` with the per-request term measured by row count: ``seconds[i]`` the time of
+    ``rows[i]`` rows of ``row_new_tokens`` new tokens on ``row_cached_tokens`` cached ones, less
+    the grid's price of their tokens and pairs, per extra request (at least zero); judged on
+    ``heldout`` batches (their predicted / measured summary in ``wide.heldout``).
+
+    Levels at or below ``FITTED_ROWS`` change the price of the random batches the term was
+    fitted on and judged with; ``batches`` (the fitted and the held-out ones, in that order:
+    ``(fitted, heldout)``) are then judged again, so the model's errors are those of the model
+    as used."""
     before = model.grid.extrapolated_queries
     extras = []
     for n, y in zip(rows, seconds, strict=True):
-        base = model.tokens_and_pairs_s([0.0] * n, [float(row_new_tokens)] * n)
+        base = model.tokens_and_pairs_s([float(row_cached_tokens)] * n,
+                                        [float(row_new_tokens)] * n)
         extras.append(max((y - base) / (n - 1), 0.0))
-    wide = WideBatches([float(n) for n in rows], extras, int(row_new_tokens))
+    wide = WideBatches([float(n) for n in rows], extras, int(row_new_tokens),
+                       row_cached_tokens=int(row_cached_tokens))
     widened = replace(model, wide=wide)
     if heldout is not None and heldout.seconds:
         summary = ratio_summary([widened.iteration_s(a, b) for a, b in
                                  zip(heldout.cached, heldout.new, strict=True)],
                                 heldout.seconds)
         widened = replace(widened, wide=replace(wide, heldout=summary))
+    if batches is not None and min(rows) <= FITTED_ROWS:
+        widened = _judged_again(widened, *batches)
     model.grid.extrapolated_queries = before  # fitting is not a simulation's lookup
     return widened
+
+
+def _judged_again(model: BatchedPrefill, fitted: Batches, heldout: Batches) -> BatchedPrefill:
+    """``model``'s errors on its fitted and held-out random batches, priced as it prices them
+    now (``fit`` keeps what it says the batches were)."""
+    def errors(batches: Batches) -> list[float]:
+        return relative_errors([model.iteration_s(a, b) for a, b in
+                                zip(batches.cached, batches.new, strict=True)], batches.seconds)
+
+    fit_median, fit_max = median_and_max(errors(fitted))
+    held_median, held_max = median_and_max(errors(heldout))
+    return replace(model, heldout_median_error=held_median, heldout_max_error=held_max,
+                   fit={**model.fit, "median_rel_error": fit_median, "max_rel_error": fit_max})
 
 
 def fit_batched_prefill(grid: BilinearGrid, padding: str, fitted: Batches, heldout: Batches,
@@ -824,16 +867,10 @@ def fit_batched_prefill(grid: BilinearGrid, padding: str, fitted: Batches, heldo
     den = sum(k * k / y**2 for k, y in zip(extra, fitted.seconds, strict=True))
     # >= 0: what a request adds beyond its tokens and pairs (its LM head, its row) is work; a
     # negative value would fit the grid's interpolation error, not batching
-    model = BatchedPrefill(grid, padding, per_extra_request_s=max(num / den, 0.0) if den else 0.0)
-
-    def errors(batches: Batches) -> list[float]:
-        return relative_errors([model.iteration_s(a, b) for a, b in
-                                zip(batches.cached, batches.new, strict=True)], batches.seconds)
-
-    fit_median, fit_max = median_and_max(errors(fitted))
-    held_median, held_max = median_and_max(errors(heldout))
+    model = BatchedPrefill(grid, padding, per_extra_request_s=max(num / den, 0.0) if den else 0.0,
+                           fit={"points": len(fitted.seconds), "against": fitted_against,
+                                "heldout_points": len(heldout.seconds),
+                                "heldout_against": heldout_against})
+    judged = _judged_again(model, fitted, heldout)
     grid.extrapolated_queries = before  # fitting is not a simulation's lookup
-    return BatchedPrefill(grid, padding, model.per_extra_request_s, held_median, held_max, {
-        "points": len(fitted.seconds), "median_rel_error": fit_median,
-        "max_rel_error": fit_max, "against": fitted_against,
-        "heldout_points": len(heldout.seconds), "heldout_against": heldout_against})
+    return judged

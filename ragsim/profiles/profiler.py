@@ -114,12 +114,15 @@ class ProfilePlan:
     # rows at which the engine's greedy sampling of a step's logits is timed (the per-step
     # overhead outside the timed passes); empty: not measured
     overhead_rows: list[int] = field(default_factory=list)
-    # wide batches (``profile.WideBatches``): that many uncached rows of ``wide_row_tokens``
-    # new tokens each, up to the engine's token budget, and ``held_out_wide`` random ones to
-    # judge them; empty: not measured (an engine that pads prices wide batches row by row)
+    # the per-request term by row count (``profile.WideBatches``): batches of that many rows
+    # of ``wide_row_tokens`` new tokens on ``wide_row_cached_tokens`` cached ones, and
+    # ``held_out_wide`` random ones to judge them; empty: not measured. vLLM: wide batches up
+    # to its token budget; the torch engine: every row count up to its batch limit
+    # (``TORCH_ROW_LEVELS``)
     wide_batch_rows: list[int] = field(default_factory=list)
     wide_row_tokens: int = 256
     held_out_wide: int = 0
+    wide_row_cached_tokens: int = 0
 
     @classmethod
     def quick(cls) -> ProfilePlan:
@@ -474,6 +477,33 @@ SWEEPS_PHASE = "prefill grid, batches, held-out points"
 MIXED_KINDS = ("mixed_level", "held_out_mixed")
 
 
+# The torch engine's prefill batches by row count (``profile.WideBatches``): every count from 2
+# to its batch limit (``SimConfig.max_prefill_bs``, 8), on rows shaped as a RAG prompt with
+# its documents cached (the masked path the runs' batches take: their longest rows had ~100-140
+# new tokens on ~500-800 cached). On this project's CPU, 2-3 rows took 3.2-4.3 ms a request over
+# their tokens and pairs, 4-8 rows 0.1-1.0 ms: one term fitted on 2-4 rows cannot price both.
+TORCH_ROW_LEVELS = [2, 3, 4, 5, 6, 7, 8]
+TORCH_ROW_NEW_TOKENS = 128
+TORCH_ROW_CACHED_TOKENS = 512
+TORCH_HELD_OUT_ROWS = 6
+
+
+def with_torch_row_levels(plan: ProfilePlan) -> ProfilePlan:
+    """``plan`` measuring the torch engine's batches at each row count it runs (a plan that
+    names its own levels keeps them). The rows stay on the plan's grid, so that each level's
+    tokens and pairs are priced where the grid was measured: at most the grid's new tokens in
+    the widest level, cached lengths the grid has."""
+    if plan.wide_batch_rows:
+        return plan
+    row_new = min(TORCH_ROW_NEW_TOKENS, max(plan.new_tokens) // TORCH_ROW_LEVELS[-1])
+    if row_new < 1:
+        return plan
+    row_cached = max((a for a in plan.cached_tokens if a <= TORCH_ROW_CACHED_TOKENS), default=0)
+    return replace(plan, wide_batch_rows=list(TORCH_ROW_LEVELS), wide_row_tokens=row_new,
+                   wide_row_cached_tokens=row_cached,
+                   held_out_wide=plan.held_out_wide or TORCH_HELD_OUT_ROWS)
+
+
 def _starting(report: Progress, phase: str, total: int) -> None:
     """Say a phase has begun before its first (possibly minute-long) step: a display that
     heard of a phase only when a step ended showed nothing for over a minute of a quick
@@ -496,6 +526,8 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     if whole_cached is not None:
         plan = replace(plan, cached_tokens=sorted({whole_cached(a)
                                                    for a in plan.cached_tokens}))
+    if engine is None:
+        plan = with_torch_row_levels(plan)
     engine = engine or TorchEngine(spec, device, dtype, threads, seed)
     settings = {"model": asdict(spec), "device": device, "dtype": dtype, "plan": asdict(plan),
                 "threads": threads, "seed": seed, "timing": SWEEP_TIMING,
@@ -746,6 +778,10 @@ def _after_new_counts(engine: TimingEngine, plan: ProfilePlan, units: list[Sweep
 
 
 GROWTH_PHASE = "a new engine's first steps"
+# the rows a growth step is cut into: vLLM's wide batches' rows (``ProfilePlan.wide_row_tokens``
+# by default), kept apart from the plan so that the torch engine's levels by row count, on
+# shorter rows, leave its growth steps as they were measured before them
+GROWTH_ROW_TOKENS = 256
 GROWTH_SIZES = 4  # step sizes, geometric from GROWTH_SMALLEST to the plan's largest step
 GROWTH_SMALLEST = 256
 GROWTH_AGAIN = 2
@@ -764,7 +800,7 @@ def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]
     """[step tokens, first_s, again_s] rows, sizes increasing, timed on a twin of ``engine``
     built now, while ``engine`` still holds its memory (so the twin's first steps take theirs
     from the system, as a new process's do: ``ragsim/profiles/growth.py``):
-    each size's first step on it (rows of at most ``wide_row_tokens`` new tokens, uncached),
+    each size's first step on it (rows of at most ``GROWTH_ROW_TOKENS`` new tokens, uncached),
     then the median of ``GROWTH_AGAIN`` more; after the run's warm-up (prompts of 40 and 24
     tokens in one step, as the harnesses warm their engines). [] where the engine cannot
     build a twin."""
@@ -775,7 +811,7 @@ def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]
     twin.sweeps([([0, 0], [40, 24])], 0, 1)
     rows_out = []
     for tokens in growth_sizes(plan):
-        rows = -(-tokens // plan.wide_row_tokens)
+        rows = -(-tokens // GROWTH_ROW_TOKENS)
         new = [tokens // rows + (1 if i < tokens % rows else 0) for i in range(rows)]
         first = twin.sweeps([([0] * rows, new)], 0, 1).passes[0].median_s
         again = twin.sweeps([([0] * rows, new)], 0, GROWTH_AGAIN).passes[0].median_s
@@ -913,20 +949,21 @@ def _mixed_units(plan: ProfilePlan, seed: int) -> tuple[list[SweepUnit], list[Sw
 
 
 def _wide_units(plan: ProfilePlan, seed: int) -> tuple[list[SweepUnit], list[SweepUnit]]:
-    """The wide batches (each level's rows of ``wide_row_tokens`` uncached tokens) and the
-    held-out ones: rows between the first and the last level, each of 64 to 512 new tokens
-    over a cached length of the grid up to 512, within the last level's tokens."""
+    """The batches by row count (each level's rows of ``wide_row_tokens`` new tokens on
+    ``wide_row_cached_tokens`` cached ones) and the held-out ones: rows between the first and
+    the last level, each of a quarter to twice ``wide_row_tokens`` new tokens (64 to 512 at
+    256) over a cached length of the grid up to 512, within the last level's tokens."""
     if not plan.wide_batch_rows:
         return [], []
-    k = plan.wide_row_tokens
-    levels = [SweepUnit("wide_batch", [([0] * n, [k] * n)]) for n in plan.wide_batch_rows]
+    k, c = plan.wide_row_tokens, plan.wide_row_cached_tokens
+    levels = [SweepUnit("wide_batch", [([c] * n, [k] * n)]) for n in plan.wide_batch_rows]
     rng = np.random.default_rng(seed + 19)
     budget = max(plan.wide_batch_rows) * k
     cached_choices = [a for a in plan.cached_tokens if a <= 512] or [0]
     held = []
     for _ in range(plan.held_out_wide):
         n = int(rng.integers(min(plan.wide_batch_rows), max(plan.wide_batch_rows) + 1))
-        new = [int(b) for b in rng.integers(64, 513, size=n)]
+        new = [int(b) for b in rng.integers(k // 4, 2 * k + 1, size=n)]
         while sum(new) > budget:
             new.pop()
         cached = [int(rng.choice(cached_choices)) for _ in new]
@@ -968,7 +1005,8 @@ def _record(state: ProfilerState, kind: str, cached: list[int], new: list[int],
     elif kind == "held_out_point":
         state.held_out.append({"cached": cached[0], "new": new[0], **spread})
     elif kind == "wide_batch":
-        state.wide_batches.append({"rows": len(new), "new": new[0], **spread})
+        state.wide_batches.append({"rows": len(new), "new": new[0], "cached": cached[0],
+                                   **spread})
     elif kind == "held_out_wide":
         state.held_out_wide.append({"cached": cached, "new": new, **spread})
     else:
@@ -1011,15 +1049,18 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                           monotone_x=False)
     batched = fit_batched_prefill(
         prefill, engine.padding, _batches(state.batches), _batches(state.held_out_batches),
-        fitted_against=f"{len(state.batches)} measured batches of 2-4 requests, timed in the "
-                       f"grid's sweeps",
-        heldout_against=f"{len(state.held_out_batches)} other measured batches of 2-4 requests, "
-                        f"timed in the same sweeps")
+        fitted_against=f"{len(state.batches)} measured batches of 2-{FITTED_ROWS} requests, "
+                       f"timed in the grid's sweeps",
+        heldout_against=f"{len(state.held_out_batches)} other measured batches of "
+                        f"2-{FITTED_ROWS} requests, timed in the same sweeps")
     if state.wide_batches:
         wide = sorted(state.wide_batches, key=lambda w: w["rows"])
         batched = with_wide_batches(batched, [w["rows"] for w in wide],
                                     [w["seconds"] for w in wide], plan.wide_row_tokens,
-                                    _batches(state.held_out_wide))
+                                    _batches(state.held_out_wide),
+                                    row_cached_tokens=plan.wide_row_cached_tokens,
+                                    batches=(_batches(state.batches),
+                                             _batches(state.held_out_batches)))
     held_errors = relative_errors([prefill.at(h["cached"], h["new"]) for h in state.held_out],
                                   [h["seconds"] for h in state.held_out])
     prefill_median, prefill_max = median_and_max(held_errors)
