@@ -177,31 +177,60 @@ def step_tokens(decision: dict) -> int:
     return new + (decision.get("size", 0) if decision["kind"] != "prefill" else 0)
 
 
+def priced_steps(decisions: list[dict], price: Callable[[dict], float],
+                 cold_start: Callable[[float], float] | None = None) -> list[dict]:
+    """Every step of a run, one row each, measured against what ``price`` charges for it
+    (called on every step, in the run's order, as the replay calls it: a first-time price
+    depends on what ran before), plus ``cold_start`` of the engine's idle time before the step
+    as the run measured it (the first step: an infinite one), as ``replay`` charges it. Why a
+    row per step: where prices miss is a question of the steps' shapes (rows, tokens, padded
+    ends), which groups by size hide; ``validate --replay-decisions`` writes these rows to each
+    real run's ``steps.parquet``."""
+    rows = []
+    last_end = -np.inf
+    for index, decision in enumerate(decisions):
+        jobs = decision.get("jobs") or ()
+        cold = cold_start(decision["start_s"] - last_end) if cold_start is not None else 0.0
+        new = [job[3] for job in jobs]
+        rows.append({
+            "step": index, "kind": decision["kind"], "start_s": decision["start_s"],
+            "prompt_rows": len(jobs),
+            "decode_rows": int(decision.get("size") or 0) if decision["kind"] != "prefill"
+            else 0,
+            "new_tokens": int(sum(new)), "longest_new_tokens": int(max(new, default=0)),
+            "longest_cached_tokens": int(max((job[2] for job in jobs), default=0)),
+            "swap_in_bytes": int(sum(job[4] for job in jobs)),
+            "step_tokens": step_tokens(decision),
+            "context_tokens": decision.get("context_tokens"),
+            "padded_context_tokens": decision.get("padded_context_tokens"),
+            "measured_s": measured_s(decision), "priced_s": price(decision) + cold,
+            "cold_start_s": cold})
+        last_end = decision["end_s"]
+    return rows
+
+
 def prices_by_step_size(decisions: list[dict], price: Callable[[dict], float],
                         edges: tuple[int, ...] = STEP_TOKEN_EDGES,
                         cold_start: Callable[[float], float] | None = None) -> list[dict]:
     """The steps of a run grouped by their tokens (``step_tokens``, between consecutive
-    ``edges``), each group's measured time against what ``price`` charges for its steps
-    (called on every step, in the run's order, as the replay calls it: a first-time price
-    depends on what ran before), plus ``cold_start`` of the engine's idle time before the step
-    as the run measured it (the first step: an infinite one), as ``replay`` charges it. Why:
-    one ratio over a run hides where the prices miss; a burst's few large steps carry every
+    ``edges``), each group's measured time against its price (``priced_steps``). Why: one
+    ratio over a run hides where the prices miss; a burst's few large steps carry every
     request behind them (run W, CPU vLLM at 90% load: the steps of 4,096+ tokens ran
-    1.19-1.41x their price, the mid-sized ones 0.93-1.11x; docs/validation.md). Groups
+    1.19-1.41x their price, the mid-sized ones 0.93-1.11x; docs/validation.md)."""
+    return by_step_size(priced_steps(decisions, price, cold_start), edges)
+
+
+def by_step_size(steps: list[dict], edges: tuple[int, ...] = STEP_TOKEN_EDGES) -> list[dict]:
+    """``priced_steps`` rows grouped by their tokens between consecutive ``edges``; groups
     without steps are left out."""
     bounds = (0, *edges)
     groups = [{"tokens_from": lo, "tokens_to": hi, "steps": 0, "measured_s": 0.0,
                "priced_s": 0.0} for lo, hi in zip(bounds, (*edges, None), strict=True)]
-    last_end = -np.inf
-    for decision in decisions:
-        tokens = step_tokens(decision)
-        group = groups[sum(tokens >= edge for edge in edges)]
+    for step in steps:
+        group = groups[sum(step["step_tokens"] >= edge for edge in edges)]
         group["steps"] += 1
-        group["measured_s"] += measured_s(decision)
-        group["priced_s"] += price(decision)
-        if cold_start is not None:
-            group["priced_s"] += cold_start(decision["start_s"] - last_end)
-        last_end = decision["end_s"]
+        group["measured_s"] += step["measured_s"]
+        group["priced_s"] += step["priced_s"]
     return with_ratios([g for g in groups if g["steps"]])
 
 

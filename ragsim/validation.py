@@ -256,24 +256,37 @@ def _cold_start(profile: Profile):
     return profile.idle_start_s if profile.idle_start is not None else None
 
 
-def step_prices(reals: Sequence, profile: Profile) -> dict | None:
-    """The real runs' steps, each measured against the simulator's price for it (the profile
-    as each run's engine had warmed it, ``warmed_like``, and the cold start of the idle time
-    before it, as the replay charges them), over every run and by the steps' size
-    (``decisions.prices_by_step_size``); None where no run kept its steps. The replay's
-    cost-model share says how far the prices move the mean TTFT; this says which steps they
-    miss, and whether those lie past the profile's grid."""
-    from ragsim.decisions import STEP_TOKEN_EDGES, prices_by_step_size, with_ratios
+def priced_step_table(real, profile: Profile) -> list[dict] | None:
+    """``real``'s steps, one row each, against the simulator's price for it (the profile as
+    the run's engine had warmed it, ``warmed_like``, and the cold start of the idle time
+    before it, as the replay charges them: ``decisions.priced_steps``); None where the run
+    kept no steps."""
+    from ragsim.decisions import priced_steps
 
-    kept = [(real, real.decisions["iterations"]) for real in reals
-            if getattr(real, "decisions", None) and real.decisions["iterations"]]
+    iterations = (getattr(real, "decisions", None) or {}).get("iterations")
+    if not iterations:
+        return None
+    warmed = warmed_like(profile, real)
+    return priced_steps(iterations, _pricer(real, warmed), cold_start=_cold_start(warmed))
+
+
+def step_prices(reals: Sequence, profile: Profile,
+                tables: Sequence[list[dict] | None] | None = None) -> dict | None:
+    """The real runs' steps, each measured against the simulator's price for it
+    (``priced_step_table``; ``tables``: those already priced, one per run), over every run and
+    by the steps' size (``decisions.by_step_size``); None where no run kept its steps. The
+    replay's cost-model share says how far the prices move the mean TTFT; this says which
+    steps they miss, and whether those lie past the profile's grid."""
+    from ragsim.decisions import STEP_TOKEN_EDGES, by_step_size, with_ratios
+
+    if tables is None:
+        tables = [priced_step_table(real, profile) for real in reals]
+    kept = [table for table in tables if table]
     if not kept:
         return None
     groups: dict[int, dict] = {}
-    for real, iterations in kept:
-        warmed = warmed_like(profile, real)
-        for g in prices_by_step_size(iterations, _pricer(real, warmed),
-                                     cold_start=_cold_start(warmed)):
+    for table in kept:
+        for g in by_step_size(table):
             into = groups.setdefault(g["tokens_from"], {**g, "steps": 0, "measured_s": 0.0,
                                                         "priced_s": 0.0})
             for name in ("steps", "measured_s", "priced_s"):

@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ragsim.decisions import measured_s, prices_by_step_size, replay, split_error
+from ragsim.decisions import (
+    measured_s,
+    priced_steps,
+    prices_by_step_size,
+    replay,
+    split_error,
+)
 
 PRICES = {"prefill": 0.2, "decode": 0.1}
 
@@ -166,6 +172,32 @@ def test_steps_are_grouped_by_their_tokens_against_their_prices():
                                     4096: 0.1 + 0.008})
 
 
+def test_each_step_is_one_row_with_its_shape_and_price():
+    """The same four steps, one row each: their rows, tokens and padded end as the run recorded
+    them, the measured time and the price with the cold start of the idle time before it."""
+    steps = [{"kind": "decode", "start_s": 0.0, "end_s": 0.05, "size": 3, "context_tokens": 9,
+              "padded_context_tokens": 12, "jobs": []},
+             {"kind": "prefill", "start_s": 1.0, "end_s": 1.2, "size": None,
+              "jobs": [(1, 0, 0, 100, 0), (2, 1, 50, 200, 4096)]},
+             {"kind": "mixed", "start_s": 2.0, "end_s": 2.5, "size": 2,
+              "jobs": [(3, 2, 0, 5000, 0)], "context_tokens": 10}]
+    rows = priced_steps(steps, lambda d: 0.1, cold_start=lambda idle: 0.03
+                        if idle == float("inf") else 0.01 * idle)
+    assert [r["kind"] for r in rows] == ["decode", "prefill", "mixed"]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [(r["prompt_rows"], r["decode_rows"]) for r in rows] == [(0, 3), (2, 0), (1, 2)]
+    assert [r["new_tokens"] for r in rows] == [0, 300, 5000]
+    assert [r["longest_new_tokens"] for r in rows] == [0, 200, 5000]
+    assert [r["longest_cached_tokens"] for r in rows] == [0, 50, 0]
+    assert [r["step_tokens"] for r in rows] == [3, 300, 5002]
+    assert [r["swap_in_bytes"] for r in rows] == [0, 4096, 0]
+    assert [r["padded_context_tokens"] for r in rows] == [12, None, None]
+    assert [r["measured_s"] for r in rows] == pytest.approx([0.05, 0.2, 0.5])
+    # idle before each: none before the first, then 0.95 and 0.8 s
+    assert [r["cold_start_s"] for r in rows] == pytest.approx([0.03, 0.0095, 0.008])
+    assert [r["priced_s"] for r in rows] == pytest.approx([0.13, 0.1095, 0.108])
+
+
 def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_path, capsys,
                                                               monkeypatch):
     """``validate --search-latency trace --replay-decisions`` on a trace built with its text:
@@ -205,6 +237,16 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
         report["real"]["iterations_decode"]
     assert 0.3 < steps["measured_over_priced"] < 3.0
     assert sum(g["share_of_step_time"] for g in steps["by_tokens"]) == pytest.approx(1.0)
+    # and each step, one row, beside the real run's records: the groups' sums come from them
+    table = pd.read_parquet(out / "real/steps.parquet")
+    assert len(table) == steps["steps"] and list(table["step"]) == list(range(len(table)))
+    assert set(table["kind"]) <= {"prefill", "decode"}
+    assert table["measured_s"].sum() == pytest.approx(
+        sum(g["measured_s"] for g in steps["by_tokens"]))
+    assert table["priced_s"].sum() == pytest.approx(
+        sum(g["priced_s"] for g in steps["by_tokens"]))
+    assert (table["start_s"].diff().dropna() >= 0).all()
+    assert not (out / "sim/steps.parquet").exists()  # the simulation keeps no real steps
     from ragsim.cli.validate import _print_report
 
     capsys.readouterr()

@@ -159,10 +159,12 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
         engine="vllm" if backend == "vllm" else "torch", block_tokens=block_tokens)
 
 
-def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str) -> None:
+def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
+                steps: list[list[dict] | None] | None = None) -> None:
     """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
-    runs), the joined per-request comparison (over repeated runs: their per-request average),
-    the plots, the configuration and ``validation.json``."""
+    runs), each real run's steps against their prices where priced (``steps.parquet``), the
+    joined per-request comparison (over repeated runs: their per-request average), the plots,
+    the configuration and ``validation.json``."""
     import pandas as pd
 
     from ragsim import validation as v
@@ -170,8 +172,14 @@ def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str) -> N
     from ragsim.outputs import save_run_result
 
     for k, real in enumerate(reals, start=1):
-        save_run_result(folder / ("real" if k == 1 else f"real-{k}"),
-                        pd.DataFrame(real.columns), real.summary, flag=label("out_dir"))
+        run_dir = folder / ("real" if k == 1 else f"real-{k}")
+        save_run_result(run_dir, pd.DataFrame(real.columns), real.summary,
+                        flag=label("out_dir"))
+        table = steps[k - 1] if steps and k <= len(steps) else None
+        if table:
+            frame = pd.DataFrame(table)
+            write_atomically(run_dir / "steps.parquet",
+                             lambda tmp, frame=frame: frame.to_parquet(tmp, index=False))
     save_run_result(folder / "sim", pd.DataFrame(sim.columns), sim.summary,
                     flag=label("out_dir"))
     if len(reals) > 1:
@@ -302,17 +310,20 @@ class ValidationSetup:
                 if self.replay_decisions else [None]
             measured = [v.replay_decisions(r, costs, measured=True) for r in reals] \
                 if self.replay_decisions else []
+            # each step against its price, written beside each real run (steps.parquet)
+            steps = [v.priced_step_table(r, costs) for r in reals] \
+                if self.replay_decisions else []
             report = v.compare(real, sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
                                repeats=more, repeats_replayed=replayed[1:],
                                measured_replayed=measured,
                                elasticity=v.cost_elasticity(data, cfg, sim_costs, sim),
-                               steps=v.step_prices(reals, costs)
+                               steps=v.step_prices(reals, costs, steps)
                                if self.replay_decisions else None)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
-            _write_pair(folder, reals, sim, report, backend)
+            _write_pair(folder, reals, sim, report, backend, steps)
             return report
 
         config = self.config
