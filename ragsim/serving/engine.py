@@ -166,10 +166,11 @@ class Iterations(Protocol):
 
     def prefill(self, jobs: list[Job]) -> Wait: ...
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait: ...
-    # Optional (the simulator's): ``decode_durations(batch_size, context_sum_tokens, steps)``,
-    # the durations of ``steps`` decode steps of an unchanging batch whose contexts sum to
-    # ``context_sum_tokens`` at the first, and ``decode_run_ended(steps_run)``, how many of
-    # them ran. With them the engine runs such steps as one event (``Engine._decode_run``);
+    # Optional (the simulator's): ``decode_durations(batch_size, context_sum_tokens, steps,
+    # jobs)``, the durations of ``steps`` decode steps of an unchanging batch of ``jobs``
+    # whose contexts sum to ``context_sum_tokens`` at the first, and
+    # ``decode_run_ended(steps_run)``, how many of them ran. With them the engine runs such
+    # steps as one event (``Engine._decode_run``);
     # without them (a real engine) it runs every step.
     def leave(self, job: Job) -> None: ...
     def gpu_failed(self) -> None: ...
@@ -636,7 +637,7 @@ class Engine:
         # to the first finish, at most DECODE_RUN_MAX_STEPS (a cut run's later steps were
         # priced for nothing)
         steps = min(self._finish_heap[0][0] - self._decode_iter, DECODE_RUN_MAX_STEPS)
-        durations = self._decode_durations(n, self._context_sum, steps)
+        durations = self._decode_durations(n, self._context_sum, steps, self._decoding)
         ends = []
         t = env.now
         for d in durations:

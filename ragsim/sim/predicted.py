@@ -13,6 +13,8 @@ After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the syst
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import simpy
 
 from ragsim.profiles.decode_layout import PaddedDecodeBatch
@@ -46,12 +48,10 @@ class PredictedIterations:
         self._run_outside: list[bool] | None = None
         # when the last step ended (None: no step yet): a step begun later pays a cold start
         self._last_end_s: float | None = None
-        # the engine's padded decode batch, followed step by step (None: a paged engine). Its
-        # steps are priced one by one: a run of steps (``decode_durations``) is not offered,
-        # since the batch's end depends on the rows that ran before
+        # the engine's padded decode batch, followed step by step (None: a paged engine); a
+        # run of steps of an unchanging batch (``decode_durations``) is laid out once, its
+        # end then a token further each step
         self.layout = PaddedDecodeBatch() if profile.decode_padding == "common_end" else None
-        if self.layout is not None:
-            self.decode_durations = None
 
     def _cold_start_s(self) -> float:
         """What the step beginning now pays for the engine's idle time before it."""
@@ -127,12 +127,19 @@ class PredictedIterations:
         return duration
 
     def decode_durations(self, batch_size: int, context_sum_tokens: int,
-                         steps: int) -> list[float]:
-        """``steps`` decode steps of an unchanging batch, priced as ``decode`` would price each
-        (every step adds a token to each request's context): the engine's decode runs. A run
-        may end before its last step (a job arrives); ``decode_run_ended`` then says how many
-        ran, and only their lookups count as the cost model's extrapolations."""
+                         steps: int, jobs: Collection[Job] = ()) -> list[float]:
+        """``steps`` decode steps of an unchanging batch (``jobs``), priced as ``decode`` would
+        price each (every step adds a token to each request's context): the engine's decode
+        runs. A run may end before its last step (a job arrives); ``decode_run_ended`` then
+        says how many ran, and only their lookups count as the cost model's extrapolations.
+
+        A padded batch is laid out once, as ``decode`` lays out the run's first step: its rows
+        do not change within the run, so no later step rebuilds it, and step i runs over the
+        first step's end plus i tokens, which the grid prices as a batch whose contexts sum to
+        ``batch_size`` times that end (exact: integers)."""
         profile = self.profile
+        if self.layout is not None:
+            context_sum_tokens = batch_size * self._padded_context(jobs)
         grid = profile.decode
         counted = grid.extrapolated_queries
         durations = grid.at_steps(batch_size, context_sum_tokens, steps)
@@ -155,6 +162,8 @@ class PredictedIterations:
         """The last priced run ended after ``steps_run`` steps (now): count their
         extrapolations."""
         self._last_end_s = self.env.now
+        if self.layout is not None:  # each step took a token, as ``decode`` advances it
+            self.layout.advance(steps_run)
         if self._run_outside is not None:
             self.profile.decode.extrapolated_queries += sum(self._run_outside[:steps_run])
 
