@@ -98,7 +98,8 @@ def validate(
         "--replay-decisions", help="Price the real run's own iterations (its admission, "
         "batch and speculation decisions) with the simulator's costs: the TTFT error split "
         "into cost_model_error and decision_error, and the cost model's share into the steps' "
-        "prices and the engine's time outside its steps (torch, vllm).")] = False,
+        "prices and the engine's time outside its steps (torch, vllm); each real step "
+        "against its price in real/steps.parquet.")] = False,
     repeats: Annotated[int, typer.Option(
         help="Real runs of each point, each on a fresh engine, against the one simulation: "
         "the errors are against their per-request average, with each run's own and the 95% "
