@@ -292,14 +292,16 @@ class BatchedPrefill:
             held = (f"held-out error median {self.heldout_median_error:.1%}, max "
                     f"{self.heldout_max_error:.1%} over {self.fit.get('heldout_points', '?')} "
                     f"batches")
-        wide = ""
+        fitted = f"{self.per_extra_request_s * 1e3:.3g} ms per extra request"
+        term = fitted
         if self.wide is not None:
             levels = ", ".join(f"{e * 1e3:.3g} ms at {r:g} rows" for r, e in
                                zip(self.wide.rows, self.wide.per_extra_request_s, strict=True))
-            wide = f" (measured by row count: {levels})"
+            term = (f"per extra request by row count: {levels} (fitted on random batches: "
+                    f"{fitted}, not used)" if self.wide.rows[0] <= 2
+                    else f"{fitted} (measured by row count: {levels})")
         return (f"batched prefill: the prefill grid's time for one request with the batch's "
-                f"tokens and query-key pairs ({self.padding} padding), + "
-                f"{self.per_extra_request_s * 1e3:.3g} ms per extra request{wide}, at least "
+                f"tokens and query-key pairs ({self.padding} padding), + {term}, at least "
                 f"the costliest request alone; {held}")
 
     def to_dict(self) -> dict:
