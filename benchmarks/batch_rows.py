@@ -9,7 +9,7 @@ beyond the grid's price of their tokens and pairs, per extra request.
 On this project's CPU (2 layers x 256 hidden, fp32, one thread; docs/profiles.md) 2-3 rows
 took 3.2-4.3 ms a request and 4-8 rows 0.1-1.0 ms, on every shape: one term fitted on random
 batches of 2-4 rows (3.7 ms) priced the overloaded runs' 8-row batches 20-25% high. Hence the
-torch profiler's levels at every row count (``profiler.TORCH_ROW_LEVELS``).
+torch profiler's levels at every row count (``profiler.with_torch_row_levels``).
 
     LD_PRELOAD=libtcmalloc_minimal.so.4 python benchmarks/batch_rows.py PROFILE.json
 

@@ -740,7 +740,8 @@ def run_needs(trace: Trace, config: SimConfig, kv_bytes_per_token: int) -> dict[
     """What the runs of a validation will ask of a profile (``ProfilePlan.covering``): the
     longest prompt (cached prefix and prefill), the longest context a decode step sees, and the
     most requests that can decode at once (the batch limit, the requests, and the GPU memory's
-    room for requests of the mean context, whichever is least)."""
+    room for requests of the mean context, whichever is least), and the most prompts one
+    prefill takes (``max_prefill_bs``: the torch engine's levels by row count reach it)."""
     prompts = config.system_prompt_tokens + trace.doc_tokens_per_request + trace.query_tokens
     contexts = prompts + trace.output_tokens
     batch = min(config.max_batch_size, trace.n_requests)
@@ -748,7 +749,8 @@ def run_needs(trace: Trace, config: SimConfig, kv_bytes_per_token: int) -> dict[
         room = config.gpu_kv_bytes // (kv_bytes_per_token * max(float(contexts.mean()), 1.0))
         batch = min(batch, max(int(room), 1))
     return {"cached_tokens": int(prompts.max()), "new_tokens": int(prompts.max()),
-            "batch_size": int(batch), "context_tokens": int(contexts.max())}
+            "batch_size": int(batch), "context_tokens": int(contexts.max()),
+            "prefill_rows": int(config.max_prefill_bs)}
 
 
 def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: str,

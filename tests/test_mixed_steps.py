@@ -231,7 +231,7 @@ def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path
     ratios = [h["predicted"] / h["seconds"] for h in held]
     assert p.mixed_steps.heldout["median_ratio"] == pytest.approx(float(np.median(ratios)))
     summary = p.obtained["validation"]["iteration_ratios"]
-    # (and the torch engine's batches by row count, held out: ``profiler.TORCH_ROW_LEVELS``)
+    # (and the torch engine's batches by row count, held out: ``profiler.with_torch_row_levels``)
     assert set(summary) == {"prefill_points", "batches", "decode_points", "mixed_steps",
                             "wide_batches"}
     sampling = p.obtained["raw"]["sampling"]

@@ -442,6 +442,14 @@ def test_the_torch_plan_times_every_row_count_on_cached_rows_in_the_same_sweeps(
     # a plan that names its own levels (vLLM's wide batches) keeps them
     own = dataclasses.replace(ProfilePlan.quick(), wide_batch_rows=[8, 64])
     assert with_torch_row_levels(own) == own
+    # a run that prefills up to 16 prompts a step (a validation's --max-prefill-bs) is
+    # measured that far, on rows of 3,072 // 16 = 192 > 128 new tokens: still 128
+    wider = with_torch_row_levels(ProfilePlan.quick().covering(prefill_rows=16))
+    assert wider.wide_batch_rows == list(range(2, 17)) and wider.wide_row_tokens == 128
+    # on a grid of 1,024 new tokens at most, rows of 1,024 // 16 = 64
+    small = dataclasses.replace(ProfilePlan.quick(), new_tokens=[1, 16, 64, 256, 1024],
+                                prefill_rows=16)
+    assert with_torch_row_levels(small).wide_row_tokens == 64
 
 
 def _linear_cost(fixed_s: float, token_s: float, pair_s: float, row_s: float):

@@ -355,7 +355,7 @@ def test_a_profile_measured_for_a_validation_reaches_what_its_runs_ask():
                            "gpu_kv_bytes": 4 * 2**20})
     needs = v.run_needs(trace, config, 2048)
     assert needs == {"cached_tokens": 370, "new_tokens": 370, "batch_size": 3,
-                     "context_tokens": 378}
+                     "context_tokens": 378, "prefill_rows": 8}
     config = config.replace(gpu_kv_bytes=1 * 2**20)  # 512 tokens: 2 requests of 172 fit
     assert v.run_needs(trace, config, 2048)["batch_size"] == 2
     quick = ProfilePlan.quick()

@@ -118,11 +118,14 @@ class ProfilePlan:
     # of ``wide_row_tokens`` new tokens on ``wide_row_cached_tokens`` cached ones, and
     # ``held_out_wide`` random ones to judge them; empty: not measured. vLLM: wide batches up
     # to its token budget; the torch engine: every row count up to its batch limit
-    # (``TORCH_ROW_LEVELS``)
+    # (``with_torch_row_levels``)
     wide_batch_rows: list[int] = field(default_factory=list)
     wide_row_tokens: int = 256
     held_out_wide: int = 0
     wide_row_cached_tokens: int = 0
+    # the most prompts a run prefills in one step (its ``max_prefill_bs``), which the torch
+    # engine's levels reach; 0: the serving default's (``TORCH_MOST_ROWS``)
+    prefill_rows: int = 0
 
     @classmethod
     def quick(cls) -> ProfilePlan:
@@ -150,9 +153,10 @@ class ProfilePlan:
 
 
     def covering(self, *, cached_tokens: int = 0, new_tokens: int = 0, batch_size: int = 0,
-                 context_tokens: int = 0) -> ProfilePlan:
+                 context_tokens: int = 0, prefill_rows: int = 0) -> ProfilePlan:
         """This plan with its axes reaching what a run will ask for (the longest cached prefix,
-        prefill, decode batch and decode context), so that no iteration of it is priced by
+        prefill, decode batch and decode context, and the most prompts in one prefill: the
+        torch engine's levels by row count), so that no iteration of it is priced by
         extrapolation: past the grid a bilinear price is a straight line through the last two
         measured points, and on a CPU the decode steps of an overloaded run (dozens of
         requests, thousands of tokens) lay far past the quick plan's 16 x 2,048."""
@@ -166,7 +170,8 @@ class ProfilePlan:
                        cached_tokens=reach(self.cached_tokens, cached_tokens, 256),
                        new_tokens=reach(self.new_tokens, new_tokens, 256),
                        batch_sizes=reach(self.batch_sizes, batch_size, 8),
-                       context_tokens=reach(self.context_tokens, context_tokens, 256))
+                       context_tokens=reach(self.context_tokens, context_tokens, 256),
+                       prefill_rows=max(self.prefill_rows, prefill_rows))
 
 
 @dataclass
@@ -478,11 +483,12 @@ MIXED_KINDS = ("mixed_level", "held_out_mixed")
 
 
 # The torch engine's prefill batches by row count (``profile.WideBatches``): every count from 2
-# to its batch limit (``SimConfig.max_prefill_bs``, 8), on rows shaped as a RAG prompt with
+# to its batch limit (the plan's ``prefill_rows``, by default ``SimConfig.max_prefill_bs``'s
+# 8), on rows shaped as a RAG prompt with
 # its documents cached (the masked path the runs' batches take: their longest rows had ~100-140
 # new tokens on ~500-800 cached). On this project's CPU, 2-3 rows took 3.2-4.3 ms a request over
 # their tokens and pairs, 4-8 rows 0.1-1.0 ms: one term fitted on 2-4 rows cannot price both.
-TORCH_ROW_LEVELS = [2, 3, 4, 5, 6, 7, 8]
+TORCH_MOST_ROWS = 8
 TORCH_ROW_NEW_TOKENS = 128
 TORCH_ROW_CACHED_TOKENS = 512
 TORCH_HELD_OUT_ROWS = 6
@@ -495,11 +501,12 @@ def with_torch_row_levels(plan: ProfilePlan) -> ProfilePlan:
     the widest level, cached lengths the grid has."""
     if plan.wide_batch_rows:
         return plan
-    row_new = min(TORCH_ROW_NEW_TOKENS, max(plan.new_tokens) // TORCH_ROW_LEVELS[-1])
+    levels = list(range(2, max(plan.prefill_rows or TORCH_MOST_ROWS, 2) + 1))
+    row_new = min(TORCH_ROW_NEW_TOKENS, max(plan.new_tokens) // levels[-1])
     if row_new < 1:
         return plan
     row_cached = max((a for a in plan.cached_tokens if a <= TORCH_ROW_CACHED_TOKENS), default=0)
-    return replace(plan, wide_batch_rows=list(TORCH_ROW_LEVELS), wide_row_tokens=row_new,
+    return replace(plan, wide_batch_rows=levels, wide_row_tokens=row_new,
                    wide_row_cached_tokens=row_cached,
                    held_out_wide=plan.held_out_wide or TORCH_HELD_OUT_ROWS)
 
