@@ -32,8 +32,7 @@ import time
 
 from ragsim.profiles.decode_layout import decode_buffer_shape
 from ragsim.profiles.models import resolve_model, scaled_down
-from ragsim.profiles.torch_model import Row, TorchModel
-from ragsim.realrun.iterations import decode_step_batch
+from ragsim.profiles.torch_model import Row, TorchModel, decode_step_batch
 
 
 def profiler_path(model: TorchModel, rows: int, context: int, steps: int) -> float:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragsim.errors import RagsimInputError
-from ragsim.profiles.decode_layout import grown_tokens
+from ragsim.profiles.decode_layout import decode_buffer_shape, grown_tokens
 from ragsim.profiles.models import ModelSpec
 
 LayerKV = tuple[Any, Any]  # (keys, values), each [kv_heads, tokens, head_dim]
@@ -395,3 +395,60 @@ def copy_chunks(dst: Any, src: Any) -> None:
         n = int(chunk.shape[-2])
         dst[:, at:at + n].copy_(chunk)
         at += n
+
+
+def decode_step_batch(model: TorchModel, cache: Any, lengths: list[int], end: int,
+                      next_tokens: list[int]) -> Batch:
+    """A decode step's inputs for rows whose KV (``lengths`` tokens each, left-padded) ends at
+    ``end`` in ``cache``: each row's next token at its own position, and a mask of its own
+    tokens and the new one when the rows differ."""
+    torch, device = model.torch, model.device
+    n = len(lengths)
+    sizes = torch.tensor(lengths, device=device).reshape(n, 1)
+    mask = None
+    if len(set(lengths)) > 1 or lengths[0] != end:
+        span = torch.arange(end + 1, device=device).reshape(1, -1)
+        mask = (span >= end - sizes).to(torch.long)
+    return Batch(ids=model.token_tensor(next_tokens).reshape(n, 1), mask=mask,
+                 positions=sizes, cache=cache, cached_lengths=lengths, new_lengths=[1] * n,
+                 next_positions=sizes + 1)
+
+
+def decode_buffer(model: TorchModel, rows: int, tokens: int) -> Any:
+    """One layer's keys (or values) of a padded decode batch: ``rows`` rows of ``tokens``,
+    written by the caller (each row's KV where it belongs, zeros only in its padding)."""
+    config = model.config
+    return model.torch.empty(rows, config.num_key_value_heads, tokens, config.head_dim,
+                             device=model.device, dtype=model.dtype)
+
+
+def write_joiner(buffer: Any, row: int, end: int, length: int, kv: Any) -> None:
+    """A joining request's row of a padded decode buffer: zeros over its padding, its KV
+    (``length`` tokens: a tensor or chunks) up to the batch's common ``end``."""
+    buffer[row, :, :end - length].zero_()
+    copy_chunks(buffer[row, :, end - length:end], kv)
+
+
+def joiners_decode_cache(model: TorchModel, kvs: Sequence[list[LayerKV]], lengths: list[int]
+                         ) -> tuple[Any, list[list[Any]], int]:
+    """A new padded decode batch of joining requests only (the engine's first batch, or a
+    rebuild where no row of the last step stays): each request's KV (``kvs[i]``, per layer,
+    ``lengths[i]`` tokens) copied into a buffer of ``decode_buffer_shape`` rows and tokens,
+    left-padded to the longest. Returns the cache adopting the rows, the buffers per layer
+    (keys, values) and the common end. The engine builds these batches with it
+    (``realrun/iterations.py``), and the profiler times its first step after a prompt on it
+    (``TorchEngine.first_decode``)."""
+    n, longest = len(lengths), max(lengths)
+    rows, buffer_tokens = decode_buffer_shape(n, longest)
+    cache = model.new_cache()
+    storage = []
+    for layer in range(model.num_layers):
+        pair = []
+        for side in (0, 1):
+            buffer = decode_buffer(model, rows, buffer_tokens)
+            for row in range(n):
+                write_joiner(buffer, row, longest, lengths[row], kvs[row][layer][side])
+            pair.append(buffer)
+        storage.append(pair)
+        cache.layers[layer].adopt(pair[0][:n], pair[1][:n], longest)
+    return cache, storage, longest

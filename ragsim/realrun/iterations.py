@@ -52,28 +52,20 @@ import simpy
 from ragsim.cache.tree import KnowledgeTree
 from ragsim.profiles.decode_layout import PaddedDecodeBatch, decode_buffer_shape
 from ragsim.profiles.profile import Profile
-from ragsim.profiles.torch_model import Batch, LayerKV, Row, TorchModel, copy_chunks
+from ragsim.profiles.torch_model import (
+    Batch,
+    LayerKV,
+    Row,
+    TorchModel,
+    decode_buffer,
+    decode_step_batch,
+    joiners_decode_cache,
+    write_joiner,
+)
 from ragsim.realrun.blend import PlacedKV, prefill_request
 from ragsim.realrun.engine import KVStore, NodeKV, kv_tokens
 from ragsim.realrun.tokens import PromptTokens
 from ragsim.serving.engine import Job, PrefillTiming, Wait
-
-
-def decode_step_batch(model: TorchModel, cache: Any, lengths: list[int], end: int,
-                      next_tokens: list[int]) -> Batch:
-    """A decode step's inputs for rows whose KV (``lengths`` tokens each, left-padded) ends at
-    ``end`` in ``cache``: each row's next token at its own position, and a mask of its own
-    tokens and the new one when the rows differ."""
-    torch, device = model.torch, model.device
-    n = len(lengths)
-    sizes = torch.tensor(lengths, device=device).reshape(n, 1)
-    mask = None
-    if len(set(lengths)) > 1 or lengths[0] != end:
-        span = torch.arange(end + 1, device=device).reshape(1, -1)
-        mask = (span >= end - sizes).to(torch.long)
-    return Batch(ids=model.token_tensor(next_tokens).reshape(n, 1), mask=mask,
-                 positions=sizes, cache=cache, cached_lengths=lengths, new_lengths=[1] * n,
-                 next_positions=sizes + 1)
 
 
 def _release(layers: list, storage: list | None, index: int) -> None:
@@ -487,62 +479,69 @@ class TorchIterations:
         than the rows' common end, more rows than the buffer holds, no row of the last step
         staying, an end past twice the longest row). The buffer keeps room for a quarter more
         rows."""
-        torch, model = self.model.torch, self.model
+        model = self.model
         old, old_order = self._decode_batch, self._decode_order
         kept = [j for j in old_order if j in members] if old is not None else []
         kept_set = set(kept)
         joined = sorted((j for j in members if j not in kept_set), key=lambda j: j.key)
         order = kept + joined
         lengths = [self._running[j].tokens for j in order]
-        n, longest = len(order), max(lengths)
-        rows, buffer_tokens = decode_buffer_shape(n, longest)
-        heads, dim = model.config.num_key_value_heads, model.config.head_dim
-        device, dtype = model.device, model.dtype
-        cache = model.new_cache()
+        longest = max(lengths)
         # the old batch's memory goes as soon as nothing more is read from it (all of it now
         # when no row stays, else each layer once copied): on a GPU the old and the new batch
         # together were what ran out of memory (ragsim/realrun/memory.py)
         old_storage, self._row_storage = self._row_storage, None
-        if old is not None and not kept:
-            for layer in range(model.num_layers):
-                _release(old.cache.layers, old_storage, layer)
-        if kept:
-            where = {j: i for i, j in enumerate(old_order)}
-            old_rows = [where[j] for j in kept]
-            old_layers = old.cache.layers[:model.num_layers]
-            old_total = int(old_layers[0].keys.shape[-2])
-            take = min(longest, old_total)
+        if not kept:  # only joiners: the batch the profiler times (``decode_after_prompt``)
+            if old is not None:
+                for layer in range(model.num_layers):
+                    _release(old.cache.layers, old_storage, layer)
+            cache, storage, _ = joiners_decode_cache(
+                model, [self._running[j].kv for j in joined], lengths)
+        else:
+            cache, storage = self._kept_and_joined(old, old_order, old_storage, kept, joined,
+                                                   lengths)
+        for job in joined:
+            self._running[job].kv = None  # its KV lives in the batch from now on
+        self._row_storage = storage
+        self.times.decode_rebuilds += 1
+        return self._new_decode_batch(cache, order, longest)
+
+    def _kept_and_joined(self, old: Batch, old_order: list[Job], old_storage: list | None,
+                         kept: list[Job], joined: list[Job], lengths: list[int]
+                         ) -> tuple[Any, list]:
+        """``_rebuild``'s new buffers where rows of the last step stay: theirs copied from its
+        cache (each old layer released once copied), the joiners' from their own KV."""
+        model = self.model
+        n, longest = len(lengths), max(lengths)
+        rows, buffer_tokens = decode_buffer_shape(n, longest)
+        cache = model.new_cache()
+        where = {j: i for i, j in enumerate(old_order)}
+        old_rows = [where[j] for j in kept]
+        old_layers = old.cache.layers[:model.num_layers]
+        old_total = int(old_layers[0].keys.shape[-2])
+        take = min(longest, old_total)
         storage = []
         for layer in range(model.num_layers):
             pair = []
             for side in (0, 1):
                 # written once: each row's KV where it belongs, zeros only in its padding, and
                 # room after it for the tokens to come (appended in place)
-                buffer = torch.empty(rows, heads, buffer_tokens, dim, device=device,
-                                     dtype=dtype)
-                if kept:
-                    source = (old_layers[layer].keys if side == 0
-                              else old_layers[layer].values)
-                    for row, old_row in enumerate(old_rows):
-                        buffer[row, :, longest - take:longest] = source[old_row, :,
-                                                                        old_total - take:]
-                    if longest > take:
-                        buffer[:len(kept), :, :longest - take].zero_()
-                    del source  # a view of the old buffer: held, it outlives its release
+                buffer = decode_buffer(model, rows, buffer_tokens)
+                source = old_layers[layer].keys if side == 0 else old_layers[layer].values
+                for row, old_row in enumerate(old_rows):
+                    buffer[row, :, longest - take:longest] = source[old_row, :,
+                                                                    old_total - take:]
+                if longest > take:
+                    buffer[:len(kept), :, :longest - take].zero_()
+                del source  # a view of the old buffer: held, it outlives its release
                 for row, job in enumerate(joined, start=len(kept)):
-                    buffer[row, :, :longest - lengths[row]].zero_()
-                    copy_chunks(buffer[row, :, longest - lengths[row]:longest],
-                                self._running[job].kv[layer][side])
+                    write_joiner(buffer, row, longest, lengths[row],
+                                 self._running[job].kv[layer][side])
                 pair.append(buffer)
-            if kept:
-                _release(old_layers, old_storage, layer)
+            _release(old_layers, old_storage, layer)
             storage.append(pair)
             cache.layers[layer].adopt(pair[0][:n], pair[1][:n], longest)
-        for job in joined:
-            self._running[job].kv = None  # its KV lives in the batch from now on
-        self._row_storage = storage
-        self.times.decode_rebuilds += 1
-        return self._new_decode_batch(cache, order, longest)
+        return cache, storage
 
     def _reshape(self, members: set[Job]) -> tuple[Batch, list[Job]] | None:
         """The decode batch for ``members``, changed in place: a row that left takes the last
@@ -581,9 +580,7 @@ class TorchIterations:
             row, length = len(rows), self._running[job].tokens
             for layer, pair in enumerate(storage):
                 for side, buffer in enumerate(pair):
-                    buffer[row, :, :end - length].zero_()
-                    copy_chunks(buffer[row, :, end - length:end],
-                                self._running[job].kv[layer][side])
+                    write_joiner(buffer, row, end, length, self._running[job].kv[layer][side])
             self._running[job].kv = None
             rows.append(job)
         n = len(rows)
