@@ -27,6 +27,7 @@ import numpy as np
 
 from ragsim.api.validation import setup_validation
 from ragsim.decisions import measured_s, priced_s, replay
+from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import load_profile
 from ragsim.profiles.steps import ratio_summary
@@ -76,14 +77,18 @@ def main() -> None:
     report = {"load_average_before": load_before, "load_average_after": load_after,
               "requests": len(real_ttft), "iterations": len(iterations), "profiles": {}}
     for name, profile in profiles:
-        shapes = NewShapeCharge(profile.new_shapes)  # the replay's, as the simulator's
+        # the replay's first-time prices and first decode steps, as the simulator's
+        shapes, after = NewShapeCharge(profile.new_shapes), AfterPrompt(
+            profile.decode_after_prompt)
         replayed = replay(iterations, submitted, real.columns,
-                          lambda d, p=profile, n=shapes: priced_s(d, p, overlap, n))[served]
+                          lambda d, p=profile, n=shapes, a=after: priced_s(d, p, overlap, n,
+                                                                           a))[served]
         kinds: dict[str, tuple[list, list]] = {}
-        shapes = NewShapeCharge(profile.new_shapes)
+        shapes, after = NewShapeCharge(profile.new_shapes), AfterPrompt(
+            profile.decode_after_prompt)
         for decision in iterations:
             predicted, measured = kinds.setdefault(iteration_kind(decision), ([], []))
-            predicted.append(priced_s(decision, profile, overlap, shapes))
+            predicted.append(priced_s(decision, profile, overlap, shapes, after))
             measured.append(measured_s(decision))
         report["profiles"][name] = {
             "cost_model_error": float((replayed.mean() - real_ttft.mean()) / real_ttft.mean()),

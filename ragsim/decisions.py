@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.serving.costs import decode_step_s, mixed_step_s, prefill_compute_s
@@ -53,15 +54,24 @@ _SAME_TIME_S = 1e-9
 
 
 def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
-             new_shape: NewShapeCharge | None = None) -> float:
+             new_shape: NewShapeCharge | None = None,
+             after_prompt: AfterPrompt | None = None) -> float:
     """What the simulator charges for one real iteration (``PredictedIterations``' prices).
     ``new_shape``: the token counts run so far (one per replay, fed the iterations in their
-    order), for the first-time price of a step's token count where the profile has one."""
+    order), for the first-time price of a step's token count where the profile has one;
+    ``after_prompt``: whether the step before ran prompts (one per replay, fed likewise), for
+    the extra of a decode step right after one (``decode_after_prompt``)."""
     if decision["kind"] == "decode":
         context = profile.decode_context_tokens(decision["context_tokens"],
                                                 decision.get("padded_context_tokens"))
-        return decode_step_s(profile, decision["size"], context, new_shape)
+        extra = after_prompt.charge(False) if after_prompt is not None else 0.0
+        return decode_step_s(profile, decision["size"], context, new_shape) + extra
     jobs = decision["jobs"]
+    # a vLLM step with prompt chunks, or a prefill, runs prompts; a vLLM step of decodes alone
+    # is a decode step (the simulator's), and one of neither ran nothing
+    extra = 0.0
+    if after_prompt is not None and (jobs or decision.get("size")):
+        extra = after_prompt.charge(bool(jobs))
     if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
         compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
                                decision["size"], decision["context_tokens"], new_shape) \
@@ -71,7 +81,7 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
                                     new_shape) if jobs else 0.0
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
-    return max(compute, copy) if overlap_swap else compute + copy
+    return (max(compute, copy) if overlap_swap else compute + copy) + extra
 
 
 def measured_s(decision: dict) -> float:
@@ -185,13 +195,16 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
     as the run measured it (the first step: an infinite one), as ``replay`` charges it. Why a
     row per step: where prices miss is a question of the steps' shapes (rows, tokens, padded
     ends), which groups by size hide; ``validate --replay-decisions`` writes these rows to each
-    real run's ``steps.parquet``."""
+    real run's ``steps.parquet``. ``after_prompts``: a step of decodes alone right after a
+    step that ran prompts (the batch's first after a join: ``decode_after_prompt``)."""
     rows = []
     last_end = -np.inf
+    prompts_before = False
     for index, decision in enumerate(decisions):
         jobs = decision.get("jobs") or ()
         cold = cold_start(decision["start_s"] - last_end) if cold_start is not None else 0.0
         new = [job[3] for job in jobs]
+        decodes_only = not jobs and bool(decision.get("size"))
         rows.append({
             "step": index, "kind": decision["kind"], "start_s": decision["start_s"],
             "prompt_rows": len(jobs),
@@ -204,8 +217,10 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             "context_tokens": decision.get("context_tokens"),
             "padded_context_tokens": decision.get("padded_context_tokens"),
             "measured_s": measured_s(decision), "priced_s": price(decision) + cold,
-            "cold_start_s": cold})
+            "cold_start_s": cold, "after_prompts": decodes_only and prompts_before})
         last_end = decision["end_s"]
+        if jobs or decodes_only:
+            prompts_before = bool(jobs)
     return rows
 
 

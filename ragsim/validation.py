@@ -241,13 +241,16 @@ def warmed_like(profile: Profile, real) -> Profile:
 
 def _pricer(real, profile: Profile):
     """What the simulator charges for each of ``real``'s steps, called in their order: one
-    engine's first-time prices (``NewShapeCharge``) follow the steps it has run."""
+    engine's first-time prices (``NewShapeCharge``) and whether its last step ran prompts
+    (``AfterPrompt``) follow the steps it has run."""
     from ragsim.decisions import priced_s
+    from ragsim.profiles.decode_after_prompt import AfterPrompt
     from ragsim.profiles.new_shapes import NewShapeCharge
 
     overlap = bool(real.config.overlap_swap)
     new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
-    return lambda decision: priced_s(decision, profile, overlap, new_shape)
+    after_prompt = AfterPrompt(profile.decode_after_prompt)  # likewise
+    return lambda decision: priced_s(decision, profile, overlap, new_shape, after_prompt)
 
 
 def _cold_start(profile: Profile):

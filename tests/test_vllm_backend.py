@@ -330,6 +330,17 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
         assert extra == pytest.approx(max((raw[n] - bp.tokens_and_pairs_s([0] * n, [16] * n))
                                           / (n - 1), 0.0))
     assert saved.obtained["validation"]["iteration_ratios"]["wide_batches"]["points"] == 1
+    # the first decode step after the prompts' step, at 1 and 2 rows over the decode axis's
+    # longest context (128), against the steady steps: the term worked from the raw rows
+    from ragsim.profiles.decode_after_prompt import FIRST_DECODE_REPEATS
+
+    raw = saved.obtained["raw"]["first_decode"]
+    assert sorted((int(r), int(c)) for r, c, _, _ in raw) == sorted(
+        (r, 128) for r in (1, 2) for _ in range(FIRST_DECODE_REPEATS))
+    by_cell = [float(np.median([f for r, _, f, _ in raw if r == n])
+                     - np.median([s for r, _, _, s in raw if r == n])) for n in (1, 2)]
+    assert saved.decode_after_prompt is not None
+    assert saved.decode_after_prompt.extra_s == pytest.approx(max(0.0, np.mean(by_cell)))
 
 
 def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_decodes():
@@ -352,6 +363,27 @@ def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_dec
     # timed step: 40 + 3 tokens over 4 requests, the prompt's 64 cached tokens computed
     assert (43, 4, [64]) in steps
     assert not timer.llm.has_unfinished_requests()  # the running requests were aborted
+
+
+def test_vllms_first_decode_step_is_timed_right_after_the_prompts_step():
+    """What ``VllmTimer.first_decode`` times first is vLLM's first step after the one that
+    gave the rows their first tokens: a step of one token for each of them and no prompt
+    (seen in the scheduler's own output), then the steady steps of the same rows."""
+    from ragsim.profiles.decode_after_prompt import FIRST_DECODE_STEPS
+    from ragsim.realrun.vllm.harness import _watch_scheduler
+    from ragsim.realrun.vllm.profile import VllmTimer
+
+    timer = VllmTimer.build(load_profile(PROFILE).model, block_tokens=BLOCK,
+                            kv_cache_bytes=2**27, max_model_len=512, max_batched_tokens=2048)
+    seen = _watch_scheduler(timer.llm)
+    rows = timer.first_decode(2, 96, 1)
+    assert len(rows) == 1 and rows[0][:2] == [2.0, 96.0] and rows[0][2] > 0 < rows[0][3]
+    steps = [(sorted(out.num_scheduled_tokens.values()), len(out.scheduled_new_reqs))
+             for out in seen if out.num_scheduled_tokens]
+    prompts = [i for i, (_, new) in enumerate(steps) if new]
+    after = steps[prompts[-1] + 1:]  # the steps after the prompts': the timed ones
+    assert after[:FIRST_DECODE_STEPS] == [([1, 1], 0)] * FIRST_DECODE_STEPS
+    assert not timer.llm.has_unfinished_requests()
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,10 @@ from typing import NamedTuple
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
+from ragsim.profiles.decode_after_prompt import (
+    DecodeAfterPrompt,
+    decode_after_prompt_from_dict,
+)
 from ragsim.profiles.decode_layout import DECODE_PADDINGS
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.heldout import median_and_max, relative_errors
@@ -77,7 +81,7 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
 _OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes",
-                  "idle_start", "decode_padding")
+                  "idle_start", "decode_padding", "decode_after_prompt")
 
 
 # the most rows of the batches the per-request term is fitted on (the profiler's random
@@ -383,6 +387,8 @@ class Profile:
     step_overhead: StepOverhead | None = None
     new_shapes: NewShapes | None = None  # a step's first-time price (``new_shapes.py``)
     idle_start: IdleStart | None = None  # a step after the engine sat idle (``idle_start.py``)
+    # a decode step right after a step with prompts (``decode_after_prompt.py``)
+    decode_after_prompt: DecodeAfterPrompt | None = None
     # how the engine's decode step lays out its rows (``decode_layout.py``): "none", each row
     # over its own context (a paged engine; the step priced at the rows' mean), or
     # "common_end", one batch padded to a common end (the torch engine; priced there)
@@ -496,6 +502,8 @@ class Profile:
             data["new_shapes"] = self.new_shapes.scaled(factor).to_dict()
         if self.idle_start is not None:
             data["idle_start"] = self.idle_start.scaled(factor).to_dict()
+        if self.decode_after_prompt is not None:
+            data["decode_after_prompt"] = self.decode_after_prompt.scaled(factor).to_dict()
         data["name"] = f"{self.name}@x{factor:.3f}"
         scaled = Profile.from_dict(data, source=f"{self.name} scaled x{factor:.3f}")
         return scaled.warmed(self.new_shapes.warm_step_tokens) if self.new_shapes else scaled
@@ -546,6 +554,8 @@ class Profile:
                else {"step_overhead": self.step_overhead.to_dict()}),
             **({} if self.new_shapes is None else {"new_shapes": self.new_shapes.to_dict()}),
             **({} if self.idle_start is None else {"idle_start": self.idle_start.to_dict()}),
+            **({} if self.decode_after_prompt is None
+               else {"decode_after_prompt": self.decode_after_prompt.to_dict()}),
             **({} if self.decode_padding == "none"
                else {"decode_padding": self.decode_padding}),
         }
@@ -618,6 +628,9 @@ class Profile:
                         else new_shapes_from_dict(data["new_shapes"], source=source)),
             idle_start=(None if data.get("idle_start") is None
                         else idle_start_from_dict(data["idle_start"], source=source)),
+            decode_after_prompt=(
+                None if data.get("decode_after_prompt") is None
+                else decode_after_prompt_from_dict(data["decode_after_prompt"], source=source)),
             decode_padding=_decode_padding(data, source),
         )
 

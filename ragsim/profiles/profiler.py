@@ -47,6 +47,14 @@ from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.after_new_shapes import fit_after_new_shapes
 from ragsim.profiles.allocator import memory_allocator
+from ragsim.profiles.decode_after_prompt import (
+    FIRST_DECODE_CONTEXTS,
+    FIRST_DECODE_REPEATS,
+    FIRST_DECODE_ROWS,
+    FIRST_DECODE_STEPS,
+    first_decode_cells,
+    fit_decode_after_prompt,
+)
 from ragsim.profiles.grid import BilinearGrid, monotone_along_y, monotone_values
 from ragsim.profiles.growth import fit_engine_growth
 from ragsim.profiles.heldout import (
@@ -75,7 +83,13 @@ from ragsim.profiles.steps import (
     iteration_warning,
     ratio_summary,
 )
-from ragsim.profiles.torch_model import LayerKV, Row, TorchModel
+from ragsim.profiles.torch_model import (
+    LayerKV,
+    Row,
+    TorchModel,
+    decode_step_batch,
+    joiners_decode_cache,
+)
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -226,6 +240,9 @@ class ProfilerState:
     # a step after the engine sat idle: [step tokens, pause_s, seconds] each (pause 0: right
     # after the same step; None: not measured yet)
     idle_start: list[list[float]] | None = None
+    # a decode step right after the step that ran its rows' prompts: [rows, context, first_s,
+    # steady_s] each (None: not measured yet; []: the engine cannot time it)
+    first_decode: list[list[float]] | None = None
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
@@ -366,6 +383,37 @@ class TorchEngine:
             self.model.undo_decode(state)
 
         return self._timed(run, warmup, repetitions)
+
+    def first_decode(self, rows: int, context: int, repeats: int) -> list[list[float]]:
+        """``[rows, context, first_s, steady_s]`` per repeat, as the reference engine runs a
+        batch after its requests' prefill: ``rows`` prompts of ``context`` tokens prefilled
+        (untimed), then ``FIRST_DECODE_STEPS`` decode steps timed one by one. The first builds
+        the padded batch from the prompts' KV (``joiners_decode_cache``, the engine's own
+        rebuild) and runs the forward path on it; the next ones are the decode path, as the
+        grid's cells time it; each hands its tokens back (``greedy``), as the engine does.
+        The steady time is the median of the third on (``decode_after_prompt.py``)."""
+        model, out = self.model, []
+        for _ in range(repeats):
+            prefilled = model.prefill([Row(None, self._tokens(context), 0)
+                                       for _ in range(rows)])
+            ids = model.greedy(prefilled.logits)
+            lengths = [context] * rows
+            times = []
+            self._sync()
+            start = time.perf_counter()
+            cache, _, end = joiners_decode_cache(model, prefilled.new_kv, lengths)
+            batch = decode_step_batch(model, cache, lengths, end, ids)
+            ids = model.greedy(model.forward(batch))
+            self._sync()
+            times.append(time.perf_counter() - start)
+            for _ in range(FIRST_DECODE_STEPS - 1):
+                start = time.perf_counter()
+                ids = model.greedy(model.decode(batch, ids))
+                self._sync()
+                times.append(time.perf_counter() - start)
+            del prefilled, batch, cache
+            out.append([float(rows), float(context), times[0], float(np.median(times[2:]))])
+        return out
 
     def sample(self, rows: int, warmup: int, repetitions: int) -> Measurement:
         """The engine's greedy sampling of a step's logits for ``rows`` rows
@@ -654,6 +702,20 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
         save()
     report(IDLE_PHASE, 1, 1)
 
+    # a decode step right after the prompts' step, against the steady ones the grid times
+    first_decode = getattr(engine, "first_decode", None)
+    cells = first_decode_cells(plan.context_tokens)
+    _starting(report, FIRST_DECODE_PHASE, len(cells))
+    if state.first_decode is None:
+        state.first_decode = []
+    if first_decode is not None:
+        done = {(int(r), int(c)) for r, c, _, _ in state.first_decode}
+        for i, (rows, context) in enumerate(cells):
+            if (rows, context) not in done:
+                state.first_decode += first_decode(rows, context, FIRST_DECODE_REPEATS)
+                save()
+            report(FIRST_DECODE_PHASE, i + 1, len(cells))
+
     # the last phase that steps an engine of vLLM's: the twin it builds, once freed, takes
     # the process's distributed state down with it, and the profile's engine cannot step after
     _starting(report, GROWTH_PHASE, 1)
@@ -827,6 +889,7 @@ def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]
 
 
 IDLE_PHASE = "a step after the engine sat idle"
+FIRST_DECODE_PHASE = "a decode step right after its prompts' step"
 IDLE_PAUSES_S = (0.003, 0.01, 0.03, 0.1)  # measured: the extra grows up to about 30 ms
 IDLE_REPEATS = 5
 IDLE_SMALLEST = 32
@@ -1240,8 +1303,17 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
                                       f"{IDLE_REPEATS} times after pauses of "
                                       f"{[p * 1e3 for p in IDLE_PAUSES_S]} ms and without one")
         profile.obtained["raw"]["idle_start"] = state.idle_start
+    after_prompt = None
+    if state.first_decode:
+        after_prompt = fit_decode_after_prompt(
+            state.first_decode,
+            against=f"{len(state.first_decode)} timings of the first decode step of "
+                    f"{list(FIRST_DECODE_ROWS)} rows over {FIRST_DECODE_CONTEXTS} tokens "
+                    f"(within the decode axis) right after the step of their prompts, against "
+                    f"the median of their 3rd-{FIRST_DECODE_STEPS}th")
+        profile.obtained["raw"]["first_decode"] = state.first_decode
     if state.after_new_note:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),
                                         f"a step after new token counts: {state.after_new_note}"]
     return replace(profile, mixed_steps=mixed, step_overhead=overhead, new_shapes=shapes,
-                   idle_start=idle)
+                   idle_start=idle, decode_after_prompt=after_prompt)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.allocator import memory_allocator
+from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
@@ -162,8 +163,10 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
     (priced by extrapolation). This separates the cost model's error from the queueing it
     causes, and an extrapolation from a wrong model. Priced as the simulator prices them, the
     first-time price of a step's token count included (``new_shapes``, in the log's order), and
-    the cold start of one begun after the engine sat idle (``idle_start``, the log's pause)."""
+    the cold start of one begun after the engine sat idle (``idle_start``, the log's pause) and
+    the extra of a decode step right after a prefill (``decode_after_prompt``)."""
     new_shape = NewShapeCharge(profile.new_shapes)
+    after_prompt = AfterPrompt(profile.decode_after_prompt)
     prefill_x, prefill_y = max(profile.prefill.x_axis), max(profile.prefill.y_axis)
     decode_x, decode_y = max(profile.decode.x_axis), max(profile.decode.y_axis)
     kinds: dict[str, list[list]] = {}
@@ -172,6 +175,7 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
             _, cached, new, seconds, _copy, pause = entry
             kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
             predicted = prefill_compute_s(profile, cached, new, new_shape)
+            after_prompt.charge(True)
             padded_new = len(new) * max(new)  # what a padded batch prices on the grid
             beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
@@ -179,6 +183,7 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
             kind = "decode_rebuilt" if rebuilt else "decode"
             context = profile.decode_context_tokens(mean_context, padded)
             predicted = decode_step_s(profile, size, context, new_shape)
+            predicted += after_prompt.charge(False)
             beyond = size > decode_x or context > decode_y
         predicted += profile.idle_start_s(pause)
         columns = kinds.setdefault(kind, [[], [], []])

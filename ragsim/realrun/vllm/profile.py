@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragsim.profiles.decode_after_prompt import FIRST_DECODE_STEPS
 from ragsim.profiles.models import ModelSpec
 from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 
@@ -222,6 +223,26 @@ class VllmTimer:
                 times.append(time.perf_counter() - started)
         self._drain()
         return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
+
+    def first_decode(self, rows: int, context: int, repeats: int) -> list[list[float]]:
+        """``[rows, context, first_s, steady_s]`` per repeat: ``rows`` requests of ``context``
+        fresh tokens added together and stepped to their first tokens (their prompts' steps),
+        then their next ``FIRST_DECODE_STEPS`` steps timed one by one: the first decode step,
+        and the median of the third on (steady, as the decode grid's cells time them, after a
+        warm-up step). ``decode_after_prompt.py`` says why."""
+        llm, out = self.llm, []
+        for _ in range(repeats):
+            for _ in range(rows):
+                self._add(self._tokens(context), FIRST_DECODE_STEPS + 2)
+            self._until_first_tokens(rows)
+            times = []
+            for _ in range(FIRST_DECODE_STEPS):
+                started = time.perf_counter()
+                llm.step()
+                times.append(time.perf_counter() - started)
+            self._drain()
+            out.append([float(rows), float(context), times[0], float(np.median(times[2:]))])
+        return out
 
     def copy(self, n_bytes: int, to_device: bool, warmup: int, repetitions: int):
         """A host->host copy of a KV-sized buffer (vLLM on a CPU has no other tier)."""
