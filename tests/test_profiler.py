@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
     AFTER_NEW_PHASE,
+    DECODE_ROUNDS,
+    FIRST_DECODE_PHASE,
     GROWTH_PHASE,
     IDLE_PHASE,
     NEW_SHAPES_PHASE,
@@ -278,7 +281,7 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
 class _Recorded:
     """The torch engine, each timed call written into ``log`` as it starts."""
 
-    TIMED = ("decode", "copy", "sample", "sweeps", "blend_selection")
+    TIMED = ("decode", "copy", "sample", "sweeps", "blend_selection", "first_decode")
 
     def __init__(self, engine, log: list) -> None:
         self._engine, self._log = engine, log
@@ -308,7 +311,8 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     engine = _Recorded(TorchEngine(spec, "cpu", "fp32", 1, 0), log)
     run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=tmp_path / "p.json",
                 engine=engine, progress=lambda *report: log.append(("report", *report)))
-    phase_of = {"decode": ("decode", "held-out decode points"), "copy": ("transfers",),
+    phase_of = {"decode": ("decode",), "first_decode": (FIRST_DECODE_PHASE,),
+                "copy": ("transfers",),
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
                                                          "points", NEW_SHAPES_PHASE,
                                                          AFTER_NEW_PHASE, IDLE_PHASE),
@@ -323,9 +327,9 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
         assert phase in phase_of[entry[1]] and done < total, (entry[1], last)
     reported = [entry[1] for entry in log if entry[0] == "report"]
     assert list(dict.fromkeys(reported)) == [
-        "decode", "held-out decode points", "transfers", "step overhead",
+        "decode", "transfers", "step overhead",
         "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, AFTER_NEW_PHASE,
-        IDLE_PHASE, GROWTH_PHASE, "blend selection pass"]
+        IDLE_PHASE, FIRST_DECODE_PHASE, GROWTH_PHASE, "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total
@@ -334,7 +338,9 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
 def test_the_decode_grid_is_timed_after_one_untimed_pass_over_its_cells(tmp_path):
     """The decode grid is a new process's first timing, and timed cold its cells ran up to
     1.45x their time a pass later: each cell runs once untimed, in order, before any is
-    timed."""
+    timed. Then the cells and the held-out point are timed in ``DECODE_ROUNDS`` rounds, each
+    round every one of them once, in its own order; a cell is the median of its rounds'
+    medians, a held-out point likewise."""
     spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=2, hidden=128).with_dtype("fp32")
     plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 64], batch_sizes=[1, 2],
                        context_tokens=[16, 32], batches=2, held_out_points=1,
@@ -342,16 +348,33 @@ def test_the_decode_grid_is_timed_after_one_untimed_pass_over_its_cells(tmp_path
                        repetitions=2, held_out_decode=1)
     engine = TorchEngine(spec, "cpu", "fp32", 1, 0)
     calls, timed = [], engine.decode
+    medians: dict[tuple[int, int], list[float]] = {}
 
     def decode(batch, context, warmup, repetitions):
         calls.append((batch, context, repetitions))
-        return timed(batch, context, warmup, repetitions)
+        m = timed(batch, context, warmup, repetitions)
+        if repetitions == 2:
+            medians.setdefault((batch, context), []).append(m.median_s)
+        return m
 
     engine.decode = decode
-    run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=tmp_path / "p.json",
-                engine=engine)
+    profile = run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan,
+                          out=tmp_path / "p.json", engine=engine)
     cells = [(1, 16), (1, 32), (2, 16), (2, 32)]
-    assert calls[:8] == [(*cell, 1) for cell in cells] + [(*cell, 2) for cell in cells]
+    assert calls[:4] == [(*cell, 1) for cell in cells]
+    held = profile.obtained["validation"]["held_out_decode"]
+    shapes = sorted([*cells, (held[0]["batch"], held[0]["context"])])
+    assert len(set(shapes)) == 5  # the held-out point is no cell (each shape's medians apart)
+    rounds = [calls[4 + i * 5:4 + (i + 1) * 5] for i in range(DECODE_ROUNDS)]
+    assert len(calls) == 4 + 5 * DECODE_ROUNDS
+    for timed_round in rounds:
+        assert sorted((b, c) for b, c, _ in timed_round) == shapes
+        assert all(reps == 2 for _, _, reps in timed_round)
+    raw = profile.obtained["raw"]["decode"]
+    for b, c in cells:
+        assert raw[f"{b},{c}"][0] == pytest.approx(statistics.median(medians[b, c]), rel=1e-12)
+    assert held[0]["seconds"] == pytest.approx(
+        statistics.median(medians[held[0]["batch"], held[0]["context"]]), rel=1e-12)
 
 
 def test_each_phase_is_one_line_where_stderr_is_no_terminal(capsys):
