@@ -36,3 +36,20 @@ def quick_profile(tmp_path_factory) -> Path:
     assert result.exit_code == 0, result.output
     (out.parent / "printed.txt").write_text(result.output)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_torch_profile(tmp_path_factory) -> Path:
+    """A torch profile of a one-layer, 128-wide model on a tiny plan (seconds): every phase of
+    the profiler runs, so the tests of its terms (first-time prices, the first decode step
+    after prompts) check one run's raw rows against its terms."""
+    from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
+    from ragsim.profiles.profiler import ProfilePlan, run_profile
+
+    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=1, hidden=128).with_dtype("fp32")
+    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 16, 64], batch_sizes=[1, 2],
+                       context_tokens=[16, 32], batches=2, held_out_points=1,
+                       held_out_batches=1, copy_bytes=[2**12], warmup=0, repetitions=1)
+    out = tmp_path_factory.mktemp("tiny_profile") / "p.json"
+    run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=out)
+    return out

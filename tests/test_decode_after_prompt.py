@@ -238,20 +238,14 @@ def test_the_joiners_cache_decodes_as_the_prefills_own_cache():
         assert model.greedy(logits)[i] == expected[0]
 
 
-def test_the_torch_profiler_times_the_first_decode_step_at_every_cell(tmp_path):
-    """A profile run times each cell (rows 1-2, contexts within the plan's decode axis: both
-    at its longest, 32) ``FIRST_DECODE_REPEATS`` times, keeps the raw rows and fits the term
-    from them (worked here from the raw rows: per cell median first less median steady)."""
+def test_the_torch_profiler_times_the_first_decode_step_at_every_cell(tiny_torch_profile):
+    """A profile run times each cell (rows 1-2, contexts within the plan's decode axis [16, 32]:
+    both at its longest, 32) ``FIRST_DECODE_REPEATS`` times, keeps the raw rows and fits the
+    term from them (worked here from the raw rows: per cell median first less median
+    steady); the term is read back from the profile's file."""
     from ragsim.profiles.decode_after_prompt import FIRST_DECODE_REPEATS
-    from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
-    from ragsim.profiles.profiler import ProfilePlan, run_profile
 
-    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=1, hidden=128).with_dtype("fp32")
-    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 16, 64], batch_sizes=[1, 2],
-                       context_tokens=[16, 32], batches=2, held_out_points=1,
-                       held_out_batches=1, copy_bytes=[2**12], warmup=0, repetitions=1)
-    profile = run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan,
-                          out=tmp_path / "p.json")
+    profile = load_profile(str(tiny_torch_profile))
     raw = profile.obtained["raw"]["first_decode"]
     assert sorted((int(r), int(c)) for r, c, _, _ in raw) == sorted(
         (r, 32) for r in (1, 2) for _ in range(FIRST_DECODE_REPEATS))
@@ -261,7 +255,6 @@ def test_the_torch_profiler_times_the_first_decode_step_at_every_cell(tmp_path):
     assert term is not None
     assert term.fit["extra_s_by_cell"] == pytest.approx(by_cell, rel=1e-12)
     assert term.extra_s == pytest.approx(max(0.0, statistics.fmean(by_cell)), rel=1e-12)
-    assert load_profile(str(tmp_path / "p.json")).decode_after_prompt == term
 
 
 def test_profiles_show_prints_the_term(tmp_path):

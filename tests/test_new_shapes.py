@@ -12,10 +12,9 @@ from test_sim_mixed import SEARCH_S, config, trace_of
 
 from ragsim.decisions import priced_s
 from ragsim.errors import ProfileError
-from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.new_shapes import NewShapeCharge, NewShapes, fit_new_shapes
 from ragsim.profiles.profile import Profile, load_profile
-from ragsim.profiles.profiler import ProfilePlan, _sweep_units, new_shape_counts, run_profile
+from ragsim.profiles.profiler import ProfilePlan, _sweep_units, new_shape_counts
 from ragsim.serving.costs import decode_step_s, prefill_compute_s
 from ragsim.sim.simulator import run_simulation
 
@@ -177,20 +176,14 @@ def test_the_measured_token_counts_are_ones_the_profile_did_not_run():
     assert all(abs(t - s) <= 16 for s, t in counts)  # near its size
 
 
-def test_the_torch_profiler_measures_the_first_time_price(tmp_path):
-    spec = scaled_down(BUILTIN_MODELS["mistral-7b"], layers=1, hidden=128).with_dtype("fp32")
-    plan = ProfilePlan(cached_tokens=[0, 64], new_tokens=[1, 16, 64], batch_sizes=[1, 2],
-                       context_tokens=[16, 32], batches=2, held_out_points=1,
-                       held_out_batches=1, copy_bytes=[2**12], warmup=0, repetitions=1)
-    profile = run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan,
-                          out=tmp_path / "p.json")
+def test_the_torch_profiler_measures_the_first_time_price(tiny_torch_profile):
+    profile = load_profile(str(tiny_torch_profile))
     shapes = profile.new_shapes
     # five sizes from 8 to 64, a factor of 8 ** (1 / 4) = 1.682 apart: 8, 13.5, 22.6, 38.1, 64
     assert shapes is not None and shapes.step_tokens == [8, 13, 23, 38, 64]
     assert all(s >= 0 for s in shapes.extra_s)
     raw = profile.obtained["raw"]["new_shapes"]
     assert len(raw) == 15 and all(first > 0 and again > 0 for _, _, first, again in raw)
-    assert load_profile(str(tmp_path / "p.json")).new_shapes == shapes
 
 
 def test_the_real_runs_iterations_are_priced_with_it_too():
