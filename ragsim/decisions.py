@@ -61,17 +61,14 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     order), for the first-time price of a step's token count where the profile has one;
     ``after_prompt``: whether the step before ran prompts (one per replay, fed likewise), for
     the extra of a decode step right after one (``decode_after_prompt``)."""
+    prompts = runs_prompts(decision)
+    extra = after_prompt.charge(prompts) \
+        if after_prompt is not None and prompts is not None else 0.0
     if decision["kind"] == "decode":
         context = profile.decode_context_tokens(decision["context_tokens"],
                                                 decision.get("padded_context_tokens"))
-        extra = after_prompt.charge(False) if after_prompt is not None else 0.0
         return decode_step_s(profile, decision["size"], context, new_shape) + extra
     jobs = decision["jobs"]
-    # a vLLM step with prompt chunks, or a prefill, runs prompts; a vLLM step of decodes alone
-    # is a decode step (the simulator's), and one of neither ran nothing
-    extra = 0.0
-    if after_prompt is not None and (jobs or decision.get("size")):
-        extra = after_prompt.charge(bool(jobs))
     if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
         compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
                                decision["size"], decision["context_tokens"], new_shape) \
@@ -82,6 +79,15 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return (max(compute, copy) if overlap_swap else compute + copy) + extra
+
+
+def runs_prompts(decision: dict) -> bool | None:
+    """Whether a real step ran prompts (a prefill, or a vLLM step with prompt chunks: True), or
+    only decodes (a decode step, or a vLLM step of decodes alone: False); None for a step that
+    ran neither, which changes nothing (``AfterPrompt``)."""
+    if decision.get("jobs"):
+        return True
+    return False if decision.get("size") else None
 
 
 def measured_s(decision: dict) -> float:
@@ -199,12 +205,12 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
     step that ran prompts (the batch's first after a join: ``decode_after_prompt``)."""
     rows = []
     last_end = -np.inf
-    prompts_before = False
+    steps_so_far = AfterPrompt(None)  # the replay's rule, for which steps it charges
     for index, decision in enumerate(decisions):
         jobs = decision.get("jobs") or ()
         cold = cold_start(decision["start_s"] - last_end) if cold_start is not None else 0.0
         new = [job[3] for job in jobs]
-        decodes_only = not jobs and bool(decision.get("size"))
+        prompts = runs_prompts(decision)
         rows.append({
             "step": index, "kind": decision["kind"], "start_s": decision["start_s"],
             "prompt_rows": len(jobs),
@@ -217,10 +223,9 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             "context_tokens": decision.get("context_tokens"),
             "padded_context_tokens": decision.get("padded_context_tokens"),
             "measured_s": measured_s(decision), "priced_s": price(decision) + cold,
-            "cold_start_s": cold, "after_prompts": decodes_only and prompts_before})
+            "cold_start_s": cold,
+            "after_prompts": prompts is not None and steps_so_far.record(prompts)})
         last_end = decision["end_s"]
-        if jobs or decodes_only:
-            prompts_before = bool(jobs)
     return rows
 
 

@@ -120,12 +120,16 @@ class AfterPrompt:
         decode steps priced at once records its first step when it ends)."""
         return self.extra_s if self.after_prompt else 0.0
 
-    def charge(self, prompts: bool) -> float:
-        """What a step pays for the one before it: a decode-only step (``prompts`` False)
-        right after a step with prompts pays the term; every step records its own kind."""
-        extra = self.extra_s if self.after_prompt and not prompts else 0.0
+    def record(self, prompts: bool) -> bool:
+        """Record a step (``prompts``: it ran prompts); True for a decode-only step right
+        after a step with prompts, the step the term is charged to."""
+        follows = self.after_prompt and not prompts
         self.after_prompt = prompts
-        return extra
+        return follows
+
+    def charge(self, prompts: bool) -> float:
+        """What a step pays for the one before it (``record``): the term, or nothing."""
+        return self.extra_s if self.record(prompts) else 0.0
 
     def reset(self) -> None:
         """The engine lost its batch (a GPU failure): no decode step follows a prompt."""

@@ -685,17 +685,17 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
 
     # a decode step right after the prompts' step, against the steady ones the grid times
     first_decode = getattr(engine, "first_decode", None)
-    cells = first_decode_cells(plan.context_tokens)
-    _starting(report, FIRST_DECODE_PHASE, len(cells))
+    first_cells = first_decode_cells(plan.context_tokens)
+    _starting(report, FIRST_DECODE_PHASE, len(first_cells))
     if state.first_decode is None:
         state.first_decode = []
     if first_decode is not None:
         done = {(int(r), int(c)) for r, c, _, _ in state.first_decode}
-        for i, (rows, context) in enumerate(cells):
+        for i, (rows, context) in enumerate(first_cells):
             if (rows, context) not in done:
                 state.first_decode += first_decode(rows, context, FIRST_DECODE_REPEATS)
                 save()
-            report(FIRST_DECODE_PHASE, i + 1, len(cells))
+            report(FIRST_DECODE_PHASE, i + 1, len(first_cells))
 
     # the last phase that steps an engine of vLLM's: the twin it builds, once freed, takes
     # the process's distributed state down with it, and the profile's engine cannot step after
@@ -1034,7 +1034,7 @@ def _decode_rounds(engine: TimingEngine, cells: list[tuple[int, int]],
     once each, one after another, a vLLM profile's 1-row cells came out 15% below the same
     process's later steps of one row (3.3-3.6 against 3.9-4.2 ms, run C) and its held-out
     points were predicted 0.90x (the torch engine's 0.94x); the same block of steps timed
-    again in one process moved by up to 20%. In the same rounds, grid and held-out points
+    again in one process moved by up to 24%. In the same rounds, grid and held-out points
     share the machine's speed and the process's state, as the prefill sweeps do."""
     w, r = plan.warmup, plan.repetitions
     keys = [_key(bs, ctx) for bs, ctx in cells] + [f"held_out_{i}" for i in range(len(held_out))]
