@@ -59,10 +59,10 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     """What the simulator charges for one real iteration (``PredictedIterations``' prices).
     ``new_shape``: the token counts run so far (one per replay, fed the iterations in their
     order), for the first-time price of a step's token count where the profile has one;
-    ``after_prompt``: whether the step before ran prompts (one per replay, fed likewise), for
-    the extra of a decode step right after one (``decode_after_prompt``)."""
+    ``after_prompt``: where the last step with prompts was (one per replay, fed likewise), for
+    the extra of the decode steps after one (``decode_after_prompt``)."""
     prompts = runs_prompts(decision)
-    extra = after_prompt.charge(prompts) \
+    extra = after_prompt.charge(prompt_tokens(decision)) \
         if after_prompt is not None and prompts is not None else 0.0
     if decision["kind"] == "decode":
         context = profile.decode_context_tokens(decision["context_tokens"],
@@ -79,6 +79,13 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
     swap_bytes = sum(j[4] for j in jobs)
     copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return (max(compute, copy) if overlap_swap else compute + copy) + extra
+
+
+def prompt_tokens(decision: dict) -> int | None:
+    """The new tokens of the prompts a real step ran (None: it ran none), what
+    ``AfterPrompt`` records a step by."""
+    jobs = decision.get("jobs")
+    return int(sum(job[3] for job in jobs)) if jobs else None
 
 
 def runs_prompts(decision: dict) -> bool | None:
@@ -202,7 +209,9 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
     row per step: where prices miss is a question of the steps' shapes (rows, tokens, padded
     ends), which groups by size hide; ``validate --replay-decisions`` writes these rows to each
     real run's ``steps.parquet``. ``after_prompts``: a step of decodes alone right after a
-    step that ran prompts (the batch's first after a join: ``decode_after_prompt``)."""
+    step that ran prompts (the batch's first after a join), ``decodes_after_prompts`` a
+    decode-only step's position after the last one (1: right after; 0: a step with prompts, or
+    none before it): what ``decode_after_prompt`` charges by."""
     rows = []
     last_end = -np.inf
     steps_so_far = AfterPrompt(None)  # the replay's rule, for which steps it charges
@@ -210,7 +219,8 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
         jobs = decision.get("jobs") or ()
         cold = cold_start(decision["start_s"] - last_end) if cold_start is not None else 0.0
         new = [job[3] for job in jobs]
-        prompts = runs_prompts(decision)
+        position = steps_so_far.record(prompt_tokens(decision)) \
+            if runs_prompts(decision) is not None else 0
         rows.append({
             "step": index, "kind": decision["kind"], "start_s": decision["start_s"],
             "prompt_rows": len(jobs),
@@ -224,7 +234,7 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             "padded_context_tokens": decision.get("padded_context_tokens"),
             "measured_s": measured_s(decision), "priced_s": price(decision) + cold,
             "cold_start_s": cold,
-            "after_prompts": prompts is not None and steps_so_far.record(prompts)})
+            "after_prompts": position == 1, "decodes_after_prompts": position})
         last_end = decision["end_s"]
     return rows
 

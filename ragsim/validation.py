@@ -241,7 +241,7 @@ def warmed_like(profile: Profile, real) -> Profile:
 
 def _pricer(real, profile: Profile):
     """What the simulator charges for each of ``real``'s steps, called in their order: one
-    engine's first-time prices (``NewShapeCharge``) and whether its last step ran prompts
+    engine's first-time prices (``NewShapeCharge``) and where its last step with prompts was
     (``AfterPrompt``) follow the steps it has run."""
     from ragsim.decisions import priced_s
     from ragsim.profiles.decode_after_prompt import AfterPrompt

@@ -13,6 +13,7 @@ import transformers  # noqa: F401
 from typer.testing import CliRunner
 
 from ragsim.cli import app
+from ragsim.profiles.decode_after_prompt import DECODE_SETTLE_STEPS
 from ragsim.profiles.grid import BilinearGrid, monotone_values
 from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
@@ -347,11 +348,12 @@ def test_the_decode_grid_is_timed_after_one_untimed_pass_over_its_cells(tmp_path
                        held_out_batches=1, copy_bytes=[2**12, 2**16], warmup=0,
                        repetitions=2, held_out_decode=1)
     engine = TorchEngine(spec, "cpu", "fp32", 1, 0)
-    calls, timed = [], engine.decode
+    calls, warmups, timed = [], set(), engine.decode
     medians: dict[tuple[int, int], list[float]] = {}
 
     def decode(batch, context, warmup, repetitions):
         calls.append((batch, context, repetitions))
+        warmups.add(warmup)
         m = timed(batch, context, warmup, repetitions)
         if repetitions == 2:
             medians.setdefault((batch, context), []).append(m.median_s)
@@ -375,6 +377,9 @@ def test_the_decode_grid_is_timed_after_one_untimed_pass_over_its_cells(tmp_path
         assert raw[f"{b},{c}"][0] == pytest.approx(statistics.median(medians[b, c]), rel=1e-12)
     assert held[0]["seconds"] == pytest.approx(
         statistics.median(medians[held[0]["batch"], held[0]["context"]]), rel=1e-12)
+    # every cell settles past the positions after its prompts' step before it is timed (the
+    # plan's warm-up is 0): the grid prices steady steps (``decode_after_prompt``)
+    assert warmups == {DECODE_SETTLE_STEPS}
 
 
 def test_each_phase_is_one_line_where_stderr_is_no_terminal(capsys):

@@ -330,17 +330,20 @@ def test_profile_of_vllm_has_the_profilers_format_on_whole_blocks(tmp_path):
         assert extra == pytest.approx(max((raw[n] - bp.tokens_and_pairs_s([0] * n, [16] * n))
                                           / (n - 1), 0.0))
     assert saved.obtained["validation"]["iteration_ratios"]["wide_batches"]["points"] == 1
-    # the first decode step after the prompts' step, at 1 and 2 rows over the decode axis's
-    # longest context (128), against the steady steps: the term worked from the raw rows
-    from ragsim.profiles.decode_after_prompt import FIRST_DECODE_REPEATS
+    # the decode steps after the prompts' step, at 1 and 2 rows of the decode axis's longest
+    # context (128), against the steady steps: the term worked from the raw rows
+    from ragsim.profiles.decode_after_prompt import DECODE_POSITIONS, FIRST_DECODE_REPEATS
 
     raw = saved.obtained["raw"]["first_decode"]
-    assert sorted((int(r), int(c)) for r, c, _, _ in raw) == sorted(
+    assert sorted((int(r[0]), int(r[1])) for r in raw) == sorted(
         (r, 128) for r in (1, 2) for _ in range(FIRST_DECODE_REPEATS))
-    by_cell = [float(np.median([f for r, _, f, _ in raw if r == n])
-                     - np.median([s for r, _, _, s in raw if r == n])) for n in (1, 2)]
+    by_rows = np.array([[np.median([r[3 + k] for r in raw if r[0] == n])
+                         - np.median([r[2] for r in raw if r[0] == n])
+                         for k in range(DECODE_POSITIONS)] for n in (1, 2)])
     assert saved.decode_after_prompt is not None
-    assert saved.decode_after_prompt.extra_s == pytest.approx(max(0.0, np.mean(by_cell)))
+    assert saved.decode_after_prompt.prompt_tokens == (128,)
+    assert saved.decode_after_prompt.extra_s[0] == pytest.approx(
+        np.maximum(by_rows.mean(axis=0), 0.0), abs=1e-15)
 
 
 def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_decodes():
@@ -377,7 +380,7 @@ def test_vllms_first_decode_step_is_timed_right_after_the_prompts_step():
                             kv_cache_bytes=2**27, max_model_len=512, max_batched_tokens=2048)
     seen = _watch_scheduler(timer.llm)
     rows = timer.first_decode(2, 96, 1)
-    assert len(rows) == 1 and rows[0][:2] == [2.0, 96.0] and rows[0][2] > 0 < rows[0][3]
+    assert len(rows) == 1 and rows[0][:2] == [2.0, 96.0] and min(rows[0][2:]) > 0
     steps = [(sorted(out.num_scheduled_tokens.values()), len(out.scheduled_new_reqs))
              for out in seen if out.num_scheduled_tokens]
     prompts = [i for i, (_, new) in enumerate(steps) if new]

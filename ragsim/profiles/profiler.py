@@ -48,12 +48,16 @@ from ragsim.errors import RagsimInputError
 from ragsim.profiles.after_new_shapes import fit_after_new_shapes
 from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.decode_after_prompt import (
+    DECODE_POSITIONS,
+    DECODE_SETTLE_STEPS,
     FIRST_DECODE_CONTEXTS,
     FIRST_DECODE_REPEATS,
     FIRST_DECODE_ROWS,
     FIRST_DECODE_STEPS,
+    STEADY_FROM,
     first_decode_cells,
     fit_decode_after_prompt,
+    positions_row,
 )
 from ragsim.profiles.grid import BilinearGrid, monotone_along_y, monotone_values
 from ragsim.profiles.growth import fit_engine_growth
@@ -99,7 +103,8 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 # another its reference grid points 1-21% faster in the batch phase than in the grid phase, every
 # batch over-predicted (see docs/profiles.md).
 SWEEP_TIMING = ("grid, batches and held-out points in the same interleaved sweeps; decode cells "
-                "and held-out decode points in the same shuffled rounds")
+                "and held-out decode points in the same shuffled rounds, each after "
+                f"{DECODE_SETTLE_STEPS} settling steps")
 # the reused documents' lengths CacheBlend's selection pass is timed at (a slope over them)
 BLEND_SELECTION_TOKENS = (256, 512, 1024)
 
@@ -243,8 +248,9 @@ class ProfilerState:
     # a step after the engine sat idle: [step tokens, pause_s, seconds] each (pause 0: right
     # after the same step; None: not measured yet)
     idle_start: list[list[float]] | None = None
-    # a decode step right after the step that ran its rows' prompts: [rows, context, first_s,
-    # steady_s] each (None: not measured yet; []: the engine cannot time it)
+    # the decode steps after the step that ran their rows' prompts: [rows, prompt tokens,
+    # steady_s, then the steps at positions 1..DECODE_POSITIONS] each (None: not measured
+    # yet; []: the engine cannot time it)
     first_decode: list[list[float]] | None = None
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
@@ -388,13 +394,14 @@ class TorchEngine:
         return self._timed(run, warmup, repetitions)
 
     def first_decode(self, rows: int, context: int, repeats: int) -> list[list[float]]:
-        """``[rows, context, first_s, steady_s]`` per repeat, as the reference engine runs a
-        batch after its requests' prefill: ``rows`` prompts of ``context`` tokens prefilled
-        (untimed), then ``FIRST_DECODE_STEPS`` decode steps timed one by one. The first builds
-        the padded batch from the prompts' KV (``joiners_decode_cache``, the engine's own
-        rebuild) and runs the forward path on it; the next ones are the decode path, as the
-        grid's cells time it; each hands its tokens back (``greedy``), as the engine does.
-        The steady time is the median of the third on (``decode_after_prompt.py``)."""
+        """``[rows, context, steady_s, t_1, ..., t_P]`` per repeat, as the reference engine
+        runs a batch after its requests' prefill: ``rows`` prompts of ``context`` tokens
+        prefilled (untimed), then ``FIRST_DECODE_STEPS`` decode steps timed one by one. The
+        first builds the padded batch from the prompts' KV (``joiners_decode_cache``, the
+        engine's own rebuild) and runs the forward path on it; the next ones are the decode
+        path, as the grid's cells time it; each hands its tokens back (``greedy``), as the
+        engine does. ``steady_s`` is the median of the ``STEADY_FROM``-th on, ``t_k`` the k-th
+        step (``decode_after_prompt.py``)."""
         model, out = self.model, []
         for _ in range(repeats):
             prefilled = model.prefill([Row(None, self._tokens(context), 0)
@@ -415,7 +422,7 @@ class TorchEngine:
                 self._sync()
                 times.append(time.perf_counter() - start)
             del prefilled, batch, cache
-            out.append([float(rows), float(context), times[0], float(np.median(times[2:]))])
+            out.append(positions_row(rows, context, times))
         return out
 
     def sample(self, rows: int, warmup: int, repetitions: int) -> Measurement:
@@ -690,7 +697,7 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     if state.first_decode is None:
         state.first_decode = []
     if first_decode is not None:
-        done = {(int(r), int(c)) for r, c, _, _ in state.first_decode}
+        done = {(int(row[0]), int(row[1])) for row in state.first_decode}
         for i, (rows, context) in enumerate(first_cells):
             if (rows, context) not in done:
                 state.first_decode += first_decode(rows, context, FIRST_DECODE_REPEATS)
@@ -1036,7 +1043,9 @@ def _decode_rounds(engine: TimingEngine, cells: list[tuple[int, int]],
     points were predicted 0.90x (the torch engine's 0.94x); the same block of steps timed
     again in one process moved by up to 24%. In the same rounds, grid and held-out points
     share the machine's speed and the process's state, as the prefill sweeps do."""
-    w, r = plan.warmup, plan.repetitions
+    # the grid prices a batch's steady steps: its cells settle past the positions after the
+    # prompts' step that ``decode_after_prompt`` charges, and are timed from there
+    w, r = max(plan.warmup, DECODE_SETTLE_STEPS), plan.repetitions
     keys = [_key(bs, ctx) for bs, ctx in cells] + [f"held_out_{i}" for i in range(len(held_out))]
     shapes = dict(zip(keys, cells + held_out, strict=True))
     total = DECODE_ROUNDS * len(keys)
@@ -1342,10 +1351,10 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
     if state.first_decode:
         after_prompt = fit_decode_after_prompt(
             state.first_decode,
-            against=f"{len(state.first_decode)} timings of the first decode step of "
-                    f"{list(FIRST_DECODE_ROWS)} rows over {FIRST_DECODE_CONTEXTS} tokens "
-                    f"(within the decode axis) right after the step of their prompts, against "
-                    f"the median of their 3rd-{FIRST_DECODE_STEPS}th")
+            against=f"{len(state.first_decode)} timings of the first {DECODE_POSITIONS} "
+                    f"decode steps of {list(FIRST_DECODE_ROWS)} rows after the step of their "
+                    f"prompts of {FIRST_DECODE_CONTEXTS} tokens (within the decode axis), "
+                    f"against the median of their {STEADY_FROM}th-{FIRST_DECODE_STEPS}th")
         profile.obtained["raw"]["first_decode"] = state.first_decode
     if state.after_new_note:
         profile.obtained["warnings"] = [*profile.obtained.get("warnings", []),

@@ -164,7 +164,7 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
     causes, and an extrapolation from a wrong model. Priced as the simulator prices them, the
     first-time price of a step's token count included (``new_shapes``, in the log's order), and
     the cold start of one begun after the engine sat idle (``idle_start``, the log's pause) and
-    the extra of a decode step right after a prefill (``decode_after_prompt``)."""
+    the extra of the decode steps after a prefill (``decode_after_prompt``)."""
     new_shape = NewShapeCharge(profile.new_shapes)
     after_prompt = AfterPrompt(profile.decode_after_prompt)
     prefill_x, prefill_y = max(profile.prefill.x_axis), max(profile.prefill.y_axis)
@@ -175,7 +175,7 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
             _, cached, new, seconds, _copy, pause = entry
             kind = "prefill_single" if len(cached) == 1 else "prefill_batch"
             predicted = prefill_compute_s(profile, cached, new, new_shape)
-            after_prompt.charge(True)
+            after_prompt.charge(int(sum(new)))
             padded_new = len(new) * max(new)  # what a padded batch prices on the grid
             beyond = max(cached) > prefill_x or padded_new > prefill_y
         else:
@@ -183,7 +183,7 @@ def cost_model_errors(log: list[tuple], profile: Profile) -> dict:
             kind = "decode_rebuilt" if rebuilt else "decode"
             context = profile.decode_context_tokens(mean_context, padded)
             predicted = decode_step_s(profile, size, context, new_shape)
-            predicted += after_prompt.charge(False)
+            predicted += after_prompt.charge(None)
             beyond = size > decode_x or context > decode_y
         predicted += profile.idle_start_s(pause)
         columns = kinds.setdefault(kind, [[], [], []])

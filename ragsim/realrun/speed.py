@@ -20,12 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ragsim.profiles.decode_after_prompt import DECODE_SETTLE_STEPS
 from ragsim.profiles.profile import Profile
 from ragsim.profiles.profiler import TorchEngine
 from ragsim.profiles.torch_model import TorchModel
 
 WARMUP = 1
 REPETITIONS = 5
+# a decode point settles first, as the profile's decode cells do (``decode_after_prompt``)
+DECODE_WARMUP = DECODE_SETTLE_STEPS
 
 
 @dataclass
@@ -64,7 +67,7 @@ def probe_speed(model: TorchModel, profile: Profile, *, seed: int = 0) -> SpeedP
         if kind == "prefill":
             seconds, profiled = next(measured), profile.prefill.at(x, y)
         else:
-            seconds = engine.decode(int(x), int(y), WARMUP, REPETITIONS).median_s
+            seconds = engine.decode(int(x), int(y), DECODE_WARMUP, REPETITIONS).median_s
             profiled = profile.decode.at(x, y)
         rows.append({"kind": kind, "x": x, "y": y, "profiled_s": profiled,
                      "measured_s": seconds, "ratio": seconds / profiled})

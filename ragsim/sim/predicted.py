@@ -8,8 +8,8 @@ Host hits are copied host->GPU at the profile's measured bandwidth, before the p
 ``overlap_swap``, while it computes (the iteration takes the longer of the two). A step that
 begins after the engine sat idle pays the profile's cold start for the pause
 (``profile.idle_start``; the first step of a run, with no step before it, the longest pause's).
-A decode step right after a step with prompts (the batch's first after a join) pays the
-profile's ``decode_after_prompt`` extra.
+A decode step after a step with prompts pays the profile's ``decode_after_prompt`` extra for
+its position after it and that step's size (a batch's first steps after a join).
 After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
 """
 
@@ -55,7 +55,8 @@ class PredictedIterations:
         # run of steps of an unchanging batch (``decode_durations``) is laid out once, its
         # end then a token further each step
         self.layout = PaddedDecodeBatch() if profile.decode_padding == "common_end" else None
-        # did the last step run prompts? (a decode step after one pays the profile's extra)
+        # where the last step with prompts was (the decode steps after one pay the profile's
+        # extra by their position and its size)
         self.after_prompt = AfterPrompt(profile.decode_after_prompt)
 
     def _cold_start_s(self) -> float:
@@ -78,7 +79,7 @@ class PredictedIterations:
 
     def prefill(self, jobs: list[Job]) -> Wait:
         timing = self.timing(jobs)
-        self.after_prompt.charge(True)
+        self.after_prompt.charge(sum(j.beta for j in jobs))
         cold = self._cold_start_s()  # on top of the step: a copy beside it does not hide it
         if cold:
             timing = PrefillTiming(duration_s=timing.duration_s + cold,
@@ -111,7 +112,8 @@ class PredictedIterations:
         # beside the compute does not hide it)
         cold = self._cold_start_s()
         compute, duration = compute + cold, duration + cold
-        self.after_prompt.charge(True)  # its chunks are prompts: its decode rows pay nothing
+        # its chunks are prompts: its decode rows pay nothing
+        self.after_prompt.charge(sum(take for _, take in chunks))
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
@@ -128,7 +130,7 @@ class PredictedIterations:
             context = self._padded_context(jobs)
             self.layout.advance()
         duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
-        duration += self._cold_start_s() + self.after_prompt.charge(False)
+        duration += self._cold_start_s() + self.after_prompt.charge(None)
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return duration
@@ -154,9 +156,11 @@ class PredictedIterations:
             overhead = step_overhead_s(profile, batch_size)
             durations = [d + overhead for d in durations]
         if steps:  # as decode_step_s: every step has the batch's token count; the first may
-            # pay a cold start, and the first step after prompts (recorded when the run ends)
-            durations[0] += (self.new_shape(batch_size) + self._cold_start_s()
-                             + self.after_prompt.due())
+            # pay a cold start, and each its position after the last prompt step (recorded
+            # when the run ends)
+            durations[0] += self.new_shape(batch_size) + self._cold_start_s()
+            durations = [d + extra for d, extra in
+                         zip(durations, self.after_prompt.due(steps), strict=True)]
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
@@ -171,8 +175,7 @@ class PredictedIterations:
         """The last priced run ended after ``steps_run`` steps (now): count their
         extrapolations."""
         self._last_end_s = self.env.now
-        if steps_run:  # its first step was a decode step, as ``decode`` records one
-            self.after_prompt.charge(False)
+        self.after_prompt.decodes(steps_run)  # each a decode step, as ``decode`` records
         if self.layout is not None:  # each step took a token, as ``decode`` advances it
             self.layout.advance(steps_run)
         if self._run_outside is not None:

@@ -40,7 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ragsim.profiles.decode_after_prompt import FIRST_DECODE_STEPS
+from ragsim.profiles.decode_after_prompt import (
+    DECODE_SETTLE_STEPS,
+    FIRST_DECODE_STEPS,
+    positions_row,
+)
 from ragsim.profiles.models import ModelSpec
 from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 
@@ -225,11 +229,12 @@ class VllmTimer:
         return Measurement(float(np.median(times)), float(min(times)), float(max(times)))
 
     def first_decode(self, rows: int, context: int, repeats: int) -> list[list[float]]:
-        """``[rows, context, first_s, steady_s]`` per repeat: ``rows`` requests of ``context``
-        fresh tokens added together and stepped to their first tokens (their prompts' steps),
-        then their next ``FIRST_DECODE_STEPS`` steps timed one by one: the first decode step,
-        and the median of the third on (steady, as the decode grid's cells time them, after a
-        warm-up step). ``decode_after_prompt.py`` says why."""
+        """``[rows, context, steady_s, t_1, ..., t_P]`` per repeat: ``rows`` requests of
+        ``context`` fresh tokens added together and stepped to their first tokens (their
+        prompts' steps), then their next ``FIRST_DECODE_STEPS`` steps timed one by one
+        (``positions_row``: the steps at positions 1..P after the prompts' step, and the median
+        of the steady ones, as the decode grid's cells time them after their settling steps).
+        ``decode_after_prompt.py`` says why."""
         llm, out = self.llm, []
         for _ in range(repeats):
             for _ in range(rows):
@@ -241,7 +246,7 @@ class VllmTimer:
                 llm.step()
                 times.append(time.perf_counter() - started)
             self._drain()
-            out.append([float(rows), float(context), times[0], float(np.median(times[2:]))])
+            out.append(positions_row(rows, context, times))
         return out
 
     def copy(self, n_bytes: int, to_device: bool, warmup: int, repetitions: int):
@@ -348,7 +353,11 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
         return tokens // block_tokens * block_tokens
 
     longest = whole(max(plan.cached_tokens)) + max(plan.new_tokens) + 8
-    longest = max(longest, max(plan.context_tokens) + plan.warmup + plan.repetitions + 8,
+    # a decode cell's requests: its context, the settling steps, the timed ones; the steps
+    # after a prompts' step likewise (``decode_after_prompt``)
+    settle = max(plan.warmup, DECODE_SETTLE_STEPS)
+    longest = max(longest, max(plan.context_tokens) + settle + plan.repetitions + 8,
+                  max(plan.context_tokens) + FIRST_DECODE_STEPS + 8,
                   max(plan.mixed_context_tokens, default=0) + MIXED_DECODE_TOKENS + 1)
     max_len = -(-longest // block_tokens) * block_tokens
     budget = max(4 * max_len, 8192, max(plan.wide_batch_rows) * plan.wide_row_tokens)

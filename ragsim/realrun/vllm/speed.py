@@ -13,7 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from ragsim.profiles.profile import Profile
-from ragsim.realrun.speed import REPETITIONS, WARMUP, SpeedProbe, probe_points
+from ragsim.realrun.speed import (
+    DECODE_WARMUP,
+    REPETITIONS,
+    WARMUP,
+    SpeedProbe,
+    probe_points,
+)
 from ragsim.realrun.vllm.profile import VllmTimer
 
 
@@ -30,9 +36,9 @@ def probe_vllm_speed(timer: VllmTimer, profile: Profile) -> SpeedProbe:
             seconds = passes[0].median_s
             profiled = profile.prefill.at(x, y)
         else:
-            if y > longest:
+            if y > longest - DECODE_WARMUP + WARMUP:
                 continue
-            seconds = timer.decode(int(x), int(y), WARMUP, REPETITIONS).median_s
+            seconds = timer.decode(int(x), int(y), DECODE_WARMUP, REPETITIONS).median_s
             profiled = profile.decode.at(x, y)
         rows.append({"kind": kind, "x": x, "y": y, "profiled_s": profiled,
                      "measured_s": seconds, "ratio": seconds / profiled})
