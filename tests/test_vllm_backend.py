@@ -130,11 +130,12 @@ def test_sequential_hits_agree_with_the_simulator_at_vllms_block(runs):
 def test_each_run_knows_the_step_sizes_its_process_had_run_before_it(runs):
     """vLLM's shapes stay built in the process (``realrun.vllm.shapes``): the first run starts
     after its warm-up (the prompts of 40 and 24 tokens in one 64-token step, then a decode step
-    of their 2 rows); the second after all of the first run's steps too, which its simulation
-    is told (``Profile.warmed``)."""
+    of their 2 rows, then a step of the run's whole token budget); the second after all of the
+    first run's steps too, which its simulation is told (``Profile.warmed``)."""
     first, second = runs["vllm"][1], runs["vllm-apc"][1]
     first_warm, second_warm = first.engine_warm_step_tokens, second.engine_warm_step_tokens
-    assert {64, 2} <= set(first_warm)
+    budget = first.summary["vllm_engine"]["max_batched_tokens"]
+    assert {64, 2, budget} <= set(first_warm)
     assert len(set(second_warm)) == len(second_warm)  # each count once, at its last run
     assert first.summary["engine_warm_step_tokens"] == len(first_warm)
     steps = {sum(job[3] for job in d["jobs"]) + d["size"]

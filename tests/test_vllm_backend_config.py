@@ -113,3 +113,24 @@ def test_the_engine_runs_on_the_threads_its_vllm_profile_was_timed_on():
     gpu = dataclasses.replace(vllm_profile, obtained={**vllm_profile.obtained,
                                                       "device_type": "cuda"})
     assert engine_settings(small_trace(), config, gpu, seed=0).threads is None
+
+
+@pytest.mark.parametrize(("budget", "seqs", "kv_bytes", "tokens"), [
+    (16384, 256, 2**30, 16384),  # the budget: 8 prompts of 2,047 tokens and one of 8
+    (16384, 3, 2**30, 3 * 2047),  # no more prompts than max_num_seqs
+    (16384, 256, 2**23, 2**23 // (2 * 2048)),  # their KV within half the KV memory: 2,048
+])
+def test_the_warm_up_step_fills_the_runs_token_budget(budget, seqs, kv_bytes, tokens):
+    """The prompts of the warm-up's large step (``warm_up_prompts``; a model of 2,048 bytes of
+    KV a token, max_model_len 2,048): each within max_model_len less the token it generates,
+    together the budget, bounded by max_num_seqs and by half the KV memory; no two share a
+    token, so none hits another's cached blocks."""
+    from ragsim.realrun.vllm.engine import EngineSettings
+    from ragsim.realrun.vllm.harness import warm_up_prompts
+
+    settings = EngineSettings(prefix_caching=True, block_tokens=32, kv_cache_bytes=kv_bytes,
+                              max_num_seqs=seqs, max_batched_tokens=budget, max_model_len=2048)
+    prompts = warm_up_prompts(settings, 2048)
+    assert sum(len(p) for p in prompts) == tokens
+    assert len(prompts) <= seqs and all(0 < len(p) <= 2047 for p in prompts)
+    assert len({p[0] for p in prompts}) == len(prompts) and all(len(set(p)) == 1 for p in prompts)
