@@ -29,6 +29,7 @@ from ragsim.profiles.profile import Profile
 from ragsim.profiles.torch_model import TorchModel
 from ragsim.realrun.answers.stage import real_answer_stage
 from ragsim.realrun.clock import WakeableClock
+from ragsim.realrun.cores import EngineCore
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
 from ragsim.realrun.search import RealSearchDriving
@@ -117,12 +118,13 @@ class RealRun(RealSearchDriving, Pipeline):
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
         if self.start is not None:
             self.start.wait()
-        self.env.sync()  # the clock starts now, not when the model was built
-        self.start_searches_at_arrivals()
-        try:
-            result = super().run()
-        finally:
-            self.stop_real_search()
+        # the engine's thread on a core of its own while it serves, the run's others on the
+        # rest, as its profile timed it (``realrun/cores.py``); not a fleet's replica, whose
+        # engines share the process's threads
+        core = EngineCore(self.threads if self.model.device.type == "cpu" else None,
+                          why_not="a fleet's replicas share the process's cores"
+                          if self.start is not None else None)
+        result = self.serve_on_engine_core(core)
         result.summary.update(self._real_fields())
         if self.iterations is not None:  # for ``validate --replay-decisions``
             result.decisions = {"iterations": self.iterations.decisions,

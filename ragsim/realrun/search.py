@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ragsim.errors import RagsimInputError
+from ragsim.realrun.cores import EngineCore, off_engine_core
 from ragsim.traces.schema import Trace
 
 
@@ -106,7 +107,7 @@ class RealSearch:
         # every validation ~1.6x slower than its profile, measured at rest)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers),
                                        thread_name_prefix="search",
-                                       initializer=faiss.omp_set_num_threads, initargs=(1,))
+                                       initializer=_search_worker_begins, initargs=(faiss,))
         self._open: dict[int, Any] = {}  # request -> its search, between stages
         self._lists: dict[tuple[int, int], list[int]] = {}  # (request, stage) -> its list
         # request -> each stage's end, kept for the run: whoever comes second (the front end
@@ -159,6 +160,7 @@ class RealSearch:
                          name="search-front-end").start()
 
     def _front_end(self, planned: list[tuple[float, int, int]]) -> None:
+        off_engine_core()  # begun by the engine's thread: not on its core (``cores.py``)
         for at, i, stages in planned:
             if self._closing.wait(max(0.0, at - time.monotonic())):
                 return
@@ -203,6 +205,13 @@ class RealSearch:
     def close(self) -> None:
         self._closing.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _search_worker_begins(faiss) -> None:
+    """A search worker's first work: faiss on one OpenMP thread, and off the engine's core
+    where a run keeps one apart (``cores.py``)."""
+    faiss.omp_set_num_threads(1)
+    off_engine_core()
 
 
 # searches the hand-off probe times (a few seconds on two cores, once per validation)
@@ -302,6 +311,20 @@ class RealSearchDriving:
     def stop_real_search(self) -> None:
         if self.real_search is not None:
             self.real_search.close()
+
+    def serve_on_engine_core(self, core: EngineCore):
+        """The run itself: the clock started, the searches begun at their arrivals, the
+        pipeline run and the searches stopped, with the engine's thread on a core of its own
+        meanwhile (``core``: ``realrun/cores.py``); the summary says where (``engine_core``)."""
+        with core:
+            self.env.sync()  # the clock starts now, not when the engine was built
+            self.start_searches_at_arrivals()
+            try:
+                result = super().run()  # the pipeline's
+            finally:
+                self.stop_real_search()
+        result.summary["engine_core"] = core.as_dict()
+        return result
 
     def search_fields(self) -> dict:
         """The summary's ``search``: what the real search did, or why it was modelled."""

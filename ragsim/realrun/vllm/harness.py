@@ -34,6 +34,7 @@ from ragsim.errors import RagsimInputError
 from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.profile import Profile
 from ragsim.realrun.clock import WakeableClock
+from ragsim.realrun.cores import EngineCore
 from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import SpeedProbe
 from ragsim.realrun.tokens import PromptTokens, trace_texts
@@ -395,13 +396,10 @@ class VllmRun(RealSearchDriving, Pipeline):
         # the step sizes this process had run before the clock started (its warm-up, probes,
         # earlier runs and profile): their first-time price is paid (``Profile.warmed``)
         warm = step_tokens_run()
+        # the engine's thread on a core of its own while it serves, the run's others on the
+        # rest, as its profile timed it (``realrun/cores.py``)
         self.env.process(self._serve())
-        self.env.sync()  # the clock starts now, not when the engine was built
-        self.start_searches_at_arrivals()
-        try:
-            result = super().run()
-        finally:
-            self.stop_real_search()
+        result = self.serve_on_engine_core(EngineCore(self.settings.threads))
         self._fix_records(result)
         result.engine_warm_step_tokens = warm
         result.summary["engine_warm_step_tokens"] = len(warm)
