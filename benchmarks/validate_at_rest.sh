@@ -26,7 +26,9 @@
 #
 # Each engine runs on one thread (its profile too: validate --profile-now's default) and the real
 # search pool on the core(s) the engine leaves, on both sides (validate's default on a CPU): the
-# simulation models no contention between them.
+# simulation models no contention between them. While a real run serves, its engine's thread
+# keeps a core of its own and the run's other threads the rest (ragsim/realrun/cores.py), and
+# vLLM's engine runs a step of the run's token budget before the clock.
 #
 # Each point's real run is repeated (REPEATS, default 3; --repeats), each on a fresh engine: the
 # errors are against the runs' per-request average, and the table gives the 95% interval the
