@@ -62,3 +62,25 @@ def test_a_caller_with_a_reason_leaves_the_cores_as_they_are():
     with EngineCore(1, why_not="a fleet's replicas share the process's cores") as core:
         assert os.sched_getaffinity(0) == set(ALLOWED)
     assert core.engine_core is None and core.why_not.startswith("a fleet's")
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="one core: nothing to keep apart")
+def test_a_thread_keeps_the_cores_it_chose_after_the_run():
+    """A thread the process had put on one core of its own choosing (the last) is moved off
+    the engine's core during the run and gets that core back after it, not every core."""
+    chosen, ready, go = {}, threading.Event(), threading.Event()
+
+    def own_choice() -> None:
+        os.sched_setaffinity(0, {ALLOWED[-1]})
+        ready.set()
+        go.wait()
+        chosen["after"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=own_choice)
+    thread.start()
+    ready.wait()
+    with EngineCore(1):
+        pass
+    go.set()
+    thread.join()
+    assert chosen["after"] == {ALLOWED[-1]}

@@ -54,6 +54,7 @@ class EngineCore:
         self.why_not = why_not
         self.engine_core = self.allowed[0] if self.allowed and self.why_not is None else None
         self.moved = 0  # the process's other threads moved off the engine's core
+        self._before: dict[int, set[int]] = {}  # each thread's cores before, put back after
 
     def __enter__(self) -> EngineCore:
         global _OTHERS
@@ -65,10 +66,12 @@ class EngineCore:
             if int(tid) == me:
                 continue
             try:
+                self._before[int(tid)] = os.sched_getaffinity(int(tid))
                 os.sched_setaffinity(int(tid), others)
                 self.moved += 1
             except OSError:  # the thread ended meanwhile
                 pass
+        self._before[me] = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {self.engine_core})
         _OTHERS = others
         return self
@@ -78,10 +81,12 @@ class EngineCore:
         if self.why_not is not None:
             return
         _OTHERS = None
+        # each thread back on the cores it had (a thread of the process's own choosing keeps
+        # it); those begun meanwhile on every core the process may use
         everywhere = set(self.allowed)
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):  # the thread ended meanwhile
-                os.sched_setaffinity(int(tid), everywhere)
+                os.sched_setaffinity(int(tid), self._before.get(int(tid), everywhere))
 
     def as_dict(self) -> dict:
         """What the run's summary records (``engine_core``)."""
