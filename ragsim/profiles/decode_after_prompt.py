@@ -37,6 +37,7 @@ position after any prompt step.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -92,7 +93,6 @@ class DecodeAfterPrompt:
     def __post_init__(self) -> None:
         if not self.prompt_tokens or len(self.extra_s) != len(self.prompt_tokens):
             raise ValueError("one row of extras per prompt size, at least one")
-        object.__setattr__(self, "_table", np.array(self.extra_s, dtype=float))
 
     @classmethod
     def flat(cls, extra_s: float, fit: dict | None = None) -> DecodeAfterPrompt:
@@ -111,9 +111,16 @@ class DecodeAfterPrompt:
 
     def after(self, prompt_tokens: int) -> tuple[float, ...]:
         """The extras of positions 1, 2, ... after a step of ``prompt_tokens`` new prompt
-        tokens: each position's linear between the sizes measured, the nearest's outside."""
-        return tuple(float(np.interp(prompt_tokens, self.prompt_tokens, self._table[:, k]))
-                     for k in range(self.positions))
+        tokens: each position's linear between the sizes measured, the nearest's outside.
+        (Plain Python: the simulator asks at every prompt step.)"""
+        sizes, rows = self.prompt_tokens, self.extra_s
+        if prompt_tokens <= sizes[0]:
+            return rows[0]
+        if prompt_tokens >= sizes[-1]:
+            return rows[-1]
+        i = bisect_right(sizes, prompt_tokens) - 1
+        w = (prompt_tokens - sizes[i]) / (sizes[i + 1] - sizes[i])
+        return tuple(lo + (hi - lo) * w for lo, hi in zip(rows[i], rows[i + 1], strict=True))
 
     def scaled(self, factor: float) -> DecodeAfterPrompt:
         return DecodeAfterPrompt(self.prompt_tokens,
