@@ -115,7 +115,8 @@ from pathlib import Path
 out, names = Path(sys.argv[1]), sys.argv[2:]
 pct = lambda x: "-" if x is None else f"{x:+.1%}"
 share = lambda x: "-" if x is None else f"{x:.1%}"
-lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error | "
+lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error "
+         "(a perfect model's, from the runs' spread) | "
          "throughput error | 95% interval over the real runs (runs, real mean's cv) | "
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
          "search error | "
@@ -146,11 +147,14 @@ for name in names:
         over = row["load"] == "over"
         low, high = ((row["throughput_error_low"], row["throughput_error_high"]) if over
                      else (row["ttft_mean_error_low"], row["ttft_mean_error_high"]))
+        floor = row.get("ttft_p90_abs_error_floor")
+        floor = None if floor is None or floor != floor else floor
         interval = ("-" if runs < 2 else
                     f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(
             f"| {name} | {row['load']} | {rate} | {pct(row['ttft_mean_error'])} | "
-            f"{share(row['ttft_p90_abs_error'])} | {pct(row['throughput_error'])} | "
+            f"{share(row['ttft_p90_abs_error'])} ({share(floor)}) | "
+            f"{pct(row['throughput_error'])} | "
             f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} "
             f"({pct(row.get('step_price_error'))} / {pct(row.get('outside_steps_error'))}) / "
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "

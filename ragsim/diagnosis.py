@@ -34,7 +34,9 @@ The rules, in order (the first that holds names the cause):
 * a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``);
 * over repeated real runs (``--repeats``), a miss whose error's interval reaches inside the
   target is named ``engine_spread`` whatever the rules above read (they are kept as evidence):
-  the model and the engine's noise cannot be told apart there.
+  the model and the engine's noise cannot be told apart there. For the p90 |error| per
+  request the reading is its floor (``engine_spread.p90_abs_error_floor``): where a model
+  equal to each request's expected TTFT would itself miss against the runs' average.
 
 Where the real runs kept their steps (``--replay-decisions``), a missed TTFT or throughput
 also carries those steps against their prices (``step_prices``): over every step, and the
@@ -302,10 +304,21 @@ _INTERVALS = {"ttft_mean_abs_error": "ttft_mean_error_interval",
 
 def _spread(report: dict, metric: str, target: float) -> tuple[bool, str] | None:
     """Over repeated real runs (``--repeats``): whether the error's interval reaches inside the
-    target (the miss cannot be told from the engine's noise), and the evidence line; None for
-    one run or a metric without an interval."""
+    target, or for the p90 |error| whether the floor the runs' per-request spread sets is past
+    it (either way the miss cannot be told from the engine's noise), and the evidence line;
+    None for one run or a metric without an interval."""
     repeats = report.get("repeats")
-    if not repeats or metric not in _INTERVALS:
+    if not repeats:
+        return None
+    if metric == "ttft_p90_abs_error":
+        floor = repeats.get("ttft_p90_abs_error_floor")
+        if floor is None or floor != floor:
+            return None
+        return floor >= target, (
+            f"over {repeats['runs']} real runs each request's TTFT varied: a model equal to "
+            f"every request's expected TTFT would show a p90 |error| of {floor:.1%} against "
+            f"their average (the runs' own spread; target {target:.0%})")
+    if metric not in _INTERVALS:
         return None
     low, high = repeats[_INTERVALS[metric]]
     if low != low or high != high:  # NaN: no spread measured

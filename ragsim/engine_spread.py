@@ -17,6 +17,16 @@ keeps each run's own raw errors and a 95% interval of the error from the runs' s
 t-interval of the real mean over the runs), so a reader sees whether a miss is the model's or
 inside the engine's own noise. Nothing is adjusted: the interval is reported, never used to
 pass.
+
+The p90 |error| per request has a floor of its own. At load a request's TTFT depends on which
+steps it lands behind, and that changes from run to run: on runs of 300 requests at 50% and 90%
+of capacity a real run against the mean of the other two had a p90 |error| of 28-100%, larger
+than the 25% target (docs/validation.md). A model that knew each request's expected TTFT
+exactly would still show, against the mean of N runs, the error of that mean:
+``ttft_p90_abs_error_floor`` estimates it from each request's spread over the runs (each
+request's pooled TTFT taken as normal about its expectation with the runs' standard deviation
+over sqrt(N)). It is printed beside the raw p90, never subtracted from it; a p90 miss whose
+floor is itself past the target is named as the engine's spread (``ragsim.diagnosis``).
 """
 
 from __future__ import annotations
@@ -91,6 +101,39 @@ def _error_interval(sim_value: float, low: float, high: float) -> list[float]:
     return [sim_value / high - 1, upper]
 
 
+# the percentile of per-request |error| the target is on (``validation.ttft_errors``)
+FLOOR_PERCENTILE = 90
+
+
+def p90_abs_error_floor(real_ttft_s: np.ndarray) -> float:
+    """The p90 |error| per request that a model equal to every request's expected TTFT would
+    show against the mean of the runs: ``real_ttft_s`` is runs x requests (the same requests in
+    each row). Each request's error is the pooled mean's own, taken as normal with the runs'
+    standard deviation over sqrt(runs), relative to that mean; the 90th percentile of the
+    mixture of their absolute values is solved for (NaN for one run)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    runs = np.asarray(real_ttft_s, float)
+    if runs.ndim != 2 or runs.shape[0] < 2 or runs.shape[1] == 0:
+        return math.nan
+    mean = runs.mean(axis=0)
+    scale = runs.std(axis=0, ddof=1) / math.sqrt(runs.shape[0]) / mean
+    level = FLOOR_PERCENTILE / 100
+    if not (scale > 0).any():
+        return 0.0
+    spread_out = scale[scale > 0]
+    steady = len(scale) - len(spread_out)  # no spread: their error is zero
+
+    def below(x: float) -> float:  # the share of requests whose |error| is at most x
+        return (steady + float(np.sum(2 * norm.cdf(x / spread_out) - 1))) / len(scale)
+
+    if below(0.0) >= level:
+        return 0.0
+    high = float(spread_out.max()) * norm.ppf(0.5 + level / 2) * 2
+    return float(brentq(lambda x: below(x) - level, 0.0, high, xtol=1e-9))
+
+
 def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
     """The ``repeats`` section of a report: how many real runs, each one's raw errors on the
     pooled requests, the spread of the real mean TTFT and throughput over them (their
@@ -110,6 +153,8 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
     ttft = [run["real_ttft_mean_s"] for run in runs]
     throughput = [run["real_throughput_rps"] for run in runs]
     ttft_mean, ttft_low, ttft_high = _interval(ttft)
+    floor = p90_abs_error_floor(np.array([frame["ttft_s_real"].to_numpy(float)
+                                          for frame in each]))
     rps_mean, rps_low, rps_high = _interval(throughput)
     cv = (lambda values: float(np.std(values, ddof=1) / np.mean(values))  # noqa: E731
           if len(values) > 1 and np.mean(values) else math.nan)
@@ -122,6 +167,10 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
         "ttft_mean_error_range": [min(r["ttft_mean_error"] for r in runs),
                                   max(r["ttft_mean_error"] for r in runs)],
         "sim_within_real_range": bool(min(ttft) <= sim_ttft <= max(ttft)),
+        "ttft_p90_abs_error_floor": floor,
+        "floor": "the p90 |error| per request a model equal to each request's expected TTFT "
+                 "would show against the runs' average: the average's own error, from each "
+                 "request's spread over the runs (normal, sd / sqrt(runs))",
         "pooled": "each request's real TTFT and components averaged over the runs (requests "
                   "completed in all of them); the raw errors are computed on that average",
     }
@@ -133,4 +182,5 @@ def pooled_throughput_error(reals: Sequence, sim_summary: dict) -> tuple[float, 
     return real, float(relative_errors(sim_summary["throughput_rps"], real))
 
 
-__all__ = ["CONFIDENCE", "pooled_join", "pooled_replay", "pooled_throughput_error", "spread"]
+__all__ = ["CONFIDENCE", "FLOOR_PERCENTILE", "p90_abs_error_floor", "pooled_join", "pooled_replay",
+           "pooled_throughput_error", "spread"]

@@ -886,17 +886,20 @@ def load_row(report: dict) -> dict:
 
 
 def repeat_columns(repeats: dict | None) -> dict:
-    """A load row's real runs (``--repeats``) and the 95% intervals of its errors their spread
-    gives (NaN for one run: no spread measured)."""
+    """A load row's real runs (``--repeats``), the 95% intervals of its errors their spread
+    gives and the p90 |error| floor it sets (NaN for one run: no spread measured)."""
     if not repeats:
         return {"real_runs": 1, "ttft_mean_error_low": math.nan,
                 "ttft_mean_error_high": math.nan, "throughput_error_low": math.nan,
-                "throughput_error_high": math.nan, "real_ttft_mean_cv": math.nan}
+                "throughput_error_high": math.nan, "real_ttft_mean_cv": math.nan,
+                "ttft_p90_abs_error_floor": math.nan}
     ttft, throughput = repeats["ttft_mean_error_interval"], repeats["throughput_error_interval"]
     return {"real_runs": repeats["runs"], "ttft_mean_error_low": ttft[0],
             "ttft_mean_error_high": ttft[1], "throughput_error_low": throughput[0],
             "throughput_error_high": throughput[1],
-            "real_ttft_mean_cv": repeats["real_ttft_mean_cv"]}
+            "real_ttft_mean_cv": repeats["real_ttft_mean_cv"],
+            # the p90 |error| the runs' own per-request spread gives a perfect model
+            "ttft_p90_abs_error_floor": repeats.get("ttft_p90_abs_error_floor", math.nan)}
 
 
 def miss_columns(diagnosis: list[dict]) -> dict:

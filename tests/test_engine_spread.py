@@ -20,6 +20,8 @@ from ragsim.diagnosis import diagnose
 
 # Student's t, 97.5% quantile, 2 degrees of freedom (printed tables: 4.303)
 T_975_2 = 4.302652729911275
+# the standard normal's 95% and 90% quantiles (printed tables: 1.6449, 1.2816)
+Z_95, Z_90 = 1.6448536269514722, 1.2815515655446004
 
 
 def _columns(ids, ttft, status=None) -> dict[str, np.ndarray]:
@@ -96,6 +98,32 @@ def test_an_interval_reaching_zero_is_unbounded_above():
     assert spread["sim_within_real_range"] is True
 
 
+def test_the_p90_floor_of_one_spread_request_is_its_pooled_means_normal_quantile():
+    # 1.0, 1.2, 1.4 s: mean 1.2, sd 0.2; the mean of three is off by sd / sqrt(3), so its
+    # relative |error| has its 90th percentile at the normal's 95% quantile of that
+    sigma = 0.2 / math.sqrt(3) / 1.2
+    assert es.p90_abs_error_floor(np.array([[1.0], [1.2], [1.4]])) == pytest.approx(
+        Z_95 * sigma, rel=1e-6)
+    # beside a request with no spread, half of the requests are at zero: the spread one must
+    # reach 80% of its own mass, the normal's 90% quantile
+    runs = np.array([[1.0, 2.0], [1.2, 2.0], [1.4, 2.0]])
+    assert es.p90_abs_error_floor(runs) == pytest.approx(Z_90 * sigma, rel=1e-6)
+    assert es.p90_abs_error_floor(np.array([[1.0, 2.0], [1.0, 2.0]])) == 0.0
+    assert math.isnan(es.p90_abs_error_floor(np.array([[1.0, 2.0]])))  # one run: no spread
+
+
+def test_the_p90_floor_agrees_with_drawing_the_pooled_means_errors():
+    """A second way to the same number: draw each request's pooled error many times and take
+    the p90 of the |errors| of each draw, as the target's own percentile does."""
+    rng = np.random.default_rng(7)
+    means = rng.uniform(0.05, 0.5, 300)
+    runs = means * (1 + rng.lognormal(-2.0, 0.8, (3, 300)) * rng.choice([-1, 1], (3, 300)))
+    pooled, sd = runs.mean(0), runs.std(0, ddof=1)
+    draws = rng.normal(0, sd / math.sqrt(3), (4000, 300)) / pooled
+    drawn = float(np.median(np.percentile(np.abs(draws), 90, axis=1)))
+    assert es.p90_abs_error_floor(runs) == pytest.approx(drawn, rel=0.03)
+
+
 def test_compare_judges_the_average_and_keeps_each_run():
     report = v.compare(RUN_A, SIM, backend="sim", repeats=[RUN_B])
     assert report["requests"] == 3 and report["requests_dropped"] == 1
@@ -146,6 +174,25 @@ def _report_missing_by(error: float, interval: list[float]) -> dict:
                         "ttft_mean_error_interval": interval}}
 
 
+def _report_p90_missing(value: float, floor: float) -> dict:
+    report = _report_missing_by(0.02, [-0.05, 0.09])
+    report["checks"] = [{"metric": "ttft_p90_abs_error", "value": value, "sense": "<=",
+                         "target": 0.25, "applies": True, "passed": False}]
+    report["repeats"]["ttft_p90_abs_error_floor"] = floor
+    return report
+
+
+def test_a_p90_miss_is_the_engines_spread_only_where_a_perfect_model_would_miss_too():
+    inside = diagnose(_report_p90_missing(0.42, floor=0.31))
+    assert inside[0]["cause"] == "engine_spread"
+    assert any("p90 |error| of 31.0% against their average" in line
+               for line in inside[0]["evidence"])
+    # a perfect model would show 14%: the rest of the 42% is the model's
+    outside = diagnose(_report_p90_missing(0.42, floor=0.14))
+    assert outside[0]["cause"] != "engine_spread"
+    assert any("p90 |error| of 14.0%" in line for line in outside[0]["evidence"])
+
+
 def test_a_miss_inside_the_engines_spread_is_named_so_and_one_outside_is_not():
     inside = diagnose(_report_missing_by(-0.40, [-0.62, 0.05]))
     assert inside[0]["cause"] == "engine_spread"
@@ -180,6 +227,7 @@ def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(
     for row, single in zip(rows, rows_once, strict=True):
         assert row["ttft_mean_error"] == pytest.approx(single["ttft_mean_error"])
         assert row["real_ttft_mean_cv"] == 0
+        assert row["ttft_p90_abs_error_floor"] == 0  # nor a floor under the p90
         assert row["ttft_mean_error_low"] == pytest.approx(row["ttft_mean_error_high"])
     for load in ("over", "50"):
         assert (tmp_path / "twice" / f"load-{load}" / "real-2" / "summary.json").exists()
@@ -188,6 +236,7 @@ def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(
     text = _invoke(*PAIR, "--repeats", "2", "--out", str(tmp_path / "text"))
     assert text.exit_code == 0, text.output
     assert "real runs: TTFT mean error each" in text.stdout
+    assert "the runs' own spread gives a perfect model" in text.stdout
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
