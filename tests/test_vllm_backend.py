@@ -15,6 +15,7 @@ import tomllib
 import numpy as np
 import pandas as pd
 import pytest
+from greedy_ties import parting
 
 from ragsim.profiles.profile import load_profile
 from ragsim.serving.config import build_config
@@ -63,6 +64,7 @@ def runs():
         # vLLM's dummy weights (+-0.001) leave the output nearly blind to the context, so the
         # greedy comparison below could not fail on wrong KV; these make it see the KV
         weights_std = 0.1
+        logprobs_top = 2  # the best two tokens of every step: where two runs part, a tie?
 
     profile = load_profile(PROFILE)
     done = {}
@@ -94,13 +96,22 @@ def expected_hits(prompts: dict[int, list[int]], block: int) -> dict[int, int]:
 
 
 def test_greedy_outputs_are_identical_with_and_without_prefix_caching(runs):
+    """Token for token, up to a tie: where the best two tokens of a step lie within float
+    rounding of each other, the cached and the whole prefill may pick different ones (a CI run
+    of 2026-12-05 parted at step 28 of one request; the same test passed in four runs after
+    it), and vLLM's own tests compare so (``tests/greedy_ties.py``). Wrong KV parts them far
+    from a tie."""
     plain, cached = runs["vllm"][0], runs["vllm-apc"][0]
     trace = runs["vllm"][2]
     assert sorted(plain.outputs) == list(range(N)) == sorted(cached.outputs)
+    assert plain.prompts == cached.prompts
+    # the outputs depend on the prompt (else this test could not fail)
+    assert len({tuple(plain.outputs[i]) for i in range(N)}) > N // 2
     for i in range(N):
         assert len(plain.outputs[i]) == int(trace.output_tokens[i])
-        assert cached.outputs[i] == plain.outputs[i], f"request {i}"
-    assert plain.prompts == cached.prompts
+        said = parting(plain.outputs[i], cached.outputs[i], plain.logprobs[i],
+                       cached.logprobs[i])
+        assert said is None, f"request {i}: {said}"
 
 
 def test_hits_are_vllms_prefix_cache_worked_by_hand(runs):

@@ -10,6 +10,7 @@ prefixes worked by hand. Needs vLLM's engine (``bash .ci/run-vllm``), like test_
 from __future__ import annotations
 
 import pytest
+from greedy_ties import TIE_LOGPROB, parting
 from test_vllm_backend import _engine_here
 
 from ragsim.profiles.profile import load_profile
@@ -47,7 +48,7 @@ def _serve(config, cold_gpu: bool):
         """With ``cold_gpu``, vLLM's prefix cache is emptied after each request (sequential:
         none is running), so that every hit comes from the connector's host tier."""
 
-        logprobs_top = 0  # the chosen token's log-probability, at every step
+        logprobs_top = 2  # the best two tokens' log-probabilities, at every step
         # vLLM's dummy weights (+-0.001) leave the output nearly blind to the context: a test
         # on them passes with every loaded block halved; these make it see the KV
         weights_std = 0.1
@@ -75,6 +76,13 @@ def runs():
     }
 
 
+def _until_parting(first: list[int], second: list[int]) -> list[int]:
+    """``first``'s tokens up to the first step where ``second`` has another."""
+    cut = next((k for k, (a, b) in enumerate(zip(first, second, strict=True)) if a != b),
+               len(first))
+    return first[:cut]
+
+
 def _docs(trace, i):
     lo, hi = trace.doc_offsets[i], trace.doc_offsets[i + 1]
     return [int(d) for d in trace.doc_ids[lo:hi]], [int(t) for t in trace.doc_tokens_flat[lo:hi]]
@@ -88,13 +96,17 @@ def test_greedy_outputs_are_identical_with_and_without_the_host_tier(runs):
         run, result, _ = runs[name]
         assert run.prompts == plain.prompts
         assert (result.columns["hit_tokens_host"] > 0).sum() >= 3  # loads were exercised
-        for i in range(N):
-            assert run.outputs[i] == plain.outputs[i], f"{name}: request {i}"
+        for i in range(N):  # token for token, up to a tie (tests/greedy_ties.py)
+            said = parting(plain.outputs[i], run.outputs[i], plain.logprobs[i],
+                           run.logprobs[i])
+            assert said is None, f"{name}: request {i}: {said}"
         # and the chosen tokens' log-probabilities agree to float rounding (measured: 9e-6;
-        # with the loaded blocks scaled by 0.99 the greedy tokens themselves change)
+        # with the loaded blocks scaled by 0.99 the greedy tokens themselves change), up to
+        # where two runs part at a tie
         worst = max(abs(run.logprobs[i][k][t] - plain.logprobs[i][k][t])
-                    for i in range(N) for k, t in enumerate(plain.outputs[i]))
-        assert worst < 1e-4, name
+                    for i in range(N)
+                    for k, t in enumerate(_until_parting(plain.outputs[i], run.outputs[i])))
+        assert worst < TIE_LOGPROB, name
 
 
 def test_host_hits_are_the_documents_prefixes_worked_by_hand(runs):
