@@ -237,6 +237,10 @@ def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(
     assert text.exit_code == 0, text.output
     assert "real runs: TTFT mean error each" in text.stdout
     assert "the runs' own spread gives a perfect model" in text.stdout
+    loads = _invoke(*PAIR, "--loads", "over,50", "--repeats", "2", "--out",
+                    str(tmp_path / "loads-text"))
+    assert loads.exit_code == 0, loads.output
+    assert "a perfect model would show against the runs' average" in loads.stdout
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])

@@ -257,8 +257,9 @@ def _print_report(r: dict) -> None:
                       ", ".join(_pct(run["ttft_mean_error"]) for run in repeats["per_run"])
                       + " (" + " to ".join(_pct(e) for e in repeats["ttft_mean_error_interval"])
                       + ")", "", "")
-        table.add_row("TTFT p90 |error| the runs' own spread gives a perfect model",
-                      f"{repeats['ttft_p90_abs_error_floor']:.1%}", "", "")
+        if repeats.get("ttft_p90_abs_error_floor") is not None:  # not in older reports
+            table.add_row("TTFT p90 |error| the runs' own spread gives a perfect model",
+                          f"{repeats['ttft_p90_abs_error_floor']:.1%}", "", "")
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p), a diagnostic",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
@@ -338,10 +339,12 @@ def _print_loads(combined: dict) -> None:
                               f"{_pct(row['ttft_mean_error_high'])} ({row['real_runs']} runs, "
                               f"real mean varied {row['real_ttft_mean_cv']:.0%})"
                               for row in repeated), highlight=False)
-        out.print("TTFT p90 |error| a perfect model would show against the runs' average (their "
-                  "per-request spread): " + "; ".join(
-                      f"{row['load']} {row['ttft_p90_abs_error_floor']:.1%}" for row in repeated),
-                  highlight=False)
+        floors = [row for row in repeated if row.get("ttft_p90_abs_error_floor") is not None]
+        if floors:
+            out.print("TTFT p90 |error| a perfect model would show against the runs' average "
+                      "(their per-request spread): " + "; ".join(
+                          f"{row['load']} {row['ttft_p90_abs_error_floor']:.1%}"
+                          for row in floors), highlight=False)
     split = [row for row in combined["loads"] if row.get("cost_model_error") is not None]
     if split:
         out.print("TTFT mean error split (--replay-decisions), cost model / decisions: "
