@@ -44,9 +44,11 @@ class EngineCore:
     def __init__(self, threads: int | None, why_not: str | None = None) -> None:
         """``threads``: the engine's intra-op threads (None: torch's default, every core);
         ``why_not``: the caller's reason to leave the cores as they are."""
-        self.allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else []
-        if why_not is None and threads != 1:
+        placeable = hasattr(os, "sched_getaffinity") and os.path.isdir("/proc/self/task")
+        self.allowed = sorted(os.sched_getaffinity(0)) if placeable else []
+        if why_not is None and not placeable:
+            why_not = "this system does not let a process place its threads on cores"
+        elif why_not is None and threads != 1:
             why_not = (f"the engine runs on {threads or 'every'} thread(s): its intra-op "
                        "threads are not told apart from the run's others")
         elif why_not is None and len(self.allowed) < 2:

@@ -121,9 +121,11 @@ class RealRun(RealSearchDriving, Pipeline):
         # the engine's thread on a core of its own while it serves, the run's others on the
         # rest, as its profile timed it (``realrun/cores.py``); not a fleet's replica, whose
         # engines share the process's threads
-        core = EngineCore(self.threads if self.model.device.type == "cpu" else None,
+        on_cpu = self.model.device.type == "cpu"
+        core = EngineCore(self.threads if on_cpu else None,
                           why_not="a fleet's replicas share the process's cores"
-                          if self.start is not None else None)
+                          if self.start is not None else None if on_cpu
+                          else f"the engine runs on {self.model.device.type}")
         result = self.serve_on_engine_core(core)
         result.summary.update(self._real_fields())
         if self.iterations is not None:  # for ``validate --replay-decisions``
