@@ -115,14 +115,14 @@ from pathlib import Path
 out, names = Path(sys.argv[1]), sys.argv[2:]
 pct = lambda x: "-" if x is None else f"{x:+.1%}"
 share = lambda x: "-" if x is None else f"{x:.1%}"
-lines = ["| engine / system | load | rate (req/s) | TTFT mean error | p90 abs error "
+lines = ["| engine / system | load | rate (req/s) | engine busy, real / sim | TTFT mean error | p90 abs error "
          "(a perfect model's, from the runs' spread) | "
          "throughput error | 95% interval over the real runs (runs, real mean's cv) | "
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
          "search error | "
          "iteration time pred/meas | machine speed | largest component | "
          "1% price error moves the mean by (* unstable) | "
-         "steps measured / priced (the size missed most: its ratio) |", "|" + "---|" * 15]
+         "steps measured / priced (the size missed most: its ratio) |", "|" + "---|" * 16]
 for name in names:
     combined = json.loads((out / f"{name}.json").read_text())
     for row in combined["loads"]:
@@ -145,6 +145,7 @@ for name in names:
         else:
             steps = "-"
         over = row["load"] == "over"
+        busy = " / ".join(share(row.get(f"{side}_gpu_busy_fraction")) for side in ("real", "sim"))
         low, high = ((row["throughput_error_low"], row["throughput_error_high"]) if over
                      else (row["ttft_mean_error_low"], row["ttft_mean_error_high"]))
         floor = row.get("ttft_p90_abs_error_floor")
@@ -152,7 +153,7 @@ for name in names:
         interval = ("-" if runs < 2 else
                     f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(
-            f"| {name} | {row['load']} | {rate} | {pct(row['ttft_mean_error'])} | "
+            f"| {name} | {row['load']} | {rate} | {busy} | {pct(row['ttft_mean_error'])} | "
             f"{share(row['ttft_p90_abs_error'])} ({share(floor)}) | "
             f"{pct(row['throughput_error'])} | "
             f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} "

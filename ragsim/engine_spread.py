@@ -149,7 +149,8 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
                      "ttft_p90_abs_error": errors["ttft_p90_abs_error"],
                      "throughput_error": throughput_error(real.summary, sim.summary),
                      "speed_ratio_before": real.summary.get("speed_ratio_before"),
-                     "speed_ratio_after": real.summary.get("speed_ratio_after")})
+                     "speed_ratio_after": real.summary.get("speed_ratio_after"),
+                     "gpu_busy_fraction": real.summary.get("gpu_busy_fraction")})
     ttft = [run["real_ttft_mean_s"] for run in runs]
     throughput = [run["real_throughput_rps"] for run in runs]
     ttft_mean, ttft_low, ttft_high = _interval(ttft)
@@ -167,6 +168,7 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
         "ttft_mean_error_range": [min(r["ttft_mean_error"] for r in runs),
                                   max(r["ttft_mean_error"] for r in runs)],
         "sim_within_real_range": bool(min(ttft) <= sim_ttft <= max(ttft)),
+        "real_gpu_busy_fraction": _mean_known([run["gpu_busy_fraction"] for run in runs]),
         "ttft_p90_abs_error_floor": floor,
         "floor": "the p90 |error| per request a model equal to each request's expected TTFT "
                  "would show against the runs' average: the average's own error, from each "
@@ -174,6 +176,12 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
         "pooled": "each request's real TTFT and components averaged over the runs (requests "
                   "completed in all of them); the raw errors are computed on that average",
     }
+
+
+def _mean_known(values: list) -> float | None:
+    """The mean of the values a run reported (None where none did)."""
+    known = [float(v) for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 def pooled_throughput_error(reals: Sequence, sim_summary: dict) -> tuple[float, float]:

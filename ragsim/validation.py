@@ -860,6 +860,11 @@ def load_row(report: dict) -> dict:
             "real_throughput_rps": report.get("real_throughput_rps",
                                               report["real"]["throughput_rps"]),
             "sim_throughput_rps": report["sim"]["throughput_rps"],
+            # how busy the engine was: a load named as a share of the burst's capacity may sit
+            # nearer saturation than its name says (the mean over the real runs, with repeats)
+            "real_gpu_busy_fraction": (report.get("repeats") or {}).get(
+                "real_gpu_busy_fraction", report["real"].get("gpu_busy_fraction")),
+            "sim_gpu_busy_fraction": report["sim"].get("gpu_busy_fraction"),
             "dominant_component": report["dominant_component"],
             "cost_model_error": report.get("cost_model_error"),
             "decision_error": report.get("decision_error"),

@@ -229,6 +229,11 @@ def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(
         assert row["real_ttft_mean_cv"] == 0
         assert row["ttft_p90_abs_error_floor"] == 0  # nor a floor under the p90
         assert row["ttft_mean_error_low"] == pytest.approx(row["ttft_mean_error_high"])
+        # each side's own busy share (the reference prices another GPU), as its summary says
+        real_summary = json.loads((tmp_path / "twice" / f"load-{row['load']}" / "real"
+                                   / "summary.json").read_text())
+        assert row["real_gpu_busy_fraction"] == pytest.approx(real_summary["gpu_busy_fraction"])
+        assert 0 < row["sim_gpu_busy_fraction"] <= 1
     for load in ("over", "50"):
         assert (tmp_path / "twice" / f"load-{load}" / "real-2" / "summary.json").exists()
         assert not (tmp_path / "once" / f"load-{load}" / "real-2").exists()
@@ -241,6 +246,7 @@ def test_cli_repeats_write_each_real_run_and_a_deterministic_pair_has_no_spread(
                     str(tmp_path / "loads-text"))
     assert loads.exit_code == 0, loads.output
     assert "a perfect model would show against the runs' average" in loads.stdout
+    assert "busy: the engine's share of the run's time spent in steps" in loads.stdout
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
@@ -249,3 +255,24 @@ def test_cli_refuses_fewer_than_one_real_run(tmp_path, value):
     assert result.exit_code == 2, result.output
     assert "--repeats" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_loads_row_carries_how_busy_the_engine_was_on_each_side():
+    """A load named as a share of the burst's capacity can keep the engine busier than its
+    name: the row gives the real runs' busy share (their mean, by hand 0.8 and 0.9) beside the
+    simulation's; a run that did not report it (a simulated 'real') leaves it out of the mean."""
+    def busy(run, share):
+        return SimpleNamespace(columns=run.columns, config=run.config,
+                               summary={**run.summary, "gpu_busy_fraction": share})
+
+    report = v.compare(busy(RUN_A, 0.8), busy(SIM, 0.95), backend="sim",
+                       repeats=[busy(RUN_B, 0.9)])
+    row = v.load_row({**report, "load": "90"})
+    assert row["real_gpu_busy_fraction"] == pytest.approx(0.85)
+    assert row["sim_gpu_busy_fraction"] == pytest.approx(0.95)
+    assert [r["gpu_busy_fraction"] for r in report["repeats"]["per_run"]] == [0.8, 0.9]
+    partial = v.compare(busy(RUN_A, 0.8), SIM, backend="sim", repeats=[RUN_B])
+    assert v.load_row({**partial, "load": "90"})["real_gpu_busy_fraction"] == pytest.approx(0.8)
+    single = v.load_row({**v.compare(busy(RUN_A, 0.7), SIM, backend="sim"), "load": "50"})
+    assert single["real_gpu_busy_fraction"] == pytest.approx(0.7)
+    assert single["sim_gpu_busy_fraction"] is None

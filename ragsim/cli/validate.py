@@ -305,6 +305,13 @@ def _speed(row: dict) -> str:
     return f"x{row['machine_speed_factor']:.2f}{'*' if moved else ''}"
 
 
+def _busy(row: dict) -> str:
+    """The engine's busy share, real / simulated (a load named as a share of the burst's
+    capacity can keep the engine busier than its name says); '-' in an older report."""
+    shares = [row.get(f"{side}_gpu_busy_fraction") for side in ("real", "sim")]
+    return "-" if None in shares else f"{shares[0]:.0%}/{shares[1]:.0%}"
+
+
 def _print_loads(combined: dict) -> None:
     from ragsim.validation import BURST_RATE_RPS
 
@@ -313,14 +320,14 @@ def _print_loads(combined: dict) -> None:
                         f"{combined['system']} · capacity {combined['capacity_rps'] or 0:,.2f} "
                         "req/s", caption="errors: (sim - real) / real; ✓ ✗: targets (TTFT mean "
                         "10%, p90 25%; throughput 10% at overload; hits 100% when idle)")
-    for header in ("load", "rate", "TTFT mean", "p90 |err|", "throughput", "hits", "largest",
-                   "speed", "at speed: mean", "p90", "thr."):
+    for header in ("load", "rate", "busy", "TTFT mean", "p90 |err|", "throughput", "hits",
+                   "largest", "speed", "at speed: mean", "p90", "thr."):
         table.add_column(header, justify="left" if header in ("load", "largest") else "right")
     for row in combined["loads"]:
         rate = ("sequential" if row["arrival"] == "sequential" else "all at once"
                 if row["rate_rps"] == BURST_RATE_RPS else f"{row['rate_rps']:,.2f}/s")
         table.add_row(
-            row["load"], rate,
+            row["load"], rate, _busy(row),
             f"{_pct(row['ttft_mean_error'])} {_mark(row['ttft_mean_abs_error_passed'], True)}",
             f"{row['ttft_p90_abs_error']:.1%} {_mark(row['ttft_p90_abs_error_passed'], True)}",
             f"{_pct(row['throughput_error'])} {_mark(row['throughput_abs_error_passed'], True)}",
@@ -369,6 +376,8 @@ def _print_loads(combined: dict) -> None:
         out.print("search mean error (real faiss search): " + "; ".join(
             f"{row['load']} {_pct(row['search_mean_error'])}" for row in searched),
             highlight=False)
+    out.print("[dim]busy: the engine's share of the run's time spent in steps, real / "
+              "simulated[/]", highlight=False)
     out.print("[dim]speed: the machine's time for the profile's own grid points during the run, "
               "over the profile's (* moved by more than 10% during the run); at speed: errors "
               "against the simulation priced at that speed[/]", highlight=False)
