@@ -96,8 +96,10 @@ def _with_measured_handoff(resolved, data, config_file, note):
     note(f"search: the hand-off of a search to the worker pool and back, measured here: "
          f"{probe['handoff_s'] * 1e3:.3f} ms (median of {probe['searches']} searches, "
          f"{probe['seen_median_s'] * 1e3:.3f} ms seen against "
-         f"{probe['recorded_median_s'] * 1e3:.3f} ms recorded); the simulation adds it to "
-         "each search (search_handoff_s)")
+         f"{probe['recorded_median_s'] * 1e3:.3f} ms recorded; {probe['ran_median_s'] * 1e3:.3f}"
+         " ms as a run records a search, begun to its last stage's end on the worker, the "
+         "clock's look back being the queue's); the simulation adds it to each search "
+         "(search_handoff_s)")
     return resolved.replace(search_handoff_s=probe["handoff_s"])
 
 

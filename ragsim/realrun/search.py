@@ -114,6 +114,11 @@ class RealSearch:
         # or the pipeline) finds the search begun, however late
         self._stage_ends: dict[int, list[Future]] = {}
         self._lock = threading.Lock()  # the front end and the pipeline both begin searches
+        # request -> when its search was begun (handed to the pool), and when it ran: from the
+        # instant a worker was free for it to the end of its last stage (``span``)
+        self._begun: dict[int, float] = {}
+        self._ran: dict[int, tuple[float, float]] = {}
+        self._worker = threading.local()  # each worker's last search's end
         self._closing = threading.Event()
         self.report = SearchReport(mode="faiss", index=self.index.spec.describe(),
                                    workers=max(1, workers),
@@ -142,6 +147,7 @@ class RealSearch:
                 query = self._query_vectors[self._query_of[i]:self._query_of[i] + 1]
                 self._open[i] = self.index.stages(query, self.top_k)
                 ends = self._stage_ends[i] = [Future() for _ in range(stages)]
+                self._begun[i] = time.monotonic()
                 self.pool.submit(self._stages_in_turn, i, ends)
             return ends
 
@@ -167,13 +173,32 @@ class RealSearch:
             self.begin(i, stages, at_arrival=True)
 
     def _stages_in_turn(self, i: int, ends: list[Future]) -> None:
+        # it could start once begun and once this worker was free: the wake-up that handed it
+        # over is the search's, the time it queued behind others' searches is not
+        start = max(self._begun[i], getattr(self._worker, "free_since", -np.inf))
         for stage, end in enumerate(ends, 1):
             try:
-                end.set_result(self._stage(i, stage))
+                found = self._stage(i, stage)
             except BaseException as exc:  # the pipeline's poll raises it, at every stage left
                 for left in ends[stage - 1:]:
                     left.set_exception(exc)
                 return
+            if stage == len(ends):  # recorded before the pipeline can see the end
+                self._worker.free_since = finished = time.monotonic()
+                self._ran[i] = (start, finished)
+            end.set_result(found)
+
+    def span(self, i: int) -> tuple[float, float] | None:
+        """When request ``i``'s search ran (``time.monotonic()`` instants): from the moment it
+        could start (begun, with a worker free for it) to the end of its last stage on the
+        worker; None if it has not run to its end.
+
+        A run's pipeline sees a search end only between the engine's steps, and looks at a
+        request only then, so the instants it saw are not the search's: with the searches
+        begun at arrival (a loaded run), most searches were over before the pipeline looked
+        at their request, their time read 0 and the step under way was counted as waiting
+        for a search worker (vLLM at rest, 90% load: median 0, 1.7 ms of such wait)."""
+        return self._ran.get(i)
 
     def run_all(self, i: int, stages: int) -> Future:
         """The end of request ``i``'s whole search (every stage, one after another)."""
@@ -233,7 +258,9 @@ def measure_handoff(trace: Trace, workers: int, searches: int = HANDOFF_PROBE_SE
     1.5-1.8 ms (torch) more than recorded at idle: the rest is the engine's own loop, which
     keeps the thread the clock runs on while a search ends, and is not in this probe.
 
-    Returns the median hand-off (``handoff_s``, at least 0), the medians it comes from and
+    Returns the median hand-off (``handoff_s``, at least 0), the medians it comes from, the
+    median of the searches as a run records them (``ran_median_s``: begun to the last stage's
+    end on the worker, without the clock's look back, which a run counts in the queue) and
     the number of searches; the first request's search warms the index and is not counted."""
     import simpy
 
@@ -244,6 +271,7 @@ def measure_handoff(trace: Trace, workers: int, searches: int = HANDOFF_PROBE_SE
     env = WakeableClock()
     seen_s: list[float] = []
     recorded_s: list[float] = []
+    ran_s: list[float] = []  # the same searches as a run records them (``RealSearch.span``)
 
     def searching(env: simpy.Environment):
         for i in range(count):
@@ -256,6 +284,8 @@ def measure_handoff(trace: Trace, workers: int, searches: int = HANDOFF_PROBE_SE
             if i > 0:
                 seen_s.append(took)
                 recorded_s.append(float(sum(times or [])))
+                begun, ended = search.span(i)
+                ran_s.append(ended - begun)
             yield env.timeout(HANDOFF_PROBE_GAP_S)
 
     try:
@@ -267,6 +297,7 @@ def measure_handoff(trace: Trace, workers: int, searches: int = HANDOFF_PROBE_SE
     return {"searches": len(seen_s), "workers": search.report.workers,
             "seen_median_s": float(np.median(seen_s)) if seen_s else 0.0,
             "recorded_median_s": float(np.median(recorded_s)) if recorded_s else 0.0,
+            "ran_median_s": float(np.median(ran_s)) if ran_s else 0.0,
             "handoff_s": max(0.0, float(np.median(differences))) if seen_s else 0.0}
 
 
@@ -344,6 +375,18 @@ class RealSearchDriving:
 
     def _stages_known_ahead(self) -> bool:
         return self.real_search is None  # a real search's lists are known when it has them
+
+    def _record_search_span(self, i: int) -> None:
+        """The search's own start and end on the run's clock (``RealSearch.span``): the
+        pipeline's view of them waits for the engine's step under way, which is the queue's
+        time, as in the simulation (a search ending mid-step waits for the step's end there
+        too)."""
+        span = self.real_search.span(i) if self.real_search is not None else None
+        if span is None:
+            return
+        to_env = self.env.env_time
+        self.r_search_start[i] = max(to_env(span[0]), float(self.arrival_s[i]))
+        self.r_search_end[i] = max(to_env(span[1]), self.r_search_start[i])
 
     def _stage_list(self, i: int, stage: int) -> list | None:
         if self.real_search is None:

@@ -355,6 +355,7 @@ class Pipeline(EngineHooks):
         finally:  # the worker is free again, whatever ended the search
             self.workers.give_back()
         self.r_search_end[i] = env.now
+        self._record_search_span(i)
         final = self._final_docs(i)
         active = self._active_spec.pop(i, None)
         d = speculation.on_final_result(None if active is None else active.docs, final)
@@ -368,6 +369,10 @@ class Pipeline(EngineHooks):
         if d.terminate_running:
             self._stop_speculation(i, active)
         self._submit(self._new_job(i, final, speculative=False))
+
+    def _record_search_span(self, i: int) -> None:
+        """Where a search's start and end are recorded other than when this pipeline saw them
+        (a real run's driver: when the search ran on its worker); here they are."""
 
     def _stages_known_ahead(self) -> bool:
         """Whether the search's stages are modelled (their lists and durations known when the
