@@ -131,6 +131,11 @@ for name in names:
                 if row["rate_rps"] >= 1e5 else f"{row['rate_rps']:.2f}")
         ratio = report.get("iteration_time_ratio")
         speed = row["machine_speed_factor"]
+        # each kind's own factor where they differ (one median hides a kind: run L)
+        by_kind = {k: row.get(f"machine_speed_{k}") for k in ("prefill", "decode")}
+        kinds = (" (" + " / ".join(f"{k} x{f:.2f}" for k, f in by_kind.items()) + ")"
+                 if None not in by_kind.values() and abs(by_kind["decode"] / by_kind["prefill"]
+                                                          - 1) > 0.10 else "")
         runs = row.get("real_runs", 1)
         elasticity = row.get("ttft_cost_elasticity")
         elasticity = ("-" if elasticity is None else f"{elasticity:.1f}%"
@@ -160,7 +165,7 @@ for name in names:
             f"({pct(row.get('step_price_error'))} / {pct(row.get('outside_steps_error'))}) / "
             f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
-            f"{'-' if speed is None else f'x{speed:.2f}'} | "
+            f"{'-' if speed is None else f'x{speed:.2f}'}{kinds} | "
             f"{row['dominant_component']} | {elasticity} | {steps} |")
 table = "\n".join(lines) + "\n\nload averages:\n\n" + (out / "load.txt").read_text()
 (out / "table.md").write_text(table)

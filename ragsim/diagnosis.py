@@ -136,12 +136,20 @@ def _speed(report: dict) -> dict | None:
     speed = report.get("machine_speed")
     if not speed:
         return None
-    return speed if abs(speed["factor"] - 1) > MATERIAL or not speed["steady"] else None
+    kinds = (speed.get("by_kind") or {}).values()
+    return speed if (abs(speed["factor"] - 1) > MATERIAL or not speed["steady"]
+                     or any(abs(k - 1) > MATERIAL for k in kinds)) else None
 
 
 def _speed_words(speed: dict) -> str:
-    return (f"the machine ran the profile's own grid points x{speed['ratio_before']:.2f} before "
-            f"and x{speed['ratio_after']:.2f} after the run (x1.00: as fast as when profiled)")
+    words = (f"the machine ran the profile's own grid points x{speed['ratio_before']:.2f} "
+             f"before and x{speed['ratio_after']:.2f} after the run (x1.00: as fast as when "
+             "profiled)")
+    kinds = speed.get("by_kind") or {}
+    if any(abs(k - 1) > MATERIAL for k in kinds.values()):
+        words += "; by kind of point, " + ", ".join(f"{kind} x{k:.2f}"
+                                                     for kind, k in sorted(kinds.items()))
+    return words
 
 
 def _adjusted_meets(report: dict, metric: str) -> bool | None:

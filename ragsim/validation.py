@@ -375,7 +375,27 @@ def machine_speed(real_summary: dict) -> dict | None:
     change = after / before - 1
     return {"ratio_before": before, "ratio_after": after,
             "factor": math.sqrt(before * after), "change_during_run": change,
-            "steady": abs(change) <= STEADY_SPEED_CHANGE}
+            "steady": abs(change) <= STEADY_SPEED_CHANGE,
+            "by_kind": speed_by_kind(real_summary.get("speed_probes"))}
+
+
+def speed_by_kind(probes: dict | None) -> dict[str, float]:
+    """Each kind of probe point's own factor (prefill, decode): the geometric mean over the
+    probes before and after the run of that kind's median ratio. The run's factor is one
+    median over all points, and two prefill points outvote the decode one: run L's torch
+    profile had timed its small decode cells 11-14% slow, its decode probe read x0.86-0.89 and
+    the median x0.99-1.04 (docs/validation.md, run L)."""
+    if not probes:
+        return {}
+    ratios: dict[str, list[float]] = {}
+    for when in ("before", "after"):
+        kinds: dict[str, list[float]] = {}
+        for point in probes.get(when) or ():
+            kinds.setdefault(point["kind"], []).append(float(point["ratio"]))
+        for kind, values in kinds.items():
+            ratios.setdefault(kind, []).append(float(np.median(values)))
+    return {kind: math.exp(float(np.mean(np.log(values)))) for kind, values in ratios.items()
+            if len(values) == 2}
 
 
 def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals):
@@ -878,6 +898,12 @@ def load_row(report: dict) -> dict:
             "ttft_cost_unstable": (report.get("cost_elasticity") or {}).get("unstable"),
             "machine_speed_factor": (report["machine_speed"] or {}).get("factor"),
             "machine_speed_change": (report["machine_speed"] or {}).get("change_during_run"),
+            # each kind of probe point's own factor: one median can hide a kind the profile
+            # timed at another speed (run L: decode x0.86-0.89 under a median of x1.0)
+            "machine_speed_prefill": ((report["machine_speed"] or {}).get("by_kind")
+                                      or {}).get("prefill"),
+            "machine_speed_decode": ((report["machine_speed"] or {}).get("by_kind")
+                                     or {}).get("decode"),
             "adjusted_ttft_mean_error": (report.get("speed_adjusted") or {}).get(
                 "ttft_mean_error"),
             "adjusted_ttft_p90_abs_error": (report.get("speed_adjusted") or {}).get(

@@ -256,3 +256,22 @@ def test_time_outside_the_steps_is_named_when_it_outweighs_their_prices():
     # outside the steps the larger part but immaterial (within 10% of the mean): not named
     r["decisions"].update(step_price_error=-0.05, outside_steps_error=-0.09)
     assert diagnose(r)[0]["cause"] != "engine_loop"
+
+
+def test_a_kind_of_probe_point_off_by_itself_is_named_though_the_median_is_not():
+    """Run L's torch row: the median of the probes ~x1.0, the decode point x0.86-0.89 (the
+    profile had timed its small decode cells in a slow minute). The speed is material and the
+    evidence says which kind moved; without a kind apart, a steady x1.0 says nothing."""
+    probes = {"before": [{"kind": "prefill", "ratio": 1.03}, {"kind": "prefill", "ratio": 1.06},
+                         {"kind": "decode", "ratio": 0.89}],
+              "after": [{"kind": "prefill", "ratio": 1.0}, {"kind": "prefill", "ratio": 1.02},
+                        {"kind": "decode", "ratio": 0.86}]}
+    kinds_apart = v.machine_speed({"speed_ratio_before": 1.03, "speed_ratio_after": 1.0,
+                                   "speed_probes": probes})
+    r = report(mean=0.22, p90=0.5, ratio=1.25, speed=kinds_apart, adjusted=0.20)
+    evidence = " ".join(diagnose(r)[0]["evidence"])
+    assert "by kind of point, decode x0.87, prefill x1.03" in evidence
+    assert "still missed" in evidence  # one scalar cannot price both kinds back
+    level = v.machine_speed({"speed_ratio_before": 1.03, "speed_ratio_after": 1.0})
+    assert "by kind" not in " ".join(diagnose(report(mean=0.22, p90=0.5, ratio=1.25,
+                                                     speed=level, adjusted=0.20))[0]["evidence"])

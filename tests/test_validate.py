@@ -300,6 +300,36 @@ def test_machine_speed_is_the_geometric_mean_of_the_probes_and_says_when_it_move
     assert v.machine_speed({"speed_ratio_before": 1.0, "speed_ratio_after": 1.05})["steady"]
 
 
+def test_machine_speed_gives_each_kind_of_probe_point_its_own_factor():
+    """Run L's torch probes: two prefill points near 1 and a decode point at 0.86-0.89 gave a
+    median of ~1.0; by kind, prefill is sqrt(1.015 * 1.02) and decode sqrt(0.86 * 0.89), each
+    kind's median per probe first (by hand)."""
+    def points(prefill_a, prefill_b, decode):
+        return [{"kind": "prefill", "ratio": prefill_a}, {"kind": "prefill", "ratio": prefill_b},
+                {"kind": "decode", "ratio": decode}]
+
+    summary = {"speed_ratio_before": 1.01, "speed_ratio_after": 1.02,
+               "speed_probes": {"before": points(1.0, 1.03, 0.86),
+                                "after": points(1.02, 1.02, 0.89)}}
+    kinds = v.machine_speed(summary)["by_kind"]
+    assert kinds["prefill"] == pytest.approx(math.sqrt(1.015 * 1.02))
+    assert kinds["decode"] == pytest.approx(math.sqrt(0.86 * 0.89))
+    config = SimpleNamespace(system="ragcache", trace="t", arrival="poisson", rate_rps=2.0,
+                             profile="p")
+    real = SimpleNamespace(columns=REAL, config=config, summary={
+        "throughput_rps": 4.0, "profile": "p", **summary})
+    sim = SimpleNamespace(columns=SIM, config=config, summary={"throughput_rps": 4.0,
+                                                                "profile": "p"})
+    row = v.load_row({**v.compare(real, sim, backend="sim"), "load": "50"})
+    assert row["machine_speed_decode"] == pytest.approx(math.sqrt(0.86 * 0.89))
+    assert row["machine_speed_prefill"] == pytest.approx(kinds["prefill"])
+    # a kind probed on one side only (vLLM without prefix caching drops a point) has no factor
+    one_sided = {**summary, "speed_probes": {"before": points(1.0, 1.0, 0.9),
+                                             "after": points(1.0, 1.0, 0.9)[:2]}}
+    assert set(v.machine_speed(one_sided)["by_kind"]) == {"prefill"}
+    assert v.machine_speed({"speed_ratio_before": 1.0, "speed_ratio_after": 1.0})["by_kind"] == {}
+
+
 def test_a_profile_scaled_to_a_slower_machine_prices_every_iteration_that_much_slower():
     """Bilinear interpolation is linear in the grid's values, so scaling every value scales
     every price, on the grid or between its points, single or batched."""
@@ -429,3 +459,14 @@ def test_the_verdict_is_one_line_on_the_raw_errors_and_check_exits_1_on_a_miss(t
     found = ragsim.validate(tmp_path / "api", backend="sim", requests=20,
                             reference_profile="h100-mistral-7b")
     assert found.verdict == verdict[0].removeprefix("verdict: ")
+
+
+def test_the_loads_tables_speed_names_the_decode_probe_where_the_median_hides_it():
+    from ragsim.cli.validate import _speed
+
+    row = {"machine_speed_factor": 1.0, "machine_speed_change": 0.0,
+           "machine_speed_decode": 0.87, "machine_speed_prefill": 1.03}
+    assert _speed(row) == "x1.00 (decode x0.87)"
+    assert _speed({**row, "machine_speed_decode": 0.95}) == "x1.00"
+    # a report of an older ragsim, without the kinds, as before
+    assert _speed({"machine_speed_factor": 1.2, "machine_speed_change": 0.2}) == "x1.20*"

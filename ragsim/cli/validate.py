@@ -243,6 +243,10 @@ def _print_report(r: dict) -> None:
         table.add_row("machine speed vs profile (time ratio)",
                       f"{speed['ratio_before']:.2f} → {speed['ratio_after']:.2f}",
                       "steady" if speed["steady"] else "[yellow]moved[/]", "")
+        kinds = speed.get("by_kind") or {}
+        if kinds:
+            table.add_row("  by kind of probe point", ", ".join(
+                f"{kind} x{factor:.2f}" for kind, factor in sorted(kinds.items())), "", "")
     if adjusted is not None:
         marks = {c["metric"]: c["passed"] for c in adjusted["checks"]}
         table.add_row(f"TTFT mean error at that speed (x{speed['factor']:.2f})",
@@ -302,7 +306,11 @@ def _speed(row: dict) -> str:
     if row["machine_speed_factor"] is None:
         return "-"
     moved = abs(row["machine_speed_change"]) > STEADY_SPEED_CHANGE
-    return f"x{row['machine_speed_factor']:.2f}{'*' if moved else ''}"
+    decode = row.get("machine_speed_decode")  # a kind the median can hide, where it differs
+    apart = decode is not None and abs(decode / row["machine_speed_factor"] - 1) > \
+        STEADY_SPEED_CHANGE
+    return (f"x{row['machine_speed_factor']:.2f}{'*' if moved else ''}"
+            + (f" (decode x{decode:.2f})" if apart else ""))
 
 
 def _busy(row: dict) -> str:
