@@ -32,7 +32,8 @@ duration split the cost model's share once more:
   what the profile's prices of the steps themselves add, and
 * ``outside_steps_error`` = (replayed at measured durations - real mean) / real mean: the
   engine thread's time outside its steps (taking a request in, the harness's loop between
-  steps, the other work that runs there), which the simulator charges nothing for.
+  steps, the other work that runs there) past what the configuration's engine loop
+  (``EngineLoop``, charged in both replays as in the simulation) accounts for.
 
 The replay keeps the real run's submission times, so a decision the engine made because of
 real costs (which request waited for which batch) stays as it was: that is the point.
@@ -48,6 +49,7 @@ from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
 from ragsim.serving.costs import decode_step_s, mixed_step_s, prefill_compute_s
+from ragsim.serving.engine_loop import EngineLoop
 
 # a first token at the end of an iteration is recorded at that end: compared with this slack
 _SAME_TIME_S = 1e-9
@@ -105,7 +107,8 @@ def measured_s(decision: dict) -> float:
 
 def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[str, np.ndarray],
            price: Callable[[dict], float], *, closed_loop: bool = False,
-           cold_start: Callable[[float], float] | None = None) -> np.ndarray:
+           cold_start: Callable[[float], float] | None = None,
+           loop: EngineLoop | None = None) -> np.ndarray:
     """Per request (the run's rows): the TTFT the real run's decisions give when each
     iteration costs ``price(decision)`` (``priced_s``: the simulator's prices; NaN where the
     request did not complete); a request no prefill served (an answer cache hit) keeps its
@@ -119,7 +122,12 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
 
     ``cold_start`` (``Profile.idle_start_s``): what an iteration that begins after the replayed
     engine sat idle pays for the pause, as the simulator charges it (the first iteration, with
-    none before it, pays for an infinite one)."""
+    none before it, pays for an infinite one).
+
+    ``loop`` (``EngineLoop``, the configuration's): the engine's loop as the simulator charges
+    it, by the same rule: a step that begins as the replayed one before it ended pays its
+    time between steps, and each job its intake with the first step that takes a chunk of
+    it. Charged at measured durations too, the rest is what the loop's model misses."""
     first_token = np.asarray(columns["first_token_s"], float)
     arrival = np.asarray(columns["arrival_s"], float)
     search_end = np.asarray(columns["search_end_s"], float)
@@ -130,6 +138,7 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
     shift: dict[int, float] = {}  # closed loop: request -> how late it arrives in the replay
     replayed_end = -np.inf
     behind = 0.0  # closed loop: the replay's last iteration's end less the real one's
+    taken: set = set()  # jobs a replayed step has taken a chunk of (their intake is paid)
     for decision in decisions:
         jobs = decision.get("jobs", ())
         if closed_loop:
@@ -140,6 +149,10 @@ def replay(decisions: list[dict], submitted_s: dict[int, float], columns: dict[s
         start = decision["start_s"] if not np.isfinite(replayed_end) else max(replayed_end,
                                                                                  ready)
         cold = cold_start(start - replayed_end) if cold_start is not None else 0.0
+        if loop is not None:
+            new_jobs = {j[0] for j in jobs} - taken
+            taken |= new_jobs
+            cold += loop.seconds(start == replayed_end, len(new_jobs))
         replayed_end = start + price(decision) + cold
         behind = max(replayed_end - decision["end_s"], 0.0)
         # a vLLM step: the chunks that finished their prompts (vLLM stamps the first token

@@ -313,14 +313,16 @@ def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.nd
     if not kept or not kept["iterations"]:
         return None
     from ragsim.decisions import measured_s, replay
+    from ragsim.serving.engine_loop import EngineLoop
 
     closed_loop = real.config.arrival == "sequential"
+    loop = EngineLoop.of(real.config)  # charged as the simulation charges it
     if measured:
         return replay(kept["iterations"], kept["submitted_s"], real.columns, measured_s,
-                      closed_loop=closed_loop)
+                      closed_loop=closed_loop, loop=loop)
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
                   _pricer(real, profile), closed_loop=closed_loop,
-                  cold_start=_cold_start(profile))
+                  cold_start=_cold_start(profile), loop=loop)
 
 
 def search_note(trace: Trace, config: SimConfig, backend: str) -> tuple[str, bool] | None:

@@ -440,8 +440,16 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
             row["ttft_mean_error"])
         assert row["step_price_error"] + row["outside_steps_error"] == pytest.approx(
             row["cost_model_error"])
+    # the engine's loop was measured through the real run's own loop (on requests the
+    # validation does not serve), and the simulation's configuration carries it
+    ran = tomllib.loads((out / "load-50" / "config.toml").read_text())["run"]
+    assert ran["engine_loop_step_s"] >= 0 and ran["engine_loop_request_s"] >= 0
+    assert ran["engine_loop_step_s"] + ran["engine_loop_request_s"] < 0.05
     report = json.loads((out / "load-over" / "validation.json").read_text())
+    assert report["sim"]["config"]["engine_loop_step_s"] == ran["engine_loop_step_s"]
     assert report["real"]["search"]["stages_run"] == 2 * 16
+    # every gap holds the requests handed over while the engine was busy
+    assert 0 <= report["real"]["engine_submitted_while_busy"] <= 16
     # vLLM's steps against their prices, by size: every step vLLM ran, once
     steps = report["step_prices"]
     assert steps["steps"] == report["real"]["engine_steps"] > 0
@@ -473,3 +481,30 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
     assert sorted(taken) == list(range(trace.n_requests))
     completing = [key for step in steps for key in step["completing"]]
     assert len(completing) == len(set(completing)) == trace.n_requests
+
+
+def test_the_engine_loop_is_measured_through_the_real_runs_own_loop():
+    """``measure_engine_loop``: two real runs of requests past the ones a validation serves,
+    at half and nine tenths of the given capacity; each counts its gaps between steps of a busy
+    engine and the requests handed over in them, and the two terms reproduce both runs' time
+    between steps (two runs, two terms: exact unless a term would be negative)."""
+    from ragsim.realrun.vllm.loop import LOOP_PROBE_LOADS, measure_engine_loop
+
+    config = _config("vllm-apc", arrival="poisson", rate_rps=1.0, n_requests=None,
+                     scheduler="mixed")
+    trace = resolve_trace("mmlu", seed=0, n_requests=N + 120)
+    probe = measure_engine_loop(trace, config, load_profile(PROFILE), served=N,
+                                capacity_rps=60.0)
+    assert probe["held_aside"] and probe["requests"] == 120
+    assert [run["load"] for run in probe["runs"]] == list(LOOP_PROBE_LOADS)
+    assert [run["rate_rps"] for run in probe["runs"]] == pytest.approx([30.0, 54.0])
+    for run in probe["runs"]:
+        assert run["gaps"] > 0 and run["between_steps_s"] > 0
+        assert 0 <= run["requests_while_busy"] <= 120
+        fitted = probe["step_s"] * run["gaps"] + probe["fitted_request_s"] * run[
+            "requests_while_busy"]
+        if probe["step_s"] > 0 and probe["fitted_request_s"] > 0:
+            assert fitted == pytest.approx(run["between_steps_s"], rel=1e-6)
+    assert 0 < probe["quiet_intake_s"] < 0.01
+    assert probe["request_s"] == pytest.approx(max(0.0, probe["fitted_request_s"]
+                                                   - probe["quiet_intake_s"]))

@@ -103,6 +103,44 @@ def _with_measured_handoff(resolved, data, config_file, note):
     return resolved.replace(search_handoff_s=probe["handoff_s"])
 
 
+def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads):
+    """The configuration with the real vLLM run's engine loop measured here
+    (``realrun.vllm.loop.measure_engine_loop``: the real run's own loop on requests this
+    validation does not serve, at two loads) for the simulation and the replays to charge,
+    unless the configuration file sets it (said in a note either way): the real run's thread
+    spends that time between steps, and a simulation without it runs a faster engine than
+    the one it is compared with (every vLLM 90% mean -9% to -20% low, runs G-L)."""
+    from ragsim import validation as v
+    from ragsim.serving.config import load_config_file
+
+    fields = ("engine_loop_step_s", "engine_loop_request_s")
+    if config_file is not None and set(fields) & set(load_config_file(config_file)):
+        note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
+             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request), not measured")
+        return resolved
+    from ragsim.realrun.vllm.loop import LOOP_PROBE_REQUESTS, measure_engine_loop
+    from ragsim.traces import resolve_trace
+
+    served = data.n_requests
+    wider = resolve_trace(resolved.trace, seed=resolved.seed,
+                          n_requests=served + LOOP_PROBE_REQUESTS)
+    burst = v.run_sim(wider.head(served), v.config_at_load(resolved, v.LOAD_OVER, None), costs)
+    probe = measure_engine_loop(wider, resolved, costs, served=served,
+                                capacity_rps=float(burst.summary["throughput_rps"]),
+                                threads=threads, seed=resolved.seed)
+    runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
+                     f"{r['requests_while_busy']} requests handed over busy" for r in probe["runs"])
+    whose = ("requests past the ones validated" if probe["held_aside"]
+             else "the trace's last requests (it has none past the ones validated)")
+    note(f"engine loop: the real run's time between steps, measured on {probe['requests']} "
+         f"{whose} ({runs}): {probe['step_s'] * 1e3:.3f} ms a step and "
+         f"{probe['fitted_request_s'] * 1e3:.3f} ms a request, less its quiet intake "
+         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; the simulation and "
+         "the replays charge it (engine_loop_step_s, engine_loop_request_s)")
+    return resolved.replace(engine_loop_step_s=probe["step_s"],
+                            engine_loop_request_s=probe["request_s"])
+
+
 def _search_pool_beside_engine(resolved, config_file, threads, costs, note):
     """On a CPU, the real run's search workers on the cores its engine leaves (at least one),
     where the configuration file does not set ``search_workers`` (said in a note).
@@ -455,6 +493,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
             resolved = _search_pool_beside_engine(resolved, config, threads, costs, note)
         resolved = _with_measured_handoff(resolved, data, config, note)
     v.engine_scale(costs, layers, hidden)
+    if backend == "vllm":
+        resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads)
     if backend == "torch":  # on a GPU: what the engine's padded batches leave for the pool
         from ragsim.realrun.memory import fit_for_device
 

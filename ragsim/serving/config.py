@@ -121,6 +121,13 @@ class SimConfig:
     # a tight loop at trace build leaves it out). validate measures it on the real run's
     # worker pool (realrun/search.py: measure_handoff); 0: a search tier that costs nothing
     search_handoff_s: float = 0.0
+    # the engine's serving loop, on the engine's own timeline: the time between two steps of a
+    # busy engine (handling a step's outputs), and per request handed to it past the intake
+    # the profile's prefill prices hold (its intake in a serving process, the pipeline's work
+    # on it). ragsim's real vLLM run does both on the engine's thread; validate measures them
+    # there (realrun/vllm/loop.py: measure_engine_loop); 0: a loop that costs nothing
+    engine_loop_step_s: float = 0.0
+    engine_loop_request_s: float = 0.0
     # model the vector search (and speculation on it)? auto: when the trace's documents were
     # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
     # search setting or speculate=true given explicitly means on. A run records what it used.
@@ -410,7 +417,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.replicate_every_s >= limits.MIN_REPLICATE_EVERY_S, "replicate_every_s",
            f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
-                 "replicate_every_s", "search_handoff_s"):
+                 "replicate_every_s", "search_handoff_s", "engine_loop_step_s",
+                 "engine_loop_request_s"):
         _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
                f"must be <= {limits.MAX_DURATION_S:,.0f} s (30 days), got "
                f"{getattr(c, name):.4g}: are the units seconds?", source)
@@ -458,7 +466,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
            f"must be <= {limits.MAX_SEARCH_STAGES}", source)
-    for name in ("search_s", "search_handoff_s", "gpu_recovery_s", "retry_timeout_s",
+    for name in ("search_s", "search_handoff_s", "engine_loop_step_s", "engine_loop_request_s",
+                 "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
                  "host_replicas"):

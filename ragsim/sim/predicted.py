@@ -11,6 +11,10 @@ begins after the engine sat idle pays the profile's cold start for the pause
 A decode step after a step with prompts pays the profile's ``decode_after_prompt`` extra for
 its position after it and that step's size (a batch's first steps after a join).
 After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
+The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_s`` and
+``engine_loop_request_s``) adds its time to the steps: each step begun as the one before ended
+(a busy engine) pays the loop's time between two steps, and each request pays its intake with
+its first prompt chunk.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ from ragsim.serving.costs import (
     step_overhead_s,
 )
 from ragsim.serving.engine import Job, PrefillTiming, Wait
+from ragsim.serving.engine_loop import EngineLoop
 
 
 class PredictedIterations:
     """``ragsim.serving.engine.Iterations`` with the profile's predicted durations."""
 
     def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool,
-                 reuse_kind: str = "prefix") -> None:
+                 reuse_kind: str = "prefix", loop: EngineLoop | None = None) -> None:
         self.env = env
+        self.loop = loop
         # position-free reuse: a blended prefill computes the recomputed tokens with the new
         # ones (in the jobs' alpha/beta) and, for blend, first runs the selection pass
         self.reuse_kind = reuse_kind
@@ -66,6 +72,12 @@ class PredictedIterations:
         last = self._last_end_s
         return self.profile.idle_start_s(float("inf") if last is None else self.env.now - last)
 
+    def _loop_s(self, new_requests: int) -> float:
+        """What the step beginning now pays for the engine's loop (``EngineLoop``)."""
+        if self.loop is None:
+            return 0.0
+        return self.loop.seconds(self._last_end_s == self.env.now, new_requests)
+
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
                                     [j.beta for j in jobs], self.new_shape)
@@ -80,7 +92,8 @@ class PredictedIterations:
     def prefill(self, jobs: list[Job]) -> Wait:
         timing = self.timing(jobs)
         self.after_prompt.charge(sum(j.beta for j in jobs))
-        cold = self._cold_start_s()  # on top of the step: a copy beside it does not hide it
+        # on top of the step: a copy beside it does not hide it
+        cold = self._cold_start_s() + self._loop_s(sum(1 for j in jobs if j.prefilled == 0))
         if cold:
             timing = PrefillTiming(duration_s=timing.duration_s + cold,
                                    compute_s=timing.compute_s + cold, copy_s=timing.copy_s)
@@ -110,7 +123,7 @@ class PredictedIterations:
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         # the cold start on top of the step, as ``prefill`` and the replay charge it (a copy
         # beside the compute does not hide it)
-        cold = self._cold_start_s()
+        cold = self._cold_start_s() + self._loop_s(sum(1 for j, _ in chunks if j.prefilled == 0))
         compute, duration = compute + cold, duration + cold
         # its chunks are prompts: its decode rows pay nothing
         self.after_prompt.charge(sum(take for _, take in chunks))
@@ -130,7 +143,7 @@ class PredictedIterations:
             context = self._padded_context(jobs)
             self.layout.advance()
         duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
-        duration += self._cold_start_s() + self.after_prompt.charge(None)
+        duration += self._cold_start_s() + self._loop_s(0) + self.after_prompt.charge(None)
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return duration
@@ -158,9 +171,11 @@ class PredictedIterations:
         if steps:  # as decode_step_s: every step has the batch's token count; the first may
             # pay a cold start, and each its position after the last prompt step (recorded
             # when the run ends)
-            durations[0] += self.new_shape(batch_size) + self._cold_start_s()
+            durations[0] += self.new_shape(batch_size) + self._cold_start_s() + self._loop_s(0)
             durations = [d + extra for d, extra in
                          zip(durations, self.after_prompt.due(steps), strict=True)]
+            if self.loop is not None and self.loop.step_s:  # each later step follows one
+                durations[1:] = [d + self.loop.step_s for d in durations[1:]]
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
@@ -201,8 +216,9 @@ def _context_tokens(job: Job) -> int:
     return job.context_tokens
 
 
-def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool):
+def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool,
+                         loop: EngineLoop | None = None):
     """The iterations factory a simulated pipeline is given (it calls it with its tree): one
     place, so that one engine and every replica of a fleet price alike (the tree's reuse rule
     decides whether a prefill pays CacheBlend's selection pass)."""
-    return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind)
+    return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind, loop)

@@ -10,6 +10,7 @@ from simpy.events import NORMAL, URGENT
 
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
+from ragsim.serving.engine_loop import EngineLoop
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, requests_to_run
 from ragsim.sim.predicted import predicted_iterations
 from ragsim.traces.schema import Trace
@@ -63,7 +64,8 @@ class Simulation(Pipeline):
         env = ExactClock()
         super().__init__(
             trace, config, profile, env=env,
-            iterations=predicted_iterations(env, profile, config.overlap_swap),
+            iterations=predicted_iterations(env, profile, config.overlap_swap,
+                                            EngineLoop.of(config)),
             progress=progress)
 
 

@@ -226,8 +226,12 @@ class VllmRun(RealSearchDriving, Pipeline):
         self.step_s = 0.0
         # time between two steps while requests were waiting for the engine (the harness's
         # handling of outputs, arrivals and vLLM's add_request): engine time no price has
+        # (validate measures it through this loop: ``realrun/vllm/loop.py``)
         self.between_steps_s = 0.0
         self.between_steps = 0
+        # requests handed to vLLM while it had work: their intake lands between two steps
+        # (``realrun/vllm/loop.py`` fits the loop's time on them and on the steps)
+        self.submitted_while_busy = 0
         # the trace's staged faiss search on the search workers, as the torch run has it
         # (``search_latency = "trace"`` on a trace built with text), else the modelled times
         self.start_real_search()
@@ -276,6 +280,7 @@ class VllmRun(RealSearchDriving, Pipeline):
             from ragsim.realrun.vllm.connector import request_params
 
             params = request_params(job.docs, job.doc_tokens, job.query_tokens, job.request)
+        self.submitted_while_busy += self.llm.has_unfinished_requests()
         self.llm.add_request(key, {"prompt_token_ids": prompt},
                              greedy(job.output_tokens, params, self.logprobs_top))
         if self._work is not None and not self._work.triggered:
@@ -482,6 +487,8 @@ class VllmRun(RealSearchDriving, Pipeline):
                   "allocator": memory_allocator(),
                   "engine_steps": self.steps, "engine_step_s": self.step_s,
                   "engine_between_steps_s": self.between_steps_s,
+                  "engine_between_steps": self.between_steps,
+                  "engine_submitted_while_busy": self.submitted_while_busy,
                   "engine_between_steps_mean_ms": (1e3 * self.between_steps_s
                                                    / self.between_steps
                                                    if self.between_steps else 0.0),

@@ -1,0 +1,107 @@
+"""The real vLLM run's engine loop, measured through the run's own loop: what the simulation of
+such a run charges on the engine's timeline besides the steps (``serving.engine_loop``).
+
+ragsim's real vLLM run steps vLLM's in-process engine on the same thread as its pipeline: between
+two steps of a busy engine that thread hands the last step's outputs back, runs the pipeline's
+events (arrivals, search stages) and hands new requests over (vLLM's ``add_request``). Taken
+apart on the project's CPU (docs/validation.md, "The vLLM run's engine thread between steps"):
+1.01 ms a gap at 90% load, 0.46 ms at 50%; half of it vLLM's intake, which costs 1.9-3.9x in a
+run what it costs on a quiet engine, the rest the harness's.
+
+A profile times the engine alone, so it cannot hold this; read off the runs it would be judged
+on, it would be the answer. So ``measure_engine_loop`` runs the real run itself, on requests the
+validation does not serve (the trace's rows past them), at two loads, and fits the time between
+steps of a busy engine as
+
+    time between steps = step_s x gaps + request_s x requests handed over while busy
+
+(least squares, both terms >= 0: ``fit_engine_loop``). The profile's prefill prices already
+hold each request's intake as a quiet engine pays it (``VllmTimer._pass`` times a prefill from
+its hand-over), so the same intake is timed on the probe's idle engine and taken off
+``request_s``: the simulation charges only what the prices do not hold.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ragsim.profiles.profile import Profile
+from ragsim.serving.config import SimConfig
+from ragsim.traces.schema import Trace
+
+# requests in each probe run, and the loads (shares of the simulated burst capacity) it runs at:
+# two, so that the time a step costs and the time a request costs can be told apart
+LOOP_PROBE_REQUESTS = 120
+LOOP_PROBE_LOADS = (0.5, 0.9)
+QUIET_INTAKES = 40  # requests whose intake is timed on the probe's idle engine
+
+
+def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]:
+    """``(step_s, request_s)`` from ``(gaps, seconds between steps, requests handed over while
+    busy)`` of each probe run: non-negative least squares (``scipy.optimize.nnls``), so that
+    noise cannot make either term a refund."""
+    from scipy.optimize import nnls
+
+    if not points:
+        return 0.0, 0.0
+    design = np.array([[float(g), float(r)] for g, _, r in points])
+    seconds = np.array([float(s) for _, s, _ in points])
+    solution, _ = nnls(design, seconds)
+    return float(solution[0]), float(solution[1])
+
+
+def probe_rows(n_trace: int, served: int, wanted: int = LOOP_PROBE_REQUESTS) -> tuple[range, bool]:
+    """The rows a probe runs: the ``wanted`` past the ``served`` ones where the trace has them
+    (True), else its last ``wanted`` (False: some are the validation's own)."""
+    if n_trace >= served + wanted:
+        return range(served, served + wanted), True
+    return range(max(0, n_trace - wanted), n_trace), False
+
+
+def quiet_intake_s(run, prompts: list[list[int]]) -> float:
+    """The median time vLLM's ``add_request`` takes on ``run``'s idle engine for ``prompts``,
+    each aborted before the next: a request's intake as a quiet engine pays it, which is what
+    the profile's prefill prices hold."""
+    from ragsim.realrun.vllm.engine import greedy
+
+    took = []
+    for k, prompt in enumerate(prompts):
+        key = f"loop-probe-intake-{k}"
+        started = time.perf_counter()
+        run.llm.add_request(key, {"prompt_token_ids": prompt}, greedy(1))
+        took.append(time.perf_counter() - started)
+        run.llm.abort_request([key])
+    return float(np.median(took)) if took else 0.0
+
+
+def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
+                        capacity_rps: float, threads: int | None = None, seed: int = 0) -> dict:
+    """The engine loop of this machine's real vLLM runs of ``config`` (see the module's
+    docstring): a run of the trace's requests past the ``served`` ones at each of
+    ``LOOP_PROBE_LOADS`` x ``capacity_rps`` (Poisson), each on a fresh engine, as a validation's
+    real runs are. Returns ``step_s`` and ``request_s`` (past the quiet intake) for the
+    configuration, with what they come from."""
+    from ragsim.realrun.vllm.harness import VllmRun
+
+    rows, held_aside = probe_rows(trace.n_requests, served)
+    probe = trace.select(np.asarray(rows))
+    points, runs = [], []
+    quiet = 0.0
+    for share in LOOP_PROBE_LOADS:
+        cfg = config.replace(arrival="poisson", rate_rps=share * capacity_rps, n_requests=None)
+        run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
+        summary = run.run().summary
+        points.append((run.between_steps, run.between_steps_s, run.submitted_while_busy))
+        runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": run.between_steps,
+                     "between_steps_s": run.between_steps_s,
+                     "requests_while_busy": run.submitted_while_busy,
+                     "gpu_busy_fraction": summary.get("gpu_busy_fraction")})
+        if share == LOOP_PROBE_LOADS[-1]:
+            quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
+        del run
+    step_s, request_s = fit_engine_loop(points)
+    return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
+            "fitted_request_s": request_s, "quiet_intake_s": quiet, "runs": runs,
+            "requests": len(rows), "held_aside": held_aside}

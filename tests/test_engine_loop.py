@@ -1,0 +1,97 @@
+"""The engine's serving loop (``serving.engine_loop``): the simulation and the replay of a real
+run charge it by one rule, and the probe's fit (``realrun.vllm.loop``) reads it off two runs.
+
+Expected values are worked by hand: the replay's timeline step by step, a sequential simulation
+where each request pays the loop once (and its decode steps once each), and the 2x2 system the
+probe's two runs make.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ragsim.decisions import replay
+from ragsim.profiles.profile import load_profile
+from ragsim.realrun.vllm.loop import fit_engine_loop, probe_rows
+from ragsim.serving.config import build_config
+from ragsim.serving.engine_loop import EngineLoop
+from ragsim.sim.simulator import run_simulation
+from ragsim.traces import resolve_trace
+
+
+def test_a_step_pays_the_gap_after_a_step_and_each_new_requests_intake():
+    loop = EngineLoop(step_s=0.001, request_s=0.002)
+    assert loop.seconds(False, 0) == 0
+    assert loop.seconds(True, 0) == pytest.approx(0.001)
+    assert loop.seconds(True, 3) == pytest.approx(0.007)
+    assert EngineLoop.of(build_config({})) is None  # the default costs nothing
+    assert EngineLoop.of(build_config({"engine_loop_request_s": 0.002})) == EngineLoop(0, 0.002)
+
+
+def test_the_replay_charges_the_loop_by_the_simulations_rule():
+    """Step A [1.0, 1.5] takes job 10's first chunk; step B right after takes job 10 again
+    and job 11 for the first time; step C, after the engine idled, job 12. Priced at 0.5,
+    0.3 and 0.2 s with a loop of 0.01 s a step and 0.1 s a request:
+    A: 1.0 + 0.5 + 0.1 (10's intake; no step before it) = 1.6;
+    B: begins at 1.6 (right after A): 1.6 + 0.3 + 0.01 + 0.1 (11's intake only) = 2.01;
+    C: job 12 entered at 3.0, after B ended: 3.0 + 0.2 + 0.1 = 3.3 (no gap charge)."""
+    def step(start, end, *jobs, completing=()):
+        return {"kind": "mixed", "start_s": start, "end_s": end, "size": 0,
+                "context_tokens": 0.0, "completing": list(completing),
+                "jobs": [(key, request, computed, 50, 0) for key, request, computed in jobs]}
+
+    decisions = [step(1.0, 1.5, (10, 0, 0)),
+                 step(1.5, 1.8, (10, 0, 50), (11, 1, 0), completing=(10, 11)),
+                 step(3.0, 3.2, (12, 2, 0), completing=(12,))]
+    prices = iter([0.5, 0.3, 0.2] * 2)
+    cols = {"arrival_s": np.array([0.9, 1.2, 2.9]), "search_end_s": np.array([1.0, 1.3, 3.0]),
+            "first_token_s": np.array([1.8, 1.8, 3.2])}
+    entered = {10: 1.0, 11: 1.3, 12: 3.0}
+    ttft = replay(decisions, entered, cols, lambda d: next(prices),
+                  loop=EngineLoop(step_s=0.01, request_s=0.1))
+    assert ttft == pytest.approx([2.01 - 0.9, 2.01 - 1.2, 3.3 - 2.9])
+    # without a loop: 1.5, 1.8, 3.2
+    assert replay(decisions, entered, cols, lambda d: next(prices)) == pytest.approx(
+        [1.8 - 0.9, 1.8 - 1.2, 3.2 - 2.9])
+
+
+def _sequential(**loop) -> pd.DataFrame:
+    trace = resolve_trace("mmlu", n_requests=12, seed=3)
+    config = build_config({"trace": "mmlu", "system": "vllm-apc", "arrival": "sequential",
+                           "speculate": False, "seed": 3, **loop})
+    result = run_simulation(trace, config, load_profile(config.profile))
+    return pd.DataFrame({k: result.columns[k] for k in ("request_id", "ttft_s", "e2e_s")})
+
+
+def test_a_sequential_simulation_pays_each_requests_intake_once_and_each_decode_step_its_gap():
+    """One request at a time: its prefill begins after its search, with the engine idle, so
+    it pays the request's intake and no gap; each of its decode steps follows a step and pays
+    the gap. By hand: TTFT + request_s; e2e + request_s + (output tokens - 1) x step_s."""
+    trace = resolve_trace("mmlu", n_requests=12, seed=3)
+    base = _sequential()
+    intake = _sequential(engine_loop_request_s=0.004)
+    assert (intake["ttft_s"] - base["ttft_s"]).to_numpy() == pytest.approx(np.full(12, 0.004))
+    gap = _sequential(engine_loop_step_s=0.0005)
+    decodes = np.maximum(trace.output_tokens.astype(int) - 1, 0)
+    assert (gap["ttft_s"] - base["ttft_s"]).to_numpy() == pytest.approx(np.zeros(12))
+    assert (gap["e2e_s"] - base["e2e_s"]).to_numpy() == pytest.approx(decodes * 0.0005)
+
+
+def test_the_probes_two_runs_give_the_step_and_the_request_by_hand():
+    # 100 gaps, 0.1 s, 200 requests; 300 gaps, 0.2 s, 250 requests:
+    # 100a + 200b = 0.1 and 300a + 250b = 0.2 -> b = 0.1 / 350, a = 0.001 - 2b
+    step_s, request_s = fit_engine_loop([(100, 0.1, 200), (300, 0.2, 250)])
+    assert request_s == pytest.approx(0.1 / 350)
+    assert step_s == pytest.approx(0.001 - 2 * 0.1 / 350)
+    # runs that would make a step a refund: it is 0, and the requests carry the time
+    step_s, request_s = fit_engine_loop([(100, 0.1, 100), (100, 0.3, 300)])
+    assert step_s == 0 and request_s == pytest.approx(0.001)
+    assert fit_engine_loop([]) == (0.0, 0.0)
+
+
+def test_the_probe_runs_requests_the_validation_does_not_serve_where_there_are_some():
+    assert probe_rows(1300, 300, 120) == (range(300, 420), True)
+    assert probe_rows(350, 300, 120) == (range(230, 350), False)
+    assert probe_rows(50, 50, 120) == (range(0, 50), False)
