@@ -493,8 +493,6 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
             resolved = _search_pool_beside_engine(resolved, config, threads, costs, note)
         resolved = _with_measured_handoff(resolved, data, config, note)
     v.engine_scale(costs, layers, hidden)
-    if backend == "vllm":
-        resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads)
     if backend == "torch":  # on a GPU: what the engine's padded batches leave for the pool
         from ragsim.realrun.memory import fit_for_device
 
@@ -510,6 +508,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         warning = allocator_note(backend, obtained.get("allocator"), memory_allocator())
         if warning is not None:
             note(warning, warning=True)
+    if backend == "vllm":  # the first real runs: after every note on how the runs will go
+        resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
     if sequential:
