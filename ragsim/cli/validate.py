@@ -385,7 +385,8 @@ def _print_loads(combined: dict) -> None:
             f"{row['load']} {_pct(row['search_mean_error'])}" for row in searched),
             highlight=False)
     out.print("[dim]busy: the engine's share of the run's time spent in steps, real / "
-              "simulated[/]", highlight=False)
+              "simulated (the simulated steps hold the engine loop the configuration "
+              "charges)[/]", highlight=False)
     out.print("[dim]speed: the machine's time for the profile's own grid points during the run, "
               "over the profile's (* moved by more than 10% during the run); at speed: errors "
               "against the simulation priced at that speed[/]", highlight=False)
