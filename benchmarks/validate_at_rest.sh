@@ -114,6 +114,8 @@ fi
 import json, sys
 from pathlib import Path
 
+from ragsim.validation import hidden_speed_kinds
+
 out, names = Path(sys.argv[1]), sys.argv[2:]
 pct = lambda x: "-" if x is None else f"{x:+.1%}"
 share = lambda x: "-" if x is None else f"{x:.1%}"
@@ -133,11 +135,11 @@ for name in names:
                 if row["rate_rps"] >= 1e5 else f"{row['rate_rps']:.2f}")
         ratio = report.get("iteration_time_ratio")
         speed = row["machine_speed_factor"]
-        # each kind's own factor where they differ (one median hides a kind: run L)
-        by_kind = {k: row.get(f"machine_speed_{k}") for k in ("prefill", "decode")}
-        kinds = (" (" + " / ".join(f"{k} x{f:.2f}" for k, f in by_kind.items()) + ")"
-                 if None not in by_kind.values() and abs(by_kind["decode"] / by_kind["prefill"]
-                                                          - 1) > 0.10 else "")
+        # each kind the median hides, as the CLI says it (one median hid decode: run L)
+        by_kind = {k: row[f"machine_speed_{k}"] for k in ("prefill", "decode")
+                   if row.get(f"machine_speed_{k}") is not None}
+        kinds = "".join(f" ({k} x{f:.2f})"
+                        for k, f in hidden_speed_kinds(speed, by_kind).items())
         runs = row.get("real_runs", 1)
         elasticity = row.get("ttft_cost_elasticity")
         elasticity = ("-" if elasticity is None else f"{elasticity:.1f}%"

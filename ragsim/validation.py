@@ -400,6 +400,16 @@ def speed_by_kind(probes: dict | None) -> dict[str, float]:
             if len(values) == 2}
 
 
+def hidden_speed_kinds(factor: float | None, by_kind: dict[str, float]) -> dict[str, float]:
+    """The kinds of probe point whose own factor lies more than ``STEADY_SPEED_CHANGE`` from
+    the run's ``factor`` (the median the loads tables show): what that median hides, which
+    the CLI and ``benchmarks/validate_at_rest.sh`` print beside it."""
+    if factor is None:
+        return {}
+    return {kind: k for kind, k in sorted(by_kind.items())
+            if abs(k / factor - 1) > STEADY_SPEED_CHANGE}
+
+
 def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals):
     """The simulation priced by the profile scaled to the machine's speed during the real runs
     (``machine_speed``; over repeated runs, the geometric mean of their factors), or None when

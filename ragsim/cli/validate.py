@@ -301,16 +301,16 @@ def _print_diagnosis(diagnosis: list[dict]) -> None:
 
 
 def _speed(row: dict) -> str:
-    from ragsim.validation import STEADY_SPEED_CHANGE
+    from ragsim.validation import STEADY_SPEED_CHANGE, hidden_speed_kinds
 
     if row["machine_speed_factor"] is None:
         return "-"
     moved = abs(row["machine_speed_change"]) > STEADY_SPEED_CHANGE
-    decode = row.get("machine_speed_decode")  # a kind the median can hide, where it differs
-    apart = decode is not None and abs(decode / row["machine_speed_factor"] - 1) > \
-        STEADY_SPEED_CHANGE
+    kinds = {kind: row[f"machine_speed_{kind}"] for kind in ("prefill", "decode")
+             if row.get(f"machine_speed_{kind}") is not None}  # not in older reports
+    hidden = hidden_speed_kinds(row["machine_speed_factor"], kinds)
     return (f"x{row['machine_speed_factor']:.2f}{'*' if moved else ''}"
-            + (f" (decode x{decode:.2f})" if apart else ""))
+            + "".join(f" ({kind} x{k:.2f})" for kind, k in hidden.items()))
 
 
 def _busy(row: dict) -> str:

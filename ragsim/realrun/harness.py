@@ -122,10 +122,12 @@ class RealRun(RealSearchDriving, Pipeline):
         # rest, as its profile timed it (``realrun/cores.py``); not a fleet's replica, whose
         # engines share the process's threads
         on_cpu = self.model.device.type == "cpu"
-        core = EngineCore(self.threads if on_cpu else None,
-                          why_not="a fleet's replicas share the process's cores"
-                          if self.start is not None else None if on_cpu
-                          else f"the engine runs on {self.model.device.type}")
+        why_not = None
+        if self.start is not None:
+            why_not = "a fleet's replicas share the process's cores"
+        elif not on_cpu:
+            why_not = f"the engine runs on {self.model.device.type}"
+        core = EngineCore(self.threads if on_cpu else None, why_not=why_not)
         result = self.serve_on_engine_core(core)
         result.summary.update(self._real_fields())
         if self.iterations is not None:  # for ``validate --replay-decisions``

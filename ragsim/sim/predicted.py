@@ -19,7 +19,7 @@ its first prompt chunk.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 import simpy
 
@@ -72,11 +72,14 @@ class PredictedIterations:
         last = self._last_end_s
         return self.profile.idle_start_s(float("inf") if last is None else self.env.now - last)
 
-    def _loop_s(self, new_requests: int) -> float:
-        """What the step beginning now pays for the engine's loop (``EngineLoop``)."""
+    def _loop_s(self, jobs: Iterable[Job] = ()) -> float:
+        """What the step beginning now pays for the engine's loop (``EngineLoop``): its
+        ``jobs`` not prefilled yet take their first chunk in it. Nothing is counted without a
+        loop (every simulation's steps pass here)."""
         if self.loop is None:
             return 0.0
-        return self.loop.seconds(self._last_end_s == self.env.now, new_requests)
+        return self.loop.seconds(self._last_end_s == self.env.now,
+                                 sum(1 for j in jobs if j.prefilled == 0))
 
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
@@ -93,7 +96,7 @@ class PredictedIterations:
         timing = self.timing(jobs)
         self.after_prompt.charge(sum(j.beta for j in jobs))
         # on top of the step: a copy beside it does not hide it
-        cold = self._cold_start_s() + self._loop_s(sum(1 for j in jobs if j.prefilled == 0))
+        cold = self._cold_start_s() + self._loop_s(jobs)
         if cold:
             timing = PrefillTiming(duration_s=timing.duration_s + cold,
                                    compute_s=timing.compute_s + cold, copy_s=timing.copy_s)
@@ -123,7 +126,7 @@ class PredictedIterations:
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         # the cold start on top of the step, as ``prefill`` and the replay charge it (a copy
         # beside the compute does not hide it)
-        cold = self._cold_start_s() + self._loop_s(sum(1 for j, _ in chunks if j.prefilled == 0))
+        cold = self._cold_start_s() + self._loop_s(j for j, _ in chunks)
         compute, duration = compute + cold, duration + cold
         # its chunks are prompts: its decode rows pay nothing
         self.after_prompt.charge(sum(take for _, take in chunks))
@@ -143,7 +146,7 @@ class PredictedIterations:
             context = self._padded_context(jobs)
             self.layout.advance()
         duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
-        duration += self._cold_start_s() + self._loop_s(0) + self.after_prompt.charge(None)
+        duration += self._cold_start_s() + self._loop_s() + self.after_prompt.charge(None)
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return duration
@@ -171,7 +174,7 @@ class PredictedIterations:
         if steps:  # as decode_step_s: every step has the batch's token count; the first may
             # pay a cold start, and each its position after the last prompt step (recorded
             # when the run ends)
-            durations[0] += self.new_shape(batch_size) + self._cold_start_s() + self._loop_s(0)
+            durations[0] += self.new_shape(batch_size) + self._cold_start_s() + self._loop_s()
             durations = [d + extra for d, extra in
                          zip(durations, self.after_prompt.due(steps), strict=True)]
             if self.loop is not None and self.loop.step_s:  # each later step follows one
