@@ -219,8 +219,11 @@ def test_a_tiny_real_profile_measures_mixed_steps_and_the_step_overhead(tmp_path
     assert p.mixed_steps.chunk_tokens == [16.0, 64.0]
     for level, k in zip(p.mixed_steps.levels, (16, 64), strict=True):
         times = [t[0] for t in raw[str(k)]]  # chunk alone, then (1,32) (1,64) (2,32) (2,64)
-        increments = [[max(times[1] - times[0], 0), max(times[2] - times[0], 0)],
-                      [max(times[3] - times[0], 0), max(times[4] - times[0], 0)]]
+        # each cell over the chunk's price on the masked path (one row: the grid at 1 cached
+        # token), not over the chunk timed alone (times[0], kept raw)
+        chunk_s = p.prefill.at(1, k)
+        increments = [[max(times[1] - chunk_s, 0), max(times[2] - chunk_s, 0)],
+                      [max(times[3] - chunk_s, 0), max(times[4] - chunk_s, 0)]]
         assert np.allclose(level.values, monotone_values(increments), rtol=0, atol=1e-15)
     held = p.obtained["validation"]["held_out_mixed"]
     assert len(held) == 3

@@ -975,6 +975,19 @@ def _sweep_units(plan: ProfilePlan, seed: int) -> list[SweepUnit]:
     return [kinds[j][i] for _, j, i in place]
 
 
+def _no_increment(plan: ProfilePlan, name: str) -> MixedSteps:
+    """Mixed steps whose decode rows add nothing: a profile with them prices a mixed step as
+    its chunks' batched prefill on the grid (on a padding engine, on its masked path), the
+    baseline each measured step's increment is taken over."""
+    batches = [float(b) for b in plan.mixed_batch_sizes]
+    contexts = [float(c) for c in plan.mixed_context_tokens]
+    zero = [[0.0] * len(contexts) for _ in batches]
+    return MixedSteps([float(k) for k in plan.mixed_chunk_tokens],
+                      [BilinearGrid(name, "batch_sizes", "context_tokens", batches, contexts,
+                                    [list(row) for row in zero])
+                       for _ in plan.mixed_chunk_tokens])
+
+
 def _chunk_cached_tokens(plan: ProfilePlan) -> int:
     """The cached tokens under the prompt chunk of a mixed-step measurement: the fewest the
     grid measured above zero (a torch step with decode rows runs its masked attention path, on
@@ -1277,19 +1290,30 @@ def _with_step_terms(profile: Profile, plan: ProfilePlan, state: ProfilerState,
     mixed = None
     if state.mixed:
         batches, contexts = plan.mixed_batch_sizes, plan.mixed_context_tokens
+        chunk_cached = _chunk_cached_tokens(plan)
+        unpriced = replace(profile, mixed_steps=_no_increment(plan, profile.name))
         levels = []
         for k in plan.mixed_chunk_tokens:
             times = state.mixed[_key(k)]
-            alone = times[0][0]
-            increments = np.maximum(np.array([t[0] - alone for t in times[1:]]), 0.0)
+            # each cell less what the simulator charges that step without an increment (the
+            # chunk's price on the grid): the priced step is then the measured one at every
+            # cell. The chunk timed alone in the level is kept in the raw times, not used: it
+            # ran 1-2 ms over its grid price in every vLLM profile of runs E-M (the pass after
+            # another unit's), which made every increment at 64 tokens 0 and priced the
+            # held-out mixed steps 0.91-0.97x their time (docs/profiles.md)
+            base = [unpriced.mixed_step_s([chunk_cached], [k], int(b), float(c))
+                    for b in batches for c in contexts]
+            increments = np.maximum(np.array([t[0] for t in times[1:]]) - np.array(base), 0.0)
             levels.append(BilinearGrid(
                 profile.name, "batch_sizes", "context_tokens",
                 [float(b) for b in batches], [float(c) for c in contexts],
                 monotone_values(increments.reshape(len(batches), len(contexts)).tolist())))
-        fit = {"chunk_cached_tokens": _chunk_cached_tokens(plan),
-               "statistic": "median step with the chunk and the decode rows less the median "
-                            "step with the chunk alone, timed in the grid's sweeps; clipped at "
-                            "0 and made non-decreasing by isotonic regression",
+        fit = {"chunk_cached_tokens": chunk_cached,
+               "statistic": "median step with the chunk and the decode rows less the price of "
+                            "that step without the increment (the chunk's batched prefill on "
+                            "the grid), timed in the grid's sweeps; clipped at 0 and made "
+                            "non-decreasing by isotonic regression (the chunk timed alone is "
+                            "the first raw time of each level)",
                "raw": state.mixed}
         mixed = MixedSteps([float(k) for k in plan.mixed_chunk_tokens], levels, None, fit)
         if state.held_out_mixed:

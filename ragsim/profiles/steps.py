@@ -38,11 +38,13 @@ class MixedSteps:
     ``chunk_tokens`` prompt tokens (in all its chunks).
 
     ``levels[i]`` is measured at ``chunk_tokens[i]``: T(the step with the chunk and the decode
-    rows) - T(the same chunk alone), both timed in the same sweeps, as a bilinear grid over
-    batch size x context. A step's increment is bilinear in (batch, context) on each level and
-    linear in its chunk tokens between the two levels around them; below the first level or
-    past the last, the nearest level (a step's chunk tokens are bounded by its token budget,
-    which the plan's last level reaches). Never below zero.
+    rows, timed in the grid's sweeps) - the price of that step without an increment (the
+    chunk's batched prefill on the grid), so that the priced step is the measured one at every
+    cell, as a bilinear grid over batch size x context. A step's increment is bilinear in
+    (batch, context) on each level and linear in its chunk tokens between the two levels
+    around them; below the first level or past the last, the nearest level (a step's chunk
+    tokens are bounded by its token budget, which the plan's last level reaches). Never below
+    zero.
 
     Why an increment on the chunk's batched-prefill price and not a table of whole steps: the
     chunks of a step differ (their cached contexts, how many), which the batched-prefill model
