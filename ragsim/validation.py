@@ -317,9 +317,10 @@ def replay_decisions(real, profile: Profile, *, measured: bool = False) -> np.nd
 
     closed_loop = real.config.arrival == "sequential"
     loop = EngineLoop.of(real.config)  # charged as the simulation charges it
-    if measured:
+    if measured:  # the search tier's interpreter time was spent inside the measured steps
         return replay(kept["iterations"], kept["submitted_s"], real.columns, measured_s,
-                      closed_loop=closed_loop, loop=loop)
+                      closed_loop=closed_loop,
+                      loop=loop.without_search() if loop is not None else None)
     return replay(kept["iterations"], kept["submitted_s"], real.columns,
                   _pricer(real, profile), closed_loop=closed_loop,
                   cold_start=_cold_start(profile), loop=loop)

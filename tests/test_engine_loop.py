@@ -30,6 +30,20 @@ def test_a_step_pays_the_gap_after_a_step_and_each_new_requests_intake():
     assert EngineLoop.of(build_config({"engine_loop_request_s": 0.002})) == EngineLoop(0, 0.002)
 
 
+def test_a_request_pays_its_searchs_interpreter_time_only_beside_a_busy_engine():
+    """A step begun as the one before it ended: each new request's search ran while the
+    engine was busy and pays ``search_s`` with its intake; after the engine idled it pays
+    none. A replay at measured durations charges the rest of the loop only (the search's
+    time is inside the measured steps)."""
+    loop = EngineLoop(step_s=0.001, request_s=0.002, search_s=0.0005)
+    assert loop.seconds(True, 3) == pytest.approx(0.001 + 3 * (0.002 + 0.0005))
+    assert loop.seconds(False, 3) == pytest.approx(3 * 0.002)
+    assert loop.without_search() == EngineLoop(0.001, 0.002)
+    assert EngineLoop(search_s=0.0005).without_search() is None
+    assert EngineLoop.of(build_config({"engine_loop_search_s": 0.0005})) == EngineLoop(
+        0, 0, 0.0005)
+
+
 def test_the_replay_charges_the_loop_by_the_simulations_rule():
     """Step A [1.0, 1.5] takes job 10's first chunk; step B right after takes job 10 again
     and job 11 for the first time; step C, after the engine idled, job 12. Priced at 0.5,
@@ -57,6 +71,25 @@ def test_the_replay_charges_the_loop_by_the_simulations_rule():
         [1.8 - 0.9, 1.8 - 1.2, 3.2 - 2.9])
 
 
+def test_the_replay_charges_a_search_beside_a_busy_engine_by_the_same_rule():
+    """The three steps above with a search term of 0.05 s: A (no step before it) and C (after
+    the engine idled) pay none; B's new job 11 pays it: B ends at 2.01 + 0.05 = 2.06."""
+    def step(start, end, *jobs, completing=()):
+        return {"kind": "mixed", "start_s": start, "end_s": end, "size": 0,
+                "context_tokens": 0.0, "completing": list(completing),
+                "jobs": [(key, request, computed, 50, 0) for key, request, computed in jobs]}
+
+    decisions = [step(1.0, 1.5, (10, 0, 0)),
+                 step(1.5, 1.8, (10, 0, 50), (11, 1, 0), completing=(10, 11)),
+                 step(3.0, 3.2, (12, 2, 0), completing=(12,))]
+    prices = iter([0.5, 0.3, 0.2])
+    cols = {"arrival_s": np.array([0.9, 1.2, 2.9]), "search_end_s": np.array([1.0, 1.3, 3.0]),
+            "first_token_s": np.array([1.8, 1.8, 3.2])}
+    ttft = replay(decisions, {10: 1.0, 11: 1.3, 12: 3.0}, cols, lambda d: next(prices),
+                  loop=EngineLoop(step_s=0.01, request_s=0.1, search_s=0.05))
+    assert ttft == pytest.approx([2.06 - 0.9, 2.06 - 1.2, 3.3 - 2.9])
+
+
 def _sequential(**loop) -> pd.DataFrame:
     trace = resolve_trace("mmlu", n_requests=12, seed=3)
     config = build_config({"trace": "mmlu", "system": "vllm-apc", "arrival": "sequential",
@@ -77,6 +110,31 @@ def test_a_sequential_simulation_pays_each_requests_intake_once_and_each_decode_
     decodes = np.maximum(trace.output_tokens.astype(int) - 1, 0)
     assert (gap["ttft_s"] - base["ttft_s"]).to_numpy() == pytest.approx(np.zeros(12))
     assert (gap["e2e_s"] - base["e2e_s"]).to_numpy() == pytest.approx(decodes * 0.0005)
+
+
+def test_a_sequential_simulation_pays_no_search_term_and_a_burst_pays_it_per_later_request():
+    """One request at a time: every search runs while the engine sits idle, so the search
+    term changes nothing. A burst with no search (every request in the pool at once): the
+    first step begins on an idle engine and takes its requests free of it; every later
+    request's first chunk is in a step right after another and pays it once, and no
+    decision changes, so the run ends (n - those in the first step) x search_s later."""
+    base = _sequential()
+    searched = _sequential(engine_loop_search_s=0.004)
+    assert searched["ttft_s"].to_numpy() == pytest.approx(base["ttft_s"].to_numpy())
+    trace = resolve_trace("mmlu", n_requests=40, seed=3)
+
+    def burst(**loop):
+        config = build_config({"trace": "mmlu", "system": "vllm-apc", "arrival": "poisson",
+                               "rate_rps": 1e9, "retrieval": "off", "scheduler": "mixed",
+                               "seed": 3, **loop})
+        return run_simulation(trace, config, load_profile(config.profile))
+
+    plain, charged = burst(), burst(engine_loop_search_s=0.003)
+    starts = plain.columns["prefill_start_s"]
+    first_step = int((starts == starts.min()).sum())
+    assert 0 < first_step < 40
+    assert charged.summary["simulated_s"] - plain.summary["simulated_s"] == pytest.approx(
+        (40 - first_step) * 0.003, rel=1e-9)
 
 
 def test_the_probes_two_runs_give_the_step_and_the_request_by_hand():

@@ -113,10 +113,12 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     from ragsim import validation as v
     from ragsim.serving.config import load_config_file
 
-    fields = ("engine_loop_step_s", "engine_loop_request_s")
+    fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
     if config_file is not None and set(fields) & set(load_config_file(config_file)):
         note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
-             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request), not measured")
+             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request, "
+             f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
+             "not measured")
         return resolved
     from ragsim.realrun.vllm.loop import LOOP_PROBE_REQUESTS, measure_engine_loop
     from ragsim.traces import resolve_trace
@@ -135,10 +137,14 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     note(f"engine loop: the real run's time between steps, measured on {probe['requests']} "
          f"{whose} ({runs}): {probe['step_s'] * 1e3:.3f} ms a step and "
          f"{probe['fitted_request_s'] * 1e3:.3f} ms a request, less its quiet intake "
-         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; the simulation and "
-         "the replays charge it (engine_loop_step_s, engine_loop_request_s)")
+         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; and its search "
+         f"threads' interpreter time, {probe['search_s'] * 1e3:.3f} ms a search over "
+         f"{probe['searches']}, which a request searched beside a busy engine costs it; the "
+         "simulation and the replays charge them (engine_loop_step_s, engine_loop_request_s, "
+         "engine_loop_search_s)")
     return resolved.replace(engine_loop_step_s=probe["step_s"],
-                            engine_loop_request_s=probe["request_s"])
+                            engine_loop_request_s=probe["request_s"],
+                            engine_loop_search_s=probe["search_s"])
 
 
 def _search_pool_beside_engine(resolved, config_file, threads, costs, note):

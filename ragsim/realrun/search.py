@@ -46,6 +46,11 @@ class SearchReport:
     intermediate_lists_differing: int = 0  # stages whose real list is not the recorded one
     setup_s: float = 0.0  # embedding and index building, before the clock started
     begun_at_arrival: int = 0  # searches the front end began at their request's arrival
+    searches_run: int = 0  # searches whose every stage ran
+    # the search threads' CPU time outside faiss (the worker's, less its stages' own, and the
+    # front end's): Python that holds the process's interpreter, which an engine in the same
+    # process waits for (``serving.engine_loop``: ``engine_loop_search_s``)
+    interpreter_s_total: float = 0.0
     _stage_s: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
@@ -53,6 +58,8 @@ class SearchReport:
         if self._stage_s:
             out["stage_mean_s"] = float(np.mean(self._stage_s))
             out["stage_p90_s"] = float(np.percentile(self._stage_s, 90))
+        if self.searches_run:
+            out["interpreter_mean_s"] = self.interpreter_s_total / self.searches_run
         return out
 
 
@@ -100,7 +107,10 @@ class RealSearch:
         spec = IndexSpec(**{k: v for k, v in info["index"].items() if k in known})
         self.index = StagedIndex(doc_vectors, spec, seed=int(info["seed"]))
         self.top_k = int(info.get("top_k") or max(len(trace.docs_of(0)), 1))
-        self._recorded = trace.stages
+        # each request's recorded lists, stage by stage (None: not recorded), as Python
+        # lists before the clock starts: read per stage from Arrow they were interpreter
+        # time on the search threads, which an engine in this process waits for
+        self._recorded: list[list[list[int]] | None] = trace.stages.to_pylist()
         # one worker, one core, as trace build measured: set in each worker thread, since
         # OpenMP's thread count is the calling thread's and faiss shares torch's runtime (set
         # on the pipeline's thread it put the engine on one thread: vLLM's CPU engine served
@@ -170,22 +180,34 @@ class RealSearch:
         for at, i, stages in planned:
             if self._closing.wait(max(0.0, at - time.monotonic())):
                 return
+            cpu = time.thread_time()  # its waking and its hand-over: the interpreter's
             self.begin(i, stages, at_arrival=True)
+            self._add_interpreter_s(time.thread_time() - cpu)
+
+    def _add_interpreter_s(self, seconds: float) -> None:
+        with self._lock:
+            self.report.interpreter_s_total += max(0.0, seconds)
 
     def _stages_in_turn(self, i: int, ends: list[Future]) -> None:
         # it could start once begun and once this worker was free: the wake-up that handed it
         # over is the search's, the time it queued behind others' searches is not
         start = max(self._begun[i], getattr(self._worker, "free_since", -np.inf))
+        cpu, in_faiss = time.thread_time(), 0.0
         for stage, end in enumerate(ends, 1):
             try:
-                found = self._stage(i, stage)
+                found, seconds = self._stage(i, stage)
             except BaseException as exc:  # the pipeline's poll raises it, at every stage left
                 for left in ends[stage - 1:]:
                     left.set_exception(exc)
                 return
+            in_faiss += seconds
             if stage == len(ends):  # recorded before the pipeline can see the end
                 self._worker.free_since = finished = time.monotonic()
                 self._ran[i] = (start, finished)
+                # the worker's CPU time on it less faiss's own (which lets the interpreter go)
+                self._add_interpreter_s(time.thread_time() - cpu - in_faiss)
+                with self._lock:
+                    self.report.searches_run += 1
             end.set_result(found)
 
     def span(self, i: int) -> tuple[float, float] | None:
@@ -204,24 +226,26 @@ class RealSearch:
         """The end of request ``i``'s whole search (every stage, one after another)."""
         return self.begin(i, stages)[-1]
 
-    def _stage(self, i: int, stage: int) -> list[int]:
+    def _stage(self, i: int, stage: int) -> tuple[list[int], float]:
+        """Stage ``stage`` of request ``i``'s search, run now: its list and faiss's seconds."""
         ids, seconds = next(self._open[i])
         found = [int(d) for d in ids if d >= 0]
-        if stage < len(self._recorded[i]):  # the pipeline reads intermediate stages' lists
+        stages = self._recorded[i] or []
+        if stage < len(stages):  # the pipeline reads intermediate stages' lists
             self._lists[i, stage] = found
         report = self.report
         report.stages_run += 1
         report.stage_seconds_total += seconds
         report._stage_s.append(seconds)
-        recorded = self._recorded[i][stage - 1].as_py() if self._recorded[i].is_valid else None
+        recorded = stages[stage - 1] if stage <= len(stages) else None
         if recorded is not None and found != recorded[: len(found)]:
-            if stage == len(self._recorded[i]):
+            if stage == len(stages):
                 report.final_lists_differing += 1
             else:
                 report.intermediate_lists_differing += 1
-        if stage == len(self._recorded[i]):
+        if stage == len(stages):
             del self._open[i]
-        return found
+        return found, seconds
 
     def stage_list(self, i: int, stage: int) -> list[int] | None:
         """The list stage ``stage`` of request ``i``'s search found (read once: then dropped)."""

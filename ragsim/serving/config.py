@@ -128,6 +128,11 @@ class SimConfig:
     # there (realrun/vllm/loop.py: measure_engine_loop); 0: a loop that costs nothing
     engine_loop_step_s: float = 0.0
     engine_loop_request_s: float = 0.0
+    # per request searched while the engine was busy: the interpreter time its search took on
+    # the engine's process (a search tier in the engine's process shares its interpreter;
+    # serving/engine_loop.py). validate measures it on the real run's search threads; 0: a
+    # search tier of its own
+    engine_loop_search_s: float = 0.0
     # model the vector search (and speculation on it)? auto: when the trace's documents were
     # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
     # search setting or speculate=true given explicitly means on. A run records what it used.
@@ -418,7 +423,7 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
                  "replicate_every_s", "search_handoff_s", "engine_loop_step_s",
-                 "engine_loop_request_s"):
+                 "engine_loop_request_s", "engine_loop_search_s"):
         _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
                f"must be <= {limits.MAX_DURATION_S:,.0f} s (30 days), got "
                f"{getattr(c, name):.4g}: are the units seconds?", source)
@@ -467,7 +472,7 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
            f"must be <= {limits.MAX_SEARCH_STAGES}", source)
     for name in ("search_s", "search_handoff_s", "engine_loop_step_s", "engine_loop_request_s",
-                 "gpu_recovery_s", "retry_timeout_s",
+                 "engine_loop_search_s", "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
                  "host_replicas"):

@@ -8,6 +8,15 @@ at 1.01 ms a gap at 90% load on the project's CPU, half of it vLLM's intake of a
 1.9-3.9x what the profile's prices hold for it. The profile times the engine alone, so the
 configuration carries the loop (``engine_loop_step_s``, ``engine_loop_request_s``), which
 ``validate`` measures through the real run's own loop (``realrun/vllm/loop.py``).
+
+The search tier in the engine's process is the third term (``engine_loop_search_s``): a
+serving process whose search workers and front end run Python beside an in-process engine
+shares one interpreter with it, and the engine's Python (vLLM's scheduling, its inputs and
+outputs) waits while they hold it. On the project's CPU a background thread holding the
+interpreter 9% of the time made vLLM's 1- and 3-row decode steps 10-23% longer, numpy work
+that lets it go 54-59% of the time 1-11% (docs/validation.md, "The search tier in the engine's
+interpreter"). A request whose search ran while the engine was busy costs the engine that
+search's interpreter time; one searched while the engine sat idle costs it nothing.
 """
 
 from __future__ import annotations
@@ -25,15 +34,29 @@ class EngineLoop:
 
     step_s: float = 0.0
     request_s: float = 0.0
+    # per request searched beside a busy engine: the search tier's interpreter time
+    search_s: float = 0.0
 
     def seconds(self, after_a_step: bool, new_requests: int) -> float:
         """What a step pays for the loop: ``after_a_step`` (begun as the last step ended) and
-        the number of requests whose first chunk it takes."""
-        return (self.step_s if after_a_step else 0.0) + self.request_s * new_requests
+        the number of requests whose first chunk it takes. A step begun as the one before it
+        ended finds the engine busy since before its new requests were searched, so each pays
+        its search's interpreter time too; after the engine sat idle, their searches ran
+        beside an idle engine."""
+        per_request = self.request_s + (self.search_s if after_a_step else 0.0)
+        return (self.step_s if after_a_step else 0.0) + per_request * new_requests
+
+    def without_search(self) -> EngineLoop | None:
+        """This loop without the search tier's term (None: nothing left): what a replay at
+        the real steps' measured durations charges, since that time was spent inside them."""
+        if not (self.step_s or self.request_s):
+            return None
+        return EngineLoop(self.step_s, self.request_s)
 
     @classmethod
     def of(cls, config) -> EngineLoop | None:
         """The configuration's loop (None: one that costs nothing)."""
         step = float(getattr(config, "engine_loop_step_s", 0.0))
         request = float(getattr(config, "engine_loop_request_s", 0.0))
-        return cls(step, request) if step or request else None
+        search = float(getattr(config, "engine_loop_search_s", 0.0))
+        return cls(step, request, search) if step or request or search else None

@@ -11,10 +11,11 @@ begins after the engine sat idle pays the profile's cold start for the pause
 A decode step after a step with prompts pays the profile's ``decode_after_prompt`` extra for
 its position after it and that step's size (a batch's first steps after a join).
 After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
-The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_s`` and
-``engine_loop_request_s``) adds its time to the steps: each step begun as the one before ended
-(a busy engine) pays the loop's time between two steps, and each request pays its intake with
-its first prompt chunk.
+The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_s``,
+``engine_loop_request_s`` and ``engine_loop_search_s``) adds its time to the steps: each step
+begun as the one before ended (a busy engine) pays the loop's time between two steps, and each
+request pays its intake with its first prompt chunk, and there also its search's interpreter
+time (its search ran beside the busy engine).
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ steps of a busy engine as
 hold each request's intake as a quiet engine pays it (``VllmTimer._pass`` times a prefill from
 its hand-over), so the same intake is timed on the probe's idle engine and taken off
 ``request_s``: the simulation charges only what the prices do not hold.
+
+The same runs measure the search tier's share of the process's interpreter (``search_s``): the
+CPU time the run's search threads spent outside faiss (``RealSearch``:
+``interpreter_s_total``), per search. It lands inside the engine's steps, not between them, so
+the fit above cannot see it; the simulation charges it per request searched while the engine
+was busy (``EngineLoop.search_s``).
 """
 
 from __future__ import annotations
@@ -81,27 +87,33 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     """The engine loop of this machine's real vLLM runs of ``config`` (see the module's
     docstring): a run of the trace's requests past the ``served`` ones at each of
     ``LOOP_PROBE_LOADS`` x ``capacity_rps`` (Poisson), each on a fresh engine, as a validation's
-    real runs are. Returns ``step_s`` and ``request_s`` (past the quiet intake) for the
-    configuration, with what they come from."""
+    real runs are. Returns ``step_s``, ``request_s`` (past the quiet intake) and ``search_s``
+    (the search threads' interpreter time per search; 0 where the runs searched no real index)
+    for the configuration, with what they come from."""
     from ragsim.realrun.vllm.harness import VllmRun
 
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
     points, runs = [], []
-    quiet = 0.0
+    quiet, interpreter_s, searches = 0.0, 0.0, 0
     for share in LOOP_PROBE_LOADS:
         cfg = config.replace(arrival="poisson", rate_rps=share * capacity_rps, n_requests=None)
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         summary = run.run().summary
         points.append((run.between_steps, run.between_steps_s, run.submitted_while_busy))
+        search = summary.get("search") or {}
+        interpreter_s += float(search.get("interpreter_s_total", 0.0))
+        searches += int(search.get("searches_run", 0))
         runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": run.between_steps,
                      "between_steps_s": run.between_steps_s,
                      "requests_while_busy": run.submitted_while_busy,
-                     "gpu_busy_fraction": summary.get("gpu_busy_fraction")})
+                     "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
+                     "search_interpreter_mean_s": search.get("interpreter_mean_s")})
         if share == LOOP_PROBE_LOADS[-1]:
             quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
         del run
     step_s, request_s = fit_engine_loop(points)
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
-            "fitted_request_s": request_s, "quiet_intake_s": quiet, "runs": runs,
-            "requests": len(rows), "held_aside": held_aside}
+            "fitted_request_s": request_s, "quiet_intake_s": quiet,
+            "search_s": interpreter_s / searches if searches else 0.0, "searches": searches,
+            "runs": runs, "requests": len(rows), "held_aside": held_aside}
