@@ -44,49 +44,43 @@ def test_a_request_pays_its_searchs_interpreter_time_only_beside_a_busy_engine()
         0, 0, 0.0005)
 
 
+# Step A [1.0, 1.5] takes job 10's first chunk; step B right after takes job 10 again and job
+# 11 for the first time; step C, after the engine idled, job 12; priced at 0.5, 0.3 and 0.2 s
+def _step(start, end, *jobs, completing=()):
+    return {"kind": "mixed", "start_s": start, "end_s": end, "size": 0,
+            "context_tokens": 0.0, "completing": list(completing),
+            "jobs": [(key, request, computed, 50, 0) for key, request, computed in jobs]}
+
+
+THREE_STEPS = [_step(1.0, 1.5, (10, 0, 0)),
+               _step(1.5, 1.8, (10, 0, 50), (11, 1, 0), completing=(10, 11)),
+               _step(3.0, 3.2, (12, 2, 0), completing=(12,))]
+THREE_ENTERED = {10: 1.0, 11: 1.3, 12: 3.0}
+THREE_COLUMNS = {"arrival_s": np.array([0.9, 1.2, 2.9]),
+                 "search_end_s": np.array([1.0, 1.3, 3.0]),
+                 "first_token_s": np.array([1.8, 1.8, 3.2])}
+
+
+def _replay_three(loop: EngineLoop | None) -> np.ndarray:
+    prices = iter([0.5, 0.3, 0.2])
+    return replay(THREE_STEPS, THREE_ENTERED, THREE_COLUMNS, lambda d: next(prices), loop=loop)
+
+
 def test_the_replay_charges_the_loop_by_the_simulations_rule():
-    """Step A [1.0, 1.5] takes job 10's first chunk; step B right after takes job 10 again
-    and job 11 for the first time; step C, after the engine idled, job 12. Priced at 0.5,
-    0.3 and 0.2 s with a loop of 0.01 s a step and 0.1 s a request:
+    """The three steps with a loop of 0.01 s a step and 0.1 s a request:
     A: 1.0 + 0.5 + 0.1 (10's intake; no step before it) = 1.6;
     B: begins at 1.6 (right after A): 1.6 + 0.3 + 0.01 + 0.1 (11's intake only) = 2.01;
     C: job 12 entered at 3.0, after B ended: 3.0 + 0.2 + 0.1 = 3.3 (no gap charge)."""
-    def step(start, end, *jobs, completing=()):
-        return {"kind": "mixed", "start_s": start, "end_s": end, "size": 0,
-                "context_tokens": 0.0, "completing": list(completing),
-                "jobs": [(key, request, computed, 50, 0) for key, request, computed in jobs]}
-
-    decisions = [step(1.0, 1.5, (10, 0, 0)),
-                 step(1.5, 1.8, (10, 0, 50), (11, 1, 0), completing=(10, 11)),
-                 step(3.0, 3.2, (12, 2, 0), completing=(12,))]
-    prices = iter([0.5, 0.3, 0.2] * 2)
-    cols = {"arrival_s": np.array([0.9, 1.2, 2.9]), "search_end_s": np.array([1.0, 1.3, 3.0]),
-            "first_token_s": np.array([1.8, 1.8, 3.2])}
-    entered = {10: 1.0, 11: 1.3, 12: 3.0}
-    ttft = replay(decisions, entered, cols, lambda d: next(prices),
-                  loop=EngineLoop(step_s=0.01, request_s=0.1))
+    ttft = _replay_three(EngineLoop(step_s=0.01, request_s=0.1))
     assert ttft == pytest.approx([2.01 - 0.9, 2.01 - 1.2, 3.3 - 2.9])
     # without a loop: 1.5, 1.8, 3.2
-    assert replay(decisions, entered, cols, lambda d: next(prices)) == pytest.approx(
-        [1.8 - 0.9, 1.8 - 1.2, 3.2 - 2.9])
+    assert _replay_three(None) == pytest.approx([1.8 - 0.9, 1.8 - 1.2, 3.2 - 2.9])
 
 
 def test_the_replay_charges_a_search_beside_a_busy_engine_by_the_same_rule():
-    """The three steps above with a search term of 0.05 s: A (no step before it) and C (after
-    the engine idled) pay none; B's new job 11 pays it: B ends at 2.01 + 0.05 = 2.06."""
-    def step(start, end, *jobs, completing=()):
-        return {"kind": "mixed", "start_s": start, "end_s": end, "size": 0,
-                "context_tokens": 0.0, "completing": list(completing),
-                "jobs": [(key, request, computed, 50, 0) for key, request, computed in jobs]}
-
-    decisions = [step(1.0, 1.5, (10, 0, 0)),
-                 step(1.5, 1.8, (10, 0, 50), (11, 1, 0), completing=(10, 11)),
-                 step(3.0, 3.2, (12, 2, 0), completing=(12,))]
-    prices = iter([0.5, 0.3, 0.2])
-    cols = {"arrival_s": np.array([0.9, 1.2, 2.9]), "search_end_s": np.array([1.0, 1.3, 3.0]),
-            "first_token_s": np.array([1.8, 1.8, 3.2])}
-    ttft = replay(decisions, {10: 1.0, 11: 1.3, 12: 3.0}, cols, lambda d: next(prices),
-                  loop=EngineLoop(step_s=0.01, request_s=0.1, search_s=0.05))
+    """The three steps with a search term of 0.05 s as well: A (no step before it) and C
+    (after the engine idled) pay none; B's new job 11 pays it: B ends at 2.01 + 0.05."""
+    ttft = _replay_three(EngineLoop(step_s=0.01, request_s=0.1, search_s=0.05))
     assert ttft == pytest.approx([2.06 - 0.9, 2.06 - 1.2, 3.3 - 2.9])
 
 
