@@ -259,6 +259,10 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     # each simulated search: recorded stage times plus it, request by request
     handoff = report["sim"]["config"]["search_handoff_s"]
     assert handoff >= 0 and "search_handoff_s" in ran
+    # what the probe measured, in the report: the value the simulation was given
+    probe = report["probes"]["search_handoff"]
+    assert probe["handoff_s"] == handoff and probe["searches"] > 0
+    assert "engine_loop" not in report["probes"]  # measured for vLLM's runs only
     from ragsim.traces import resolve_trace
 
     trace = resolve_trace(str(text_trace), n_requests=16)

@@ -451,6 +451,13 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
     assert 0 < ran["engine_loop_search_s"] < 0.01
     report = json.loads((out / "load-over" / "validation.json").read_text())
     assert report["sim"]["config"]["engine_loop_step_s"] == ran["engine_loop_step_s"]
+    # what the probes measured, in the printed object and every point's report, as given
+    loop = combined["probes"]["engine_loop"]
+    assert (loop["step_s"], loop["request_s"], loop["search_s"]) == (
+        ran["engine_loop_step_s"], ran["engine_loop_request_s"], ran["engine_loop_search_s"])
+    assert [r["load"] for r in loop["runs"]] == [0.5, 0.9] and loop["searches"] > 0
+    assert report["probes"] == combined["probes"]
+    assert combined["probes"]["search_handoff"]["handoff_s"] == ran["search_handoff_s"]
     assert report["real"]["search"]["stages_run"] == 2 * 16
     # every gap holds the requests handed over while the engine was busy
     assert 0 <= report["real"]["engine_submitted_while_busy"] <= 16

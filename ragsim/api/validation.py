@@ -78,12 +78,13 @@ def _config(config_file: str | Path | None, *, trace: str, system: str, rate: fl
     return resolved, terms, frozenset(given)
 
 
-def _with_measured_handoff(resolved, data, config_file, note):
+def _with_measured_handoff(resolved, data, config_file, note, probes):
     """The configuration with the search hand-off measured here (``realrun.search.
     measure_handoff``) for the simulation to add to each search, where the real run searches
     the trace's index for real and the configuration file does not set ``search_handoff_s``
     (said in a note either way): the real search pays it, and a simulation without it prices
-    a search of the trace's build-time stage times only (-90% to -99% search error at rest)."""
+    a search of the trace's build-time stage times only (-90% to -99% search error at rest).
+    What the probe measured goes into ``probes["search_handoff"]``."""
     from ragsim.serving.config import load_config_file
 
     if config_file is not None and "search_handoff_s" in load_config_file(config_file):
@@ -92,7 +93,7 @@ def _with_measured_handoff(resolved, data, config_file, note):
         return resolved
     from ragsim.realrun.search import measure_handoff
 
-    probe = measure_handoff(data, resolved.search_workers)
+    probe = probes["search_handoff"] = measure_handoff(data, resolved.search_workers)
     note(f"search: the hand-off of a search to the worker pool and back, measured here: "
          f"{probe['handoff_s'] * 1e3:.3f} ms (median of {probe['searches']} searches, "
          f"{probe['seen_median_s'] * 1e3:.3f} ms seen against "
@@ -103,13 +104,14 @@ def _with_measured_handoff(resolved, data, config_file, note):
     return resolved.replace(search_handoff_s=probe["handoff_s"])
 
 
-def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads):
+def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads, probes):
     """The configuration with the real vLLM run's engine loop measured here
     (``realrun.vllm.loop.measure_engine_loop``: the real run's own loop on requests this
     validation does not serve, at two loads) for the simulation and the replays to charge,
     unless the configuration file sets it (said in a note either way): the real run's thread
     spends that time between steps, and a simulation without it runs a faster engine than
-    the one it is compared with (every vLLM 90% mean -9% to -20% low, runs G-L)."""
+    the one it is compared with (every vLLM 90% mean -9% to -20% low, runs G-L). What the
+    probe measured goes into ``probes["engine_loop"]``."""
     from ragsim import validation as v
     from ragsim.serving.config import load_config_file
 
@@ -127,7 +129,7 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     wider = resolve_trace(resolved.trace, seed=resolved.seed,
                           n_requests=served + LOOP_PROBE_REQUESTS)
     burst = v.run_sim(wider.head(served), v.config_at_load(resolved, v.LOAD_OVER, None), costs)
-    probe = measure_engine_loop(wider, resolved, costs, served=served,
+    probe = probes["engine_loop"] = measure_engine_loop(wider, resolved, costs, served=served,
                                 capacity_rps=float(burst.summary["throughput_rps"]),
                                 threads=threads, seed=resolved.seed)
     runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
@@ -318,6 +320,9 @@ class ValidationSetup:
     notes: list[tuple[str, bool]] = field(default_factory=list)
     replay_decisions: bool = False  # split the TTFT error into cost model and decisions
     repeats: int = 1  # real runs per point (``ragsim.engine_spread``)
+    # what validate measured before the runs for the simulation's configuration, as measured
+    # (``search_handoff``, ``engine_loop``): in every point's report and in loads.json
+    probes: dict = field(default_factory=dict)
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -369,6 +374,7 @@ class ValidationSetup:
                                if self.replay_decisions else None)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
+            report["probes"] = self.probes
             _write_pair(folder, reals, sim, report, backend, steps)
             return report
 
@@ -382,7 +388,7 @@ class ValidationSetup:
                     "system": config.system, "trace": config.trace,
                     "profile": config.profile,
                     "backend_terms": {name: getattr(config, name) for name in terms},
-                    "capacity_rps": None, "loads": rows}
+                    "probes": self.probes, "capacity_rps": None, "loads": rows}
         for load in self.points:
             at_share = load not in (v.LOAD_OVER, v.LOAD_IDLE)
             report = one(v.config_at_load(config, load, capacity_rps), load,
@@ -425,6 +431,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     from ragsim.outputs import claim_output_dir
 
     notes: list[tuple[str, bool]] = []
+    probes: dict = {}  # what is measured below for the configuration (ValidationSetup.probes)
 
     def note(text: str, warning: bool = False) -> None:
         notes.append((text, warning))
@@ -497,7 +504,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if searches_for_real:
         if device == "cpu":
             resolved = _search_pool_beside_engine(resolved, config, threads, costs, note)
-        resolved = _with_measured_handoff(resolved, data, config, note)
+        resolved = _with_measured_handoff(resolved, data, config, note, probes)
     v.engine_scale(costs, layers, hidden)
     if backend == "torch":  # on a GPU: what the engine's padded batches leave for the pool
         from ragsim.realrun.memory import fit_for_device
@@ -515,7 +522,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         if warning is not None:
             note(warning, warning=True)
     if backend == "vllm":  # the first real runs: after every note on how the runs will go
-        resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads)
+        resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads,
+                                              probes)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
     if sequential:
@@ -534,7 +542,7 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              + (f" (profile {reference.name})" if reference else "") + ", not a real run",
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
-                           reference, points, notes, replay_decisions, repeats)
+                           reference, points, notes, replay_decisions, repeats, probes)
 
 
 def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:
