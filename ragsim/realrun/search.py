@@ -184,9 +184,12 @@ class RealSearch:
             self.begin(i, stages, at_arrival=True)
             self._add_interpreter_s(time.thread_time() - cpu)
 
-    def _add_interpreter_s(self, seconds: float) -> None:
+    def _add_interpreter_s(self, seconds: float, searches: int = 0) -> None:
+        """Interpreter time of the search threads (``SearchReport.interpreter_s_total``), and
+        ``searches`` run to their end, counted together under the lock both threads take."""
         with self._lock:
             self.report.interpreter_s_total += max(0.0, seconds)
+            self.report.searches_run += searches
 
     def _stages_in_turn(self, i: int, ends: list[Future]) -> None:
         # it could start once begun and once this worker was free: the wake-up that handed it
@@ -205,9 +208,7 @@ class RealSearch:
                 self._worker.free_since = finished = time.monotonic()
                 self._ran[i] = (start, finished)
                 # the worker's CPU time on it less faiss's own (which lets the interpreter go)
-                self._add_interpreter_s(time.thread_time() - cpu - in_faiss)
-                with self._lock:
-                    self.report.searches_run += 1
+                self._add_interpreter_s(time.thread_time() - cpu - in_faiss, searches=1)
             end.set_result(found)
 
     def span(self, i: int) -> tuple[float, float] | None:

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineLoop:
     """The engine's serving loop as the simulator charges it, on the engine's timeline (the
-    configuration's ``engine_loop_step_s`` and ``engine_loop_request_s``; docs/validation.md,
-    "The vLLM run's engine thread between steps"): ``step_s`` between two steps of a busy
-    engine, ``request_s`` per request, with its first prompt chunk. The same rule prices the
-    replay of a real run's decisions (``ragsim.decisions.replay``)."""
+    configuration's ``engine_loop_step_s``, ``engine_loop_request_s`` and
+    ``engine_loop_search_s``; docs/validation.md, "The vLLM run's engine thread between steps"
+    and "The search tier in the engine's interpreter"): ``step_s`` between two steps of a busy
+    engine, ``request_s`` per request with its first prompt chunk, and ``search_s`` with it
+    where the engine was busy while the request was searched. The same rule prices the replay
+    of a real run's decisions (``ragsim.decisions.replay``)."""
 
     step_s: float = 0.0
     request_s: float = 0.0
