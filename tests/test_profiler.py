@@ -553,3 +553,28 @@ def test_padded_batch_past_the_grid_is_priced_row_by_row():
         assert model.iteration_s(cached, new) == pytest.approx(cost(cached, new), rel=2e-3)
         extrapolated = model.equivalent_s(cached, new)
         assert abs(extrapolated - cost(cached, new)) / cost(cached, new) > 0.2
+
+
+def test_mixed_rows_reach_the_decode_axis_fourfold():
+    """vLLM decodes every running request in the steps that prefill: its mixed grid's decode
+    rows reach the decode axis (1, 4, 16, 64, and its last batch), so that no step with dozens
+    of decode rows is priced on the straight line through 1 and 4 rows."""
+    from dataclasses import replace
+
+    quick = ProfilePlan.quick()  # decode rows up to 16, mixed rows 1 and 4
+    assert quick.with_mixed_rows_to_decode().mixed_batch_sizes == [1, 4, 16]
+    overload = quick.covering(batch_size=64)
+    assert overload.batch_sizes == [1, 2, 3, 4, 8, 16, 32, 64]
+    assert overload.with_mixed_rows_to_decode().mixed_batch_sizes == [1, 4, 16, 64]
+    assert quick.covering(batch_size=40).with_mixed_rows_to_decode().mixed_batch_sizes == \
+        [1, 4, 16, 40]
+    small = replace(quick, batch_sizes=[1, 2], mixed_batch_sizes=[1, 2])
+    assert small.with_mixed_rows_to_decode().mixed_batch_sizes == [1, 2]
+    none = replace(quick, mixed_batch_sizes=[], mixed_chunk_tokens=[])
+    assert none.with_mixed_rows_to_decode() == none
+    # the held-out mixed steps spread over the rows in log: a few rows as often as dozens
+    wide = replace(overload.with_mixed_rows_to_decode(), held_out_mixed=200)
+    rows = [len(u.passes[0][0]) - 1 for u in _sweep_units(wide, seed=0)
+            if u.kind == "held_out_mixed"]
+    assert min(rows) == 1 and 48 <= max(rows) <= 64
+    assert 0.35 < np.mean(np.array(rows) <= 8) < 0.65  # half of log(64) is log(8)

@@ -393,7 +393,9 @@ def test_a_profile_measured_for_a_validation_reaches_what_its_runs_ask():
                           context_tokens=5000)
     assert plan.cached_tokens == [*quick.cached_tokens, 2304]  # rounded up to 256s
     assert plan.new_tokens == quick.new_tokens  # 100 is inside already
-    assert plan.batch_sizes == [*quick.batch_sizes, 40]
+    # 40 rows, and 32 on the way (16 doubled): a decode step is not a straight line from 16
+    # rows to 40
+    assert plan.batch_sizes == [*quick.batch_sizes, 32, 40]
     assert plan.context_tokens == [*quick.context_tokens, 5120]
 
 

@@ -345,8 +345,11 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     from ragsim.profiles.profiler import run_profile
 
     # a timed step() samples and hands its tokens back already: no step overhead of its own;
-    # vLLM takes every waiting prompt into a step up to its token budget: wide batches measured
-    plan = replace(plan, overhead_rows=[], wide_batch_rows=plan.wide_batch_rows or WIDE_ROWS,
+    # vLLM takes every waiting prompt into a step up to its token budget: wide batches
+    # measured; and it prefills beside every request it decodes: mixed steps with as many
+    # decode rows as the decode grid has
+    plan = replace(plan.with_mixed_rows_to_decode(), overhead_rows=[],
+                   wide_batch_rows=plan.wide_batch_rows or WIDE_ROWS,
                    held_out_wide=plan.held_out_wide or HELD_OUT_WIDE)
 
     def whole(tokens: int) -> int:
