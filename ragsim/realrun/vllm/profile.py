@@ -52,9 +52,11 @@ from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
 # 16,384), and four held-out ones
 WIDE_ROWS = [8, 16, 32, 64]
 HELD_OUT_WIDE = 4
-# tokens a mixed step's running request may generate: its first (set-up) and the timed
-# step's, with room to spare; it is aborted after the timed step
-MIXED_DECODE_TOKENS = 8
+# tokens a mixed step's running request may generate: its first, those it decodes while the
+# other running requests are set up (one step when their prefixes are cached; a few where vLLM
+# evicted some, 64 rows of 1,024 tokens spread over the token budget), and the timed step's,
+# with room to spare; it is aborted after the timed step
+MIXED_DECODE_TOKENS = 32
 
 
 class VllmTimer:
@@ -147,24 +149,32 @@ class VllmTimer:
         self._drain(expected)
         return time.perf_counter() - started
 
-    def _until_first_tokens(self, requests: int) -> None:
-        """Step until ``requests`` requests (those just added) have their first token."""
-        first: set[str] = set()
-        while len(first) < requests:
+    def _until_first_tokens(self, requests: int) -> dict[str, int]:
+        """Step until ``requests`` requests (those just added) have their first token; returns
+        the tokens each request stepped has so far."""
+        tokens: dict[str, int] = {}
+        while sum(1 for n in tokens.values() if n) < requests:
+            if not self.llm.has_unfinished_requests():
+                raise RuntimeError(f"{requests} requests added to a profiled step finished "
+                                   "or left before all had their first token")
             for out in self.llm.step():
-                if out.outputs and out.outputs[0].token_ids:
-                    first.add(out.request_id)
+                tokens[out.request_id] = len(out.outputs[0].token_ids) if out.outputs else 0
+        return tokens
 
     def _mixed(self, cached: list[int], new: list[int]) -> float:
         """One timed mixed step: ``cached[0]`` cached and ``new[0]`` new tokens of a prompt
         prefilled in the step in which requests of ``cached[1:]`` tokens decode."""
         llm, running = self.llm, []
-        for slot, context in enumerate(cached[1:], start=1):
-            prefix = self.prefix(context, slot)
-            fresh = self._tokens(max(context - len(prefix), 1))
-            running.append(self._add([*prefix, *fresh], MIXED_DECODE_TOKENS))
-        self._until_first_tokens(len(running))  # their prompts (mostly cached)
+        # every prefix before any request runs: one not made yet is made by a request of its
+        # own, stepped to its end with whatever else the engine holds
+        prefixes = [self.prefix(context, slot) for slot, context in enumerate(cached[1:], 1)]
         prefix = self.prefix(cached[0])
+        for held, context in zip(prefixes, cached[1:], strict=True):
+            fresh = self._tokens(max(context - len(held), 1))
+            running.append(self._add([*held, *fresh], MIXED_DECODE_TOKENS))
+        # their prompts (mostly cached); where vLLM evicted some, the first to have a token
+        # decode while the rest are set up, so the timed step must add one token to each
+        before = self._until_first_tokens(len(running))
         prompt = [*prefix, *self._tokens(max(new[0], 1))]
         started = time.perf_counter()  # with its add_request, as the chunk alone (``_pass``)
         chunk = self._add(prompt, 1)
@@ -176,8 +186,8 @@ class VllmTimer:
             raise RuntimeError(f"a profiled mixed step did not prefill its prompt of "
                                f"{new[0]} new tokens over {len(prefix)} cached ones in one "
                                "step: give vLLM a larger token budget or more KV memory")
-        decoded = [key for key in running
-                   if key in outputs and len(outputs[key].outputs[0].token_ids) == 2]
+        decoded = [key for key in running if key in outputs and
+                   len(outputs[key].outputs[0].token_ids) == before.get(key, 0) + 1]
         if len(decoded) < len(running):
             raise RuntimeError(f"only {len(decoded)} of a profiled mixed step's "
                                f"{len(running)} running requests decoded in it")
