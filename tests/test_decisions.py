@@ -263,6 +263,13 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     probe = report["probes"]["search_handoff"]
     assert probe["handoff_s"] == handoff and probe["searches"] > 0
     assert "engine_loop" not in report["probes"]  # measured for vLLM's runs only
+    # the search tier's interpreter time per search, measured through the real torch run on
+    # requests of two probe runs (here the trace's last: it has few past the 16 judged), is
+    # what the simulation charges a request searched beside a busy engine
+    beside = report["probes"]["search_beside_engine"]
+    assert [r["load"] for r in beside["runs"]] == [0.5, 0.9]
+    assert beside["searches"] == 2 * beside["requests"] and beside["search_s"] > 0
+    assert report["sim"]["config"]["engine_loop_search_s"] == beside["search_s"]
     from ragsim.traces import resolve_trace
 
     trace = resolve_trace(str(text_trace), n_requests=16)

@@ -147,3 +147,19 @@ def test_the_probe_runs_requests_the_validation_does_not_serve_where_there_are_s
     assert probe_rows(1300, 300, 120) == (range(300, 420), True)
     assert probe_rows(350, 300, 120) == (range(230, 350), False)
     assert probe_rows(50, 50, 120) == (range(0, 50), False)
+
+
+def test_the_search_tiers_time_is_summed_over_the_probe_runs_before_it_is_divided():
+    """Per search over every probe run (not the mean of each run's mean): 3 ms over 20
+    searches and 1 ms over 10 are 4 ms over 30; a run that searched no real index adds
+    nothing, and none at all is 0. The probe runs' loads are shares of the capacity."""
+    from ragsim.realrun.probe_runs import interpreter_per_search, probe_configs
+    from ragsim.serving.config import SimConfig
+
+    runs = [{"search": {"interpreter_s_total": 0.003, "searches_run": 20}},
+            {"search": {"interpreter_s_total": 0.001, "searches_run": 10}}, {"search": None}]
+    assert interpreter_per_search(runs) == (pytest.approx(0.004 / 30), 30)
+    assert interpreter_per_search([{}]) == (0.0, 0)
+    configs = probe_configs(SimConfig(n_requests=300), 40.0)
+    assert [(share, c.arrival, c.rate_rps, c.n_requests) for share, c in configs] == [
+        (0.5, "poisson", 20.0, None), (0.9, "poisson", 36.0, None)]

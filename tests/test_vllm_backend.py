@@ -380,6 +380,21 @@ def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_dec
     # timed step: 40 + 3 tokens over 4 requests, the prompt's 64 cached tokens computed
     assert (43, 4, [64]) in steps
     assert not timer.llm.has_unfinished_requests()  # the running requests were aborted
+    # prefixes the timer remembers that vLLM no longer holds (evicted): the running requests
+    # prefill in full, 6 x 449 tokens over two steps of the 2,048-token budget, the first
+    # ones decoding in the second; the timed step still decodes each of them once beside the
+    # prompt (a 64-row profile stopped on "only 8 of 64 running requests decoded")
+    for slot in range(1, 7):
+        timer.prefix(448, slot)
+    timer._prefixes = {key: timer._tokens(len(ids)) if key[1] else ids
+                       for key, ids in timer._prefixes.items()}
+    seen.clear()
+    timer.sweeps([([64, *[448] * 6], [40, *[1] * 6])], 0, 1, mixed=[True])
+    steps = [(sum(out.num_scheduled_tokens.values()), len(out.num_scheduled_tokens),
+              [r.num_computed_tokens for r in out.scheduled_new_reqs]) for out in seen]
+    assert steps[-1] == (46, 7, [64])
+    assert len(steps) >= 3 and steps[0][0] == 2048  # the set-up spanned two steps or more
+    assert not timer.llm.has_unfinished_requests()
 
 
 def test_vllms_first_decode_step_is_timed_right_after_the_prompts_step():

@@ -112,7 +112,6 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     spends that time between steps, and a simulation without it runs a faster engine than
     the one it is compared with (every vLLM 90% mean -9% to -20% low, runs G-L). What the
     probe measured goes into ``probes["engine_loop"]``."""
-    from ragsim import validation as v
     from ragsim.serving.config import load_config_file
 
     fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
@@ -122,16 +121,13 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
              f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
              "not measured")
         return resolved
-    from ragsim.realrun.vllm.loop import LOOP_PROBE_REQUESTS, measure_engine_loop
-    from ragsim.traces import resolve_trace
+    from ragsim.realrun.vllm.loop import measure_engine_loop
 
     served = data.n_requests
-    wider = resolve_trace(resolved.trace, seed=resolved.seed,
-                          n_requests=served + LOOP_PROBE_REQUESTS)
-    burst = v.run_sim(wider.head(served), v.config_at_load(resolved, v.LOAD_OVER, None), costs)
+    wider, capacity_rps = _probe_trace(resolved, data, costs)
     probe = probes["engine_loop"] = measure_engine_loop(wider, resolved, costs, served=served,
-                                capacity_rps=float(burst.summary["throughput_rps"]),
-                                threads=threads, seed=resolved.seed)
+                                                        capacity_rps=capacity_rps,
+                                                        threads=threads, seed=resolved.seed)
     runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
                      f"{r['requests_while_busy']} requests handed over busy" for r in probe["runs"])
     whose = ("requests past the ones validated" if probe["held_aside"]
@@ -147,6 +143,59 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"])
+
+
+def _probe_trace(resolved, data, costs):
+    """The trace the probe runs draw from (the validation's requests and the probe's past
+    them) and the simulated burst capacity their loads are shares of."""
+    from ragsim import validation as v
+    from ragsim.realrun.probe_runs import LOOP_PROBE_REQUESTS
+    from ragsim.traces import resolve_trace
+
+    served = data.n_requests
+    wider = resolve_trace(resolved.trace, seed=resolved.seed,
+                          n_requests=served + LOOP_PROBE_REQUESTS)
+    burst = v.run_sim(wider.head(served), v.config_at_load(resolved, v.LOAD_OVER, None), costs)
+    return wider, float(burst.summary["throughput_rps"])
+
+
+def _with_measured_search_beside_engine(resolved, data, costs, config_file, note, device,
+                                        threads, probes):
+    """The torch engine's configuration with the search tier's interpreter time per search
+    measured through its real run (``realrun.probe_runs.search_beside_engine``, on requests
+    this validation does not serve, at two loads), unless the configuration file sets
+    ``engine_loop_search_s`` (said in a note either way). The torch harness's search workers
+    share its interpreter as vLLM's run's do, and vLLM's runs are charged the same term
+    (measured by their loop probe): equal terms. Without it, run Q2's 90% simulation ran an
+    engine 72% busy where the real one was 79%, and its mean came out -55%; with the term at
+    the judged runs' own 0.15 ms, +3.5% (docs/validation.md, "Run Q"). What the probe measured
+    goes into ``probes["search_beside_engine"]``."""
+    from ragsim.serving.config import load_config_file
+
+    if config_file is not None and "engine_loop_search_s" in load_config_file(config_file):
+        note(f"search beside the engine: the configuration's "
+             f"({resolved.engine_loop_search_s * 1e3:.3f} ms a search), not measured")
+        return resolved
+    from ragsim.realrun.harness import RealRun
+    from ragsim.realrun.probe_runs import search_beside_engine
+
+    wider, capacity_rps = _probe_trace(resolved, data, costs)
+
+    def run(trace, config, profile):  # each on a fresh engine, as the validation's runs are
+        return RealRun(trace, config, profile, device=device, threads=threads,
+                       model_seed=resolved.seed, speed_probes=False).run()
+
+    probe = probes["search_beside_engine"] = search_beside_engine(
+        wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run)
+    whose = ("requests past the ones validated" if probe["held_aside"]
+             else "the trace's last requests (it has none past the ones validated)")
+    note(f"search beside the engine: the search threads' interpreter time, measured through "
+         f"the real run on {probe['requests']} {whose} at "
+         + ", ".join(f"{r['load']:.0%}" for r in probe["runs"])
+         + f" of the simulated capacity: {probe['search_s'] * 1e3:.3f} ms a search over "
+         f"{probe['searches']}, which a request searched beside a busy engine costs it; the "
+         "simulation charges it (engine_loop_search_s)")
+    return resolved.replace(engine_loop_search_s=probe["search_s"])
 
 
 def _search_pool_beside_engine(resolved, config_file, threads, costs, note):
@@ -524,6 +573,10 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if backend == "vllm":  # the first real runs: after every note on how the runs will go
         resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads,
                                               probes)
+    elif backend == "torch" and searches_for_real:  # likewise; its loop between steps is
+        # the pipeline's own, which the simulation runs too: the search tier's term alone
+        resolved = _with_measured_search_beside_engine(resolved, data, costs, config, note,
+                                                       device, threads, probes)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
     if sequential:

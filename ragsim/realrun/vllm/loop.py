@@ -34,13 +34,19 @@ import time
 import numpy as np
 
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.probe_runs import (
+    LOOP_PROBE_LOADS,
+    LOOP_PROBE_REQUESTS,
+    interpreter_per_search,
+    probe_configs,
+    probe_rows,
+)
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
 
-# requests in each probe run, and the loads (shares of the simulated burst capacity) it runs at:
-# two, so that the time a step costs and the time a request costs can be told apart
-LOOP_PROBE_REQUESTS = 120
-LOOP_PROBE_LOADS = (0.5, 0.9)
+__all__ = ["LOOP_PROBE_LOADS", "LOOP_PROBE_REQUESTS", "fit_engine_loop", "measure_engine_loop",
+           "probe_rows", "quiet_intake_s"]
+
 QUIET_INTAKES = 40  # requests whose intake is timed on the probe's idle engine
 
 
@@ -56,14 +62,6 @@ def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]
     seconds = np.array([float(s) for _, s, _ in points])
     solution, _ = nnls(design, seconds)
     return float(solution[0]), float(solution[1])
-
-
-def probe_rows(n_trace: int, served: int, wanted: int = LOOP_PROBE_REQUESTS) -> tuple[range, bool]:
-    """The rows a probe runs: the ``wanted`` past the ``served`` ones where the trace has them
-    (True), else its last ``wanted`` (False: some are the validation's own)."""
-    if n_trace >= served + wanted:
-        return range(served, served + wanted), True
-    return range(max(0, n_trace - wanted), n_trace), False
 
 
 def quiet_intake_s(run, prompts: list[list[int]]) -> float:
@@ -94,16 +92,14 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
 
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
-    points, runs = [], []
-    quiet, interpreter_s, searches = 0.0, 0.0, 0
-    for share in LOOP_PROBE_LOADS:
-        cfg = config.replace(arrival="poisson", rate_rps=share * capacity_rps, n_requests=None)
+    points, runs, summaries = [], [], []
+    quiet = 0.0
+    for share, cfg in probe_configs(config, capacity_rps):
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         summary = run.run().summary
+        summaries.append(summary)
         points.append((run.between_steps, run.between_steps_s, run.submitted_while_busy))
         search = summary.get("search") or {}
-        interpreter_s += float(search.get("interpreter_s_total", 0.0))
-        searches += int(search.get("searches_run", 0))
         runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": run.between_steps,
                      "between_steps_s": run.between_steps_s,
                      "requests_while_busy": run.submitted_while_busy,
@@ -113,7 +109,8 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
             quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
         del run
     step_s, request_s = fit_engine_loop(points)
+    search_s, searches = interpreter_per_search(summaries)
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
             "fitted_request_s": request_s, "quiet_intake_s": quiet,
-            "search_s": interpreter_s / searches if searches else 0.0, "searches": searches,
+            "search_s": search_s, "searches": searches,
             "runs": runs, "requests": len(rows), "held_aside": held_aside}
