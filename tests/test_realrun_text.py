@@ -241,6 +241,23 @@ def test_a_searchs_stages_run_on_without_waiting_for_the_pipeline(built):
         search.close()
 
 
+def test_a_search_is_dropped_at_its_last_stage_whatever_its_trace_recorded(built):
+    """A request's search is held between its stages and dropped after the last one the run
+    asked for: where its trace row recorded no stages (a null, which the format allows), it
+    stayed held for the run, one per such row. The final list still comes back."""
+    from ragsim.realrun.search import RealSearch
+
+    search = RealSearch(built["trace"], workers=1)
+    try:
+        search._recorded[0] = None  # the row's stages: not recorded
+        assert search.run_stage(0, 2, 2).result(timeout=30)
+        assert search.run_stage(1, 2, 2).result(timeout=30)  # a recorded row, likewise
+        assert not search._open
+        assert search.report.final_lists_differing == 0  # nothing to compare row 0 with
+    finally:
+        search.close()
+
+
 def test_a_searchs_span_is_its_time_on_a_free_worker(built):
     """``RealSearch.span``: from the instant the search could run (begun, its worker free) to
     its last stage's end. Two searches begun together on one worker: the second's span starts

@@ -202,7 +202,10 @@ class RealSearch:
             except BaseException as exc:  # the pipeline's poll raises it, at every stage left
                 for left in ends[stage - 1:]:
                     left.set_exception(exc)
+                self._open.pop(i, None)
                 return
+            if stage == len(ends):  # its last stage run: its generator is done with
+                self._open.pop(i, None)
             in_faiss += seconds
             if stage == len(ends):  # recorded before the pipeline can see the end
                 self._worker.free_since = finished = time.monotonic()
@@ -244,8 +247,6 @@ class RealSearch:
                 report.final_lists_differing += 1
             else:
                 report.intermediate_lists_differing += 1
-        if stage == len(stages):
-            del self._open[i]
         return found, seconds
 
     def stage_list(self, i: int, stage: int) -> list[int] | None:
