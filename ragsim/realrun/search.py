@@ -204,10 +204,9 @@ class RealSearch:
                     left.set_exception(exc)
                 self._open.pop(i, None)
                 return
-            if stage == len(ends):  # its last stage run: its generator is done with
-                self._open.pop(i, None)
             in_faiss += seconds
             if stage == len(ends):  # recorded before the pipeline can see the end
+                self._open.pop(i, None)  # its generator is done with
                 self._worker.free_since = finished = time.monotonic()
                 self._ran[i] = (start, finished)
                 # the worker's CPU time on it less faiss's own (which lets the interpreter go)

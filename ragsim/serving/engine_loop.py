@@ -16,7 +16,9 @@ outputs) waits while they hold it. On the project's CPU a background thread hold
 interpreter 9% of the time made vLLM's 1- and 3-row decode steps 10-23% longer, numpy work
 that lets it go 54-59% of the time 1-11% (docs/validation.md, "The search tier in the engine's
 interpreter"). A request whose search ran while the engine was busy costs the engine that
-search's interpreter time; one searched while the engine sat idle costs it nothing.
+search's interpreter time; one searched while the engine sat idle costs it nothing. validate
+measures it on either engine's real run (``realrun/probe_runs.py``; vLLM's loop probe runs it
+too).
 """
 
 from __future__ import annotations
