@@ -37,6 +37,8 @@ SEARCH_SETTINGS = ("search_workers", "search_s", "search_stages", "stage_source"
                    "stage_converge_p", "stage_keeps_d1_p", "stage_other_found_p",
                    "search_latency", "search_time_scale", "search_handoff_s")
 SEARCH_LATENCIES = ("fixed", "trace")
+# a step-time spread past this is not a timing noise but a different machine
+MAX_STEP_TIME_SIGMA = 1.0
 CONFIG_VERSION = 1
 
 
@@ -133,6 +135,12 @@ class SimConfig:
     # serving/engine_loop.py). validate measures it on the real run's search threads; 0: a
     # search tier of its own
     engine_loop_search_s: float = 0.0
+    # each step's time drawn around its price: x exp(N(0, step_time_sigma)) (serving/
+    # step_noise.py), from a generator seeded by seed and step_noise_seed: one of the runs a
+    # real engine might have. 0: every step at its price (one noise-free run). validate
+    # --sim-replicas averages runs of step_noise_seed 0..K-1 (sigma from the profile's repeats)
+    step_time_sigma: float = 0.0
+    step_noise_seed: int = 0
     # model the vector search (and speculation on it)? auto: when the trace's documents were
     # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
     # search setting or speculate=true given explicitly means on. A run records what it used.
@@ -475,8 +483,11 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
                  "engine_loop_search_s", "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
-                 "host_replicas"):
+                 "host_replicas", "step_time_sigma", "step_noise_seed"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)
+    _check(not c.step_time_sigma > MAX_STEP_TIME_SIGMA, "step_time_sigma",
+           f"must be <= {MAX_STEP_TIME_SIGMA:g} (the standard deviation of ln(step time): "
+           f"{MAX_STEP_TIME_SIGMA:g} lets one step in 20 take over 5x its price)", source)
     _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
     problem = limits.memory_problem(c.n_requests, limits.RUN_BYTES_PER_REQUEST)
     _check(problem is None, "n_requests", f"cannot be simulated here: {problem}", source)

@@ -58,6 +58,7 @@ from ragsim.serving.pipeline import (
     requests_to_run,
     resolve_retrieval,
 )
+from ragsim.serving.step_noise import StepTimeNoise
 from ragsim.sim.predicted import predicted_iterations
 from ragsim.sim.simulator import ExactClock
 from ragsim.traces.schema import Trace
@@ -78,7 +79,8 @@ class FleetReplica(Pipeline):
         super().__init__(
             trace, config, profile, env=env,
             iterations=predicted_iterations(env, profile, config.overlap_swap,
-                                            EngineLoop.of(config)),
+                                            EngineLoop.of(config),
+                                            StepTimeNoise.of(config, stream=index)),
             record_moves=record_moves, requests_of=requests_of)
         self.fleet = fleet
         self.index = index

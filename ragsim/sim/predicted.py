@@ -16,6 +16,9 @@ The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_
 begun as the one before ended (a busy engine) pays the loop's time between two steps, and each
 request pays its intake with its first prompt chunk, and there also its search's interpreter
 time (its search ran beside the busy engine).
+With a configuration's ``step_time_sigma`` each step's whole time is then drawn around that
+price (``serving.step_noise``: one of the runs a real engine might have); without it every step
+takes its price.
 """
 
 from __future__ import annotations
@@ -37,15 +40,18 @@ from ragsim.serving.costs import (
 )
 from ragsim.serving.engine import Job, PrefillTiming, Wait
 from ragsim.serving.engine_loop import EngineLoop
+from ragsim.serving.step_noise import StepTimeNoise
 
 
 class PredictedIterations:
     """``ragsim.serving.engine.Iterations`` with the profile's predicted durations."""
 
     def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool,
-                 reuse_kind: str = "prefix", loop: EngineLoop | None = None) -> None:
+                 reuse_kind: str = "prefix", loop: EngineLoop | None = None,
+                 noise: StepTimeNoise | None = None) -> None:
         self.env = env
         self.loop = loop
+        self.noise = noise  # each step's time drawn around its price (None: at its price)
         # position-free reuse: a blended prefill computes the recomputed tokens with the new
         # ones (in the jobs' alpha/beta) and, for blend, first runs the selection pass
         self.reuse_kind = reuse_kind
@@ -101,6 +107,10 @@ class PredictedIterations:
         if cold:
             timing = PrefillTiming(duration_s=timing.duration_s + cold,
                                    compute_s=timing.compute_s + cold, copy_s=timing.copy_s)
+        if self.noise is not None:
+            k = self.noise.factor()
+            timing = PrefillTiming(duration_s=timing.duration_s * k,
+                                   compute_s=timing.compute_s * k, copy_s=timing.copy_s * k)
         yield self.env.timeout(timing.duration_s)
         self._last_end_s = self.env.now
         return timing
@@ -129,6 +139,9 @@ class PredictedIterations:
         # beside the compute does not hide it)
         cold = self._cold_start_s() + self._loop_s(j for j, _ in chunks)
         compute, duration = compute + cold, duration + cold
+        if self.noise is not None:
+            k = self.noise.factor()
+            compute, duration, copy = compute * k, duration * k, copy * k
         # its chunks are prompts: its decode rows pay nothing
         self.after_prompt.charge(sum(take for _, take in chunks))
         yield self.env.timeout(duration)
@@ -148,6 +161,8 @@ class PredictedIterations:
             self.layout.advance()
         duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
         duration += self._cold_start_s() + self._loop_s() + self.after_prompt.charge(None)
+        if self.noise is not None:
+            duration *= self.noise.factor()
         yield self.env.timeout(duration)
         self._last_end_s = self.env.now
         return duration
@@ -180,6 +195,9 @@ class PredictedIterations:
                          zip(durations, self.after_prompt.due(steps), strict=True)]
             if self.loop is not None and self.loop.step_s:  # each later step follows one
                 durations[1:] = [d + self.loop.step_s for d in durations[1:]]
+        if self.noise is not None:  # each step's own draw, as ``decode`` would take it
+            durations = [d * k for d, k in zip(durations, self.noise.factors(steps),
+                                               strict=True)]
         self._run_outside = None  # the usual case: every step on the grid
         if grid.extrapolated_queries != counted:  # which steps were off it, one by one
             grid.extrapolated_queries = counted
@@ -221,8 +239,10 @@ def _context_tokens(job: Job) -> int:
 
 
 def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool,
-                         loop: EngineLoop | None = None):
+                         loop: EngineLoop | None = None, noise: StepTimeNoise | None = None):
     """The iterations factory a simulated pipeline is given (it calls it with its tree): one
     place, so that one engine and every replica of a fleet price alike (the tree's reuse rule
-    decides whether a prefill pays CacheBlend's selection pass)."""
-    return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind, loop)
+    decides whether a prefill pays CacheBlend's selection pass); ``noise``: that engine's
+    step-time draws (``serving.step_noise``)."""
+    return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind, loop,
+                                            noise)

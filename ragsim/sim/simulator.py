@@ -12,6 +12,7 @@ from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
 from ragsim.serving.engine_loop import EngineLoop
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, requests_to_run
+from ragsim.serving.step_noise import StepTimeNoise
 from ragsim.sim.predicted import predicted_iterations
 from ragsim.traces.schema import Trace
 
@@ -65,7 +66,7 @@ class Simulation(Pipeline):
         super().__init__(
             trace, config, profile, env=env,
             iterations=predicted_iterations(env, profile, config.overlap_swap,
-                                            EngineLoop.of(config)),
+                                            EngineLoop.of(config), StepTimeNoise.of(config)),
             progress=progress)
 
 
