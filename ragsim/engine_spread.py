@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from ragsim.sim_ensemble import p90_abs_error_one_run
 from ragsim.validation import join_runs, relative_errors, throughput_error, ttft_errors
 
 # the interval's confidence: two-sided, over the repeated real runs
@@ -170,6 +171,10 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
         "sim_within_real_range": bool(min(ttft) <= sim_ttft <= max(ttft)),
         "real_gpu_busy_fraction": _mean_known([run["gpu_busy_fraction"] for run in runs]),
         "ttft_p90_abs_error_floor": floor,
+        # how well one real run predicts the others' average (the error a model that is one
+        # more run of the engine would show): docs/validation.md, run R
+        "ttft_p90_abs_error_one_run": p90_abs_error_one_run(
+            np.array([frame["ttft_s_real"].to_numpy(float) for frame in each])),
         "floor": "the p90 |error| per request a model equal to each request's expected TTFT "
                  "would show against the runs' average: the average's own error, from each "
                  "request's spread over the runs (normal, sd / sqrt(runs))",

@@ -484,7 +484,8 @@ def compare(real, sim, *, backend: str, load: str | None = None,
             capacity_error: float | None = None, repeats: Sequence = (),
             repeats_replayed: Sequence[np.ndarray | None] = (),
             measured_replayed: Sequence[np.ndarray | None] = (),
-            elasticity: dict | None = None, steps: dict | None = None) -> dict:
+            elasticity: dict | None = None, steps: dict | None = None,
+            single=None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -505,7 +506,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     point's mean TTFT answers the steps' prices (``cost_elasticity``), kept as
     ``cost_elasticity`` for the diagnosis to size the next fix. ``steps``: the real runs' steps
     measured against their prices, by size (``step_prices``), kept as ``step_prices``: which
-    steps the prices miss."""
+    steps the prices miss. ``single``: with ``sim`` an ensemble (``run_sim_ensemble``), the
+    noise-free simulation of the point, whose errors against the same real side are kept as
+    ``sim_ensemble.single_run``."""
     reals = [real, *repeats]
     if repeats:
         from ragsim import engine_spread
@@ -591,11 +594,41 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     if "position_free_hit_tokens" in sim.summary:  # --reuse blend:R | epic:K
         report["reuse"] = config.reuse
         report["position_free"] = position_free_counts(real.summary, sim.summary)
+    if single is not None:
+        report["sim_ensemble"] = ensemble_section(reals, sim, single, real_throughput)
     report["real"], report["sim"] = real.summary, sim.summary
     from ragsim.diagnosis import diagnose
 
     report["diagnosis"] = diagnose(report)  # each missed target: its cause and next fix
     return report
+
+
+def ensemble_section(reals: Sequence, ensemble, single, real_throughput: float) -> dict:
+    """The ``sim_ensemble`` section of a report: the replicas and their step-time spread, the
+    replicas' own p90 |error| one against the others, and the noise-free run's raw errors
+    against the same real side (its per-request average over ``reals``)."""
+    if len(reals) > 1:
+        from ragsim.engine_spread import pooled_join
+
+        joined = pooled_join(reals, single.columns)[0]
+    else:
+        joined = join_runs(reals[0].columns, single.columns)[0]
+    errors = ttft_errors(joined)
+    return {
+        "replicas": ensemble.summary.get("sim_replicas"),
+        "step_time_sigma": ensemble.summary.get("step_time_sigma"),
+        "ttft_p90_abs_error_one_run": ensemble.summary.get("ttft_p90_abs_error_one_run"),
+        "single_run": {
+            "ttft_mean_error": errors["ttft_mean_error"],
+            "ttft_p90_abs_error": errors["ttft_p90_abs_error"],
+            "throughput_error": float(relative_errors(single.summary["throughput_rps"],
+                                                      real_throughput)),
+            "ttft_mean_s": single.summary.get("ttft_mean_s"),
+        },
+        "estimator": "each request's simulated TTFT averaged over the replicas (each step's "
+                     "time x exp(N(0, step_time_sigma)), sigma from the profile's repeated "
+                     "timings); single_run: the noise-free simulation against the same real side",
+    }
 
 
 POSITION_FREE_FIELDS = ("position_free_hit_tokens", "blend_recomputed_tokens")
@@ -734,6 +767,32 @@ def run_sim(trace: Trace, config: SimConfig, profile: Profile):
     from ragsim.backends import runner
 
     return runner("sim")(trace, config, profile, None)
+
+
+def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas: int,
+                     sigma: float):
+    """``replicas`` simulations of the point, each step's time drawn around its price with
+    ``sigma`` (``step_noise_seed`` 0..replicas-1), averaged per request
+    (``ragsim.sim_ensemble``): an estimate of each request's expected TTFT."""
+    from ragsim.sim_ensemble import ensemble_result
+
+    runs = [run_sim(trace, config.replace(step_time_sigma=sigma, step_noise_seed=k), profile)
+            for k in range(replicas)]
+    ensemble = ensemble_result(runs, sigma, config)  # the point's config.toml: noise-free
+    ensemble.summary["ttft_p90_abs_error_one_run"] = _one_run_p90(runs)
+    return ensemble
+
+
+def _one_run_p90(runs) -> float:
+    """The replicas' own spread: one against the others' average (requests completed in all)."""
+    from ragsim.sim_ensemble import p90_abs_error_one_run
+
+    frames = [completed(run.columns).set_index("request_id")["ttft_s"] for run in runs]
+    common = frames[0].index
+    for frame in frames[1:]:
+        common = common.intersection(frame.index)
+    return p90_abs_error_one_run(np.array([frame.loc[common].to_numpy(float)
+                                           for frame in frames]))
 
 
 def run_real(trace: Trace, config: SimConfig, profile: Profile, *, backend: str,
@@ -925,6 +984,7 @@ def load_row(report: dict) -> dict:
                 "throughput_error"),
             "interrupted": bool(report.get("interrupted", False)),
             **repeat_columns(report.get("repeats")),
+            **ensemble_columns(report.get("sim_ensemble")),
             **{f"{name}_passed": passed for name, passed in marks.items()},
             **miss_columns(report.get("diagnosis") or [])}
 
@@ -936,14 +996,35 @@ def repeat_columns(repeats: dict | None) -> dict:
         return {"real_runs": 1, "ttft_mean_error_low": math.nan,
                 "ttft_mean_error_high": math.nan, "throughput_error_low": math.nan,
                 "throughput_error_high": math.nan, "real_ttft_mean_cv": math.nan,
-                "ttft_p90_abs_error_floor": math.nan}
+                "ttft_p90_abs_error_floor": math.nan, "real_ttft_p90_abs_error_one_run": math.nan}
     ttft, throughput = repeats["ttft_mean_error_interval"], repeats["throughput_error_interval"]
     return {"real_runs": repeats["runs"], "ttft_mean_error_low": ttft[0],
             "ttft_mean_error_high": ttft[1], "throughput_error_low": throughput[0],
             "throughput_error_high": throughput[1],
             "real_ttft_mean_cv": repeats["real_ttft_mean_cv"],
             # the p90 |error| the runs' own per-request spread gives a perfect model
-            "ttft_p90_abs_error_floor": repeats.get("ttft_p90_abs_error_floor", math.nan)}
+            "ttft_p90_abs_error_floor": repeats.get("ttft_p90_abs_error_floor", math.nan),
+            # one real run against the others' average: what a model that is one more run
+            # of the engine would show
+            "real_ttft_p90_abs_error_one_run": repeats.get("ttft_p90_abs_error_one_run",
+                                                           math.nan)}
+
+
+def ensemble_columns(ensemble: dict | None) -> dict:
+    """A load row's simulated side as an ensemble (``validate --sim-replicas``): its replicas,
+    their step-time spread, one replica against the others, and the noise-free run's raw
+    errors (1 replica, NaN: the simulation is the noise-free run itself)."""
+    if not ensemble:
+        return {"sim_replicas": 1, "step_time_sigma": math.nan,
+                "sim_ttft_p90_abs_error_one_run": math.nan,
+                "single_ttft_mean_error": math.nan, "single_ttft_p90_abs_error": math.nan,
+                "single_throughput_error": math.nan}
+    single = ensemble["single_run"]
+    return {"sim_replicas": ensemble["replicas"], "step_time_sigma": ensemble["step_time_sigma"],
+            "sim_ttft_p90_abs_error_one_run": ensemble["ttft_p90_abs_error_one_run"],
+            "single_ttft_mean_error": single["ttft_mean_error"],
+            "single_ttft_p90_abs_error": single["ttft_p90_abs_error"],
+            "single_throughput_error": single["throughput_error"]}
 
 
 def miss_columns(diagnosis: list[dict]) -> dict:

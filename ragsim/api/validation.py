@@ -20,6 +20,8 @@ from ragsim.api.options import as_bytes, label
 from ragsim.errors import RagsimInputError
 
 DEFAULT_REQUESTS = 200  # a real run takes real time: a few minutes on two CPU cores
+# simulations a point may average (--sim-replicas): each is a whole simulation of the point
+MAX_SIM_REPLICAS = 256
 # what a validation writes directly in its folder (one comparison, or the table of loads): any
 # of them there is an earlier validation, which --out replaces only with force
 VALIDATION_FILES = ("validation.json", "requests.parquet", "config.toml", "loads.json",
@@ -256,6 +258,27 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
         engine="vllm" if backend == "vllm" else "torch", block_tokens=block_tokens)
 
 
+def _ensemble_spread(resolved, costs, replicas: int, note: Note):
+    """The step-time spread of ``--sim-replicas``' simulations: the configuration's
+    ``step_time_sigma`` where it sets one, else the profile's repeated timings
+    (``profiles.repeat_spread``); the configuration's noise-free run keeps 0 (said in a
+    note)."""
+    from ragsim.profiles.repeat_spread import step_time_sigma
+
+    sigma, source = resolved.step_time_sigma, "the configuration's step_time_sigma"
+    if not sigma:
+        sigma, source = step_time_sigma(costs), f"the profile {costs.name!r}'s repeated timings"
+        if sigma is None:
+            raise RagsimInputError(
+                f"the profile {costs.name!r} keeps no repeated timings to measure a step's "
+                f"spread from (a derived profile): set step_time_sigma in a {label('config')} "
+                f"file or give a measured profile", field=label("sim_replicas"))
+    note(f"the simulated side: each request's TTFT averaged over {replicas} simulations, each "
+         f"step's time x exp(N(0, {sigma:.3f})) ({source}); the noise-free simulation is "
+         f"reported beside it (sim_ensemble.single_run)")
+    return resolved.replace(step_time_sigma=0.0), float(sigma)
+
+
 def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
                 steps: list[list[dict] | None] | None = None) -> None:
     """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
@@ -372,6 +395,10 @@ class ValidationSetup:
     # what validate measured before the runs for the simulation's configuration, as measured
     # (``search_handoff``, ``engine_loop``): in every point's report and in loads.json
     probes: dict = field(default_factory=dict)
+    # simulations per point, averaged per request (``ragsim.sim_ensemble``; 1: the noise-free
+    # run alone), each step's time drawn with this spread
+    sim_replicas: int = 1
+    step_time_sigma: float = 0.0
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -405,6 +432,11 @@ class ValidationSetup:
             # run began: those step sizes are built (``Profile.warmed``)
             sim_costs = v.warmed_like(costs, real)
             sim = v.run_sim(data, cfg, sim_costs)
+            # --sim-replicas: the per-request average of noisy replicas is the simulated side,
+            # the noise-free run kept beside it (and the elasticity measured on it)
+            ensemble = v.run_sim_ensemble(data, cfg, sim_costs, self.sim_replicas,
+                                          self.step_time_sigma) \
+                if self.sim_replicas > 1 else None
             adjusted = v.speed_adjusted_sim(data, cfg, sim_costs, *reals)
             replayed = [v.replay_decisions(r, v.warmed_like(costs, r)) for r in reals] \
                 if self.replay_decisions else [None]
@@ -413,18 +445,19 @@ class ValidationSetup:
             # each step against its price, written beside each real run (steps.parquet)
             steps = [v.priced_step_table(r, costs) for r in reals] \
                 if self.replay_decisions else []
-            report = v.compare(real, sim, backend=backend, load=load,
+            report = v.compare(real, ensemble or sim, backend=backend, load=load,
                                sim_speed_adjusted=adjusted, terms=terms,
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
                                repeats=more, repeats_replayed=replayed[1:],
                                measured_replayed=measured,
                                elasticity=v.cost_elasticity(data, cfg, sim_costs, sim),
                                steps=v.step_prices(reals, costs, steps)
-                               if self.replay_decisions else None)
+                               if self.replay_decisions else None,
+                               single=sim if ensemble is not None else None)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             report["probes"] = self.probes
-            _write_pair(folder, reals, sim, report, backend, steps)
+            _write_pair(folder, reals, ensemble or sim, report, backend, steps)
             return report
 
         config = self.config
@@ -466,14 +499,18 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      search_latency: str | None = None, replay_decisions: bool = False,
                      replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None,
-                     reuse: str | None = None, repeats: int = 1,
+                     reuse: str | None = None, repeats: int = 1, sim_replicas: int = 1,
                      force: bool = False) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
     chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress. ``force``:
     replace an earlier validation in ``out_dir`` (refused otherwise, before any work).
     ``repeats``: real runs of each point, each on a fresh engine, against the one simulation
-    (``ragsim.engine_spread``: errors against their average, with the spread's interval)."""
+    (``ragsim.engine_spread``: errors against their average, with the spread's interval).
+    ``sim_replicas``: simulations of each point, each step's time drawn with the spread the
+    profile measured for a step run again (``profiles.repeat_spread``; a configuration's
+    ``step_time_sigma`` instead where it sets one), averaged per request
+    (``ragsim.sim_ensemble``); 1: the noise-free simulation alone."""
     from ragsim import validation as v
     from ragsim.backends import CPU_PROFILES
     from ragsim.extras import require_extra
@@ -497,6 +534,11 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise RagsimInputError(f"real runs per point must be a whole number of at least 1, "
                                f"got {repeats!r}", field=label("repeats"))
+    if isinstance(sim_replicas, bool) or not isinstance(sim_replicas, int) \
+            or not 1 <= sim_replicas <= MAX_SIM_REPLICAS:
+        raise RagsimInputError(f"simulations per point must be a whole number from 1 to "
+                               f"{MAX_SIM_REPLICAS}, got {sim_replicas!r}",
+                               field=label("sim_replicas"))
     if profile is not None and profile_now:
         raise RagsimInputError(f"give {label('profile')} or {label('profile_now')}, not both",
                                field=label("profile"))
@@ -579,6 +621,9 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                                                        device, threads, probes)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
+    sigma = 0.0
+    if sim_replicas > 1:
+        resolved, sigma = _ensemble_spread(resolved, costs, sim_replicas, note)
     if sequential:
         resolved, changed = v.sequential_config(resolved)
         if changed:
@@ -595,7 +640,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              + (f" (profile {reference.name})" if reference else "") + ", not a real run",
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
-                           reference, points, notes, replay_decisions, repeats, probes)
+                           reference, points, notes, replay_decisions, repeats, probes,
+                           sim_replicas=sim_replicas, step_time_sigma=sigma)
 
 
 def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:

@@ -104,6 +104,11 @@ def validate(
         help="Real runs of each point, each on a fresh engine, against the one simulation: "
         "the errors are against their per-request average, with each run's own and the 95% "
         "interval their spread gives (an engine's run-to-run spread, measured).")] = 1,
+    sim_replicas: Annotated[int, typer.Option(
+        help="Simulations of each point, each step's time drawn around its price with the "
+        "spread the profile measured for a step run again, averaged per request: each "
+        "request's expected TTFT, as --repeats averages the real runs (1: the noise-free "
+        "simulation alone; it is reported beside an ensemble).")] = 1,
     replicas: Annotated[int | None, typer.Option(
         help="A fleet on both sides: this many engines (real: a thread each). [default: 1]",
         show_default=False)] = None,
@@ -147,7 +152,7 @@ def validate(
             scheduler=scheduler, reference_profile=reference_profile,
             search_latency=search_latency, replay_decisions=replay_decisions, replicas=replicas,
             router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse,
-            repeats=repeats, force=force)
+            repeats=repeats, sim_replicas=sim_replicas, force=force)
     finally:
         if phases.live.is_started:
             phases.stop()
@@ -264,6 +269,19 @@ def _print_report(r: dict) -> None:
         if repeats.get("ttft_p90_abs_error_floor") is not None:  # not in older reports
             table.add_row("TTFT p90 |error| the runs' own spread gives a perfect model",
                           f"{repeats['ttft_p90_abs_error_floor']:.1%}", "", "")
+        if repeats.get("ttft_p90_abs_error_one_run") is not None:
+            table.add_row("TTFT p90 |error| of one real run against the others' average",
+                          f"{repeats['ttft_p90_abs_error_one_run']:.1%}", "", "")
+    ensemble = r.get("sim_ensemble")
+    if ensemble:
+        single = ensemble["single_run"]
+        table.add_row(f"simulated side: {ensemble['replicas']} simulations averaged, step time "
+                      f"sigma {ensemble['step_time_sigma']:.3f}; one against the others' "
+                      "average, p90 |error|",
+                      f"{ensemble['ttft_p90_abs_error_one_run']:.1%}", "", "")
+        table.add_row("the noise-free simulation: TTFT mean error, p90 |error|, throughput",
+                      f"{_pct(single['ttft_mean_error'])}, {single['ttft_p90_abs_error']:.1%}, "
+                      f"{_pct(single['throughput_error'])}", "", "")
     table.add_row("KS statistic (p)", f"{r['ks_statistic']:.3f} ({r['ks_pvalue']:.3g})", "", "")
     table.add_row(f"TOST ±{r['tost_margin']:.0%} on log ratios (p), a diagnostic",
                   f"{'equivalent' if r['tost_equivalent'] else 'not shown'} "
@@ -360,6 +378,17 @@ def _print_loads(combined: dict) -> None:
                       "(their per-request spread): " + "; ".join(
                           f"{row['load']} {row['ttft_p90_abs_error_floor']:.1%}"
                           for row in floors), highlight=False)
+        out.print("TTFT p90 |error| of one real run against the others' average: " + "; ".join(
+            f"{row['load']} {row['real_ttft_p90_abs_error_one_run']:.1%}" for row in repeated
+            if row.get("real_ttft_p90_abs_error_one_run") is not None), highlight=False)
+    ensembles = [row for row in combined["loads"] if row.get("sim_replicas", 1) > 1]
+    if ensembles:
+        out.print(f"simulated side: {ensembles[0]['sim_replicas']} simulations averaged per "
+                  f"request (step time sigma {ensembles[0]['step_time_sigma']:.3f}); the "
+                  "noise-free simulation's TTFT mean error / p90 |error|: " + "; ".join(
+                      f"{row['load']} {_pct(row['single_ttft_mean_error'])} / "
+                      f"{row['single_ttft_p90_abs_error']:.1%}" for row in ensembles),
+                  highlight=False)
     split = [row for row in combined["loads"] if row.get("cost_model_error") is not None]
     if split:
         out.print("TTFT mean error split (--replay-decisions), cost model / decisions: "
