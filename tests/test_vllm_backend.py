@@ -149,6 +149,9 @@ def test_each_run_knows_the_step_sizes_its_process_had_run_before_it(runs):
     assert {64, 2, budget} <= set(first_warm)
     assert len(set(second_warm)) == len(second_warm)  # each count once, at its last run
     assert first.summary["engine_warm_step_tokens"] == len(first_warm)
+    # which, in their order, so a stored run's simulation can be run again
+    assert first.summary["engine_warm_step_token_counts"] == list(first_warm)
+    assert second.summary["engine_warm_step_token_counts"] == list(second_warm)
     steps = {sum(job[3] for job in d["jobs"]) + d["size"]
              for d in first.decisions["iterations"]}
     assert steps and steps <= set(second_warm)

@@ -408,6 +408,9 @@ class VllmRun(RealSearchDriving, Pipeline):
         self._fix_records(result)
         result.engine_warm_step_tokens = warm
         result.summary["engine_warm_step_tokens"] = len(warm)
+        # which: a stored run's simulation can be run again as validate ran it
+        # (benchmarks/resimulate_point.py)
+        result.summary["engine_warm_step_token_counts"] = [int(t) for t in warm]  # in order
         self._note_built_capacity(result)
         if self._scheduled is not None:  # for ``validate --replay-decisions``
             result.decisions = {"iterations": self.decisions, "submitted_s": self.submitted_s}

@@ -1,0 +1,153 @@
+"""A stored validation point simulated again, against the same real runs: what-ifs on the model.
+
+A validation point's folder (``OUT/<system>/load-90``: its ``config.toml``, its real runs
+``real``, ``real-2``, ...) keeps everything the simulated side needs, so a change to the model
+can be judged on the real runs already measured, with the machine's drift between validations
+out of the comparison. For each point this prints the real runs' own numbers (their p90 |error|
+floor, and one run against the others' average: ``ragsim.sim_ensemble``), then each variant's
+raw errors against the runs' per-request average: the noise-free simulation, and with
+``--sim-replicas K`` the per-request average of K simulations with each step's time drawn
+around its price (``validate --sim-replicas``), with the replicas' own one-against-the-others
+p90. Variants: ``--profile`` (another profile), ``--term-from new_shapes=OTHER.json`` (one of the
+profile's terms from another profile), ``--set name=value`` (a configuration field, e.g.
+``engine_loop_search_s=0.00015``), ``--drop-decode-batch N`` (the profile's decode grid without
+its batch-N row), ``--sigma`` (the step-time spread instead of the profile's).
+
+    python benchmarks/resimulate_point.py OUT/vllm-ragcache/load-90 OUT/vllm-ragcache/load-50 \\
+        --sim-replicas 16
+    python benchmarks/resimulate_point.py OUT/torch-ragcache/load-90 \\
+        --set engine_loop_search_s=0 --drop-decode-batch 32
+
+A vLLM run records the step sizes its engine process had run before it began
+(``engine_warm_step_token_counts``), which validate's simulation charges no first-time price
+for; a run stored before that field existed is simulated with every size warm, and said so
+(its noise-free errors then differ from the stored report's). docs/validation.md quotes its
+tables (runs Q and R).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ragsim.api.loading import load_profile, load_trace
+from ragsim.engine_spread import p90_abs_error_floor, pooled_join
+from ragsim.profiles.grid import BilinearGrid
+from ragsim.profiles.repeat_spread import step_time_sigma
+from ragsim.serving.config import SimConfig, load_config_file
+from ragsim.serving.pipeline import RunResult
+from ragsim.sim_ensemble import p90_abs_error_one_run
+from ragsim.validation import run_sim, run_sim_ensemble, ttft_errors
+
+
+def stored_runs(point: Path) -> list[RunResult]:
+    """The point's real runs as ``RunResult``s (their records and summaries)."""
+    runs = []
+    for folder in sorted(point.glob("real*"), key=lambda p: (len(p.name), p.name)):
+        columns = {name: values.to_numpy()
+                   for name, values in pd.read_parquet(folder / "requests.parquet").items()}
+        summary = json.loads((folder / "summary.json").read_text())
+        runs.append(RunResult(config=None, columns=columns, summary=summary))
+    if not runs:
+        raise SystemExit(f"{point}: no real run (real/requests.parquet)")
+    return runs
+
+
+def without_decode_batch(profile, batch: int):
+    """``profile`` with its decode grid's batch-``batch`` row left out."""
+    grid = profile.decode
+    keep = [i for i, b in enumerate(grid.x_axis) if b != batch]
+    if len(keep) == len(grid.x_axis):
+        raise SystemExit(f"the decode grid has no batch {batch} (batches {grid.x_axis})")
+    return replace(profile, decode=BilinearGrid(
+        grid.name, grid.x_name, grid.y_name, [grid.x_axis[i] for i in keep],
+        list(grid.y_axis), [list(grid.values[i]) for i in keep],
+        monotone_x=getattr(grid, "monotone_x", True)))
+
+
+def warmed_as_run(profile, real: RunResult) -> tuple[object, str]:
+    """``profile`` as validate priced the point (``validation.warmed_like``), from what the
+    stored run kept."""
+    summary = real.summary
+    shapes = profile.new_shapes
+    kept = summary.get("engine_built_capacity_counts")
+    if shapes is not None and kept is not None and kept != shapes.built_capacity_counts:
+        profile = replace(profile, new_shapes=replace(shapes, built_capacity_counts=kept))
+    warm = summary.get("engine_warm_step_token_counts")
+    if warm is not None:
+        return profile.warmed(warm), "the run's warm step sizes"
+    if summary.get("engine_warm_step_tokens"):
+        return (profile.warmed(range(1, 1 + int(1e5))),
+                "every step size warm (the run kept only their count)")
+    return profile, "as stored"
+
+
+def errors_of(reals: list[RunResult], sim: RunResult) -> tuple[float, float]:
+    """(TTFT mean error, p90 |error|) against the runs' per-request average."""
+    errors = ttft_errors(pooled_join(reals, sim.columns)[0])
+    return errors["ttft_mean_error"], errors["ttft_p90_abs_error"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("points", nargs="+", type=Path, help="validation point folders")
+    parser.add_argument("--profile", help="price with this profile instead of the point's")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a configuration field (repeatable)")
+    parser.add_argument("--term-from", action="append", default=[], metavar="TERM=PROFILE",
+                        help="one of the profile's terms (new_shapes, idle_start, "
+                        "mixed_steps, decode, ...) taken from another profile (repeatable)")
+    parser.add_argument("--drop-decode-batch", type=int)
+    parser.add_argument("--sim-replicas", type=int, default=1)
+    parser.add_argument("--sigma", type=float, help="step-time spread (default: the profile's)")
+    args = parser.parse_args()
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        overrides[name] = json.loads(value) if value[:1] in "-0123456789.[{tf\"" else value
+    print("| point | real mean (ms) | floor | one real run | variant | sim mean (ms) | "
+          "mean error | p90 abs error | one replica |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for point in args.points:
+        run = load_config_file(point / "config.toml")
+        # the noise-free run (a point stored while config.toml kept an ensemble's replica 0
+        # has its step_time_sigma); --set step_time_sigma=... makes it one noisy run
+        config = SimConfig(**{**run, "step_time_sigma": 0.0, **overrides})
+        trace = load_trace(run["trace"], requests=run["n_requests"])
+        reals = stored_runs(point)
+        profile = load_profile(args.profile or run["profile"])
+        for item in args.term_from:
+            term, _, other = item.partition("=")
+            if not hasattr(profile, term):
+                raise SystemExit(f"a profile has no term {term!r}")
+            profile = replace(profile, **{term: getattr(load_profile(other), term)})
+        if args.drop_decode_batch is not None:
+            profile = without_decode_batch(profile, args.drop_decode_batch)
+        sigma = args.sigma if args.sigma is not None else step_time_sigma(profile)
+        profile, how = warmed_as_run(profile, reals[0])
+        pooled = pooled_join(reals, reals[0].columns)[2]
+        real_ttft = np.array([frame["ttft_s_real"].to_numpy(float) for frame in pooled])
+        head = (f"| {point} | {real_ttft.mean(axis=1).mean() * 1e3:.1f} | "
+                f"{p90_abs_error_floor(real_ttft):.1%} | {p90_abs_error_one_run(real_ttft):.1%}")
+        variants = [("noise-free", run_sim(trace, config, profile), None)]
+        if args.sim_replicas > 1:
+            if not sigma:
+                raise SystemExit("the profile keeps no repeated timings: give --sigma")
+            ensemble = run_sim_ensemble(trace, config, profile, args.sim_replicas, sigma)
+            variants.append((f"{args.sim_replicas} replicas, sigma {sigma:.3f}", ensemble,
+                             ensemble.summary["ttft_p90_abs_error_one_run"]))
+        for label, sim, one in variants:
+            mean_error, p90 = errors_of(reals, sim)
+            print(f"{head} | {label} | {sim.summary['ttft_mean_s'] * 1e3:.1f} | "
+                  f"{mean_error:+.1%} | {p90:.1%} | {'-' if one is None else f'{one:.1%}'} |")
+        print(f"<!-- {point}: profile {how}; overrides {overrides or 'none'}; terms from "
+              f"{args.term_from or 'none'} -->")
+
+
+if __name__ == "__main__":
+    main()
