@@ -223,3 +223,31 @@ def test_the_command_line_prints_the_ensemble_and_the_noise_free_run(tmp_path):
     text = " ".join(result.stdout.split())
     assert "3 simulations averaged" in text
     assert "the noise-free simulation" in text
+
+
+def test_resimulate_point_gives_a_stored_points_noise_free_run_and_ensemble_again(tmp_path):
+    """benchmarks/resimulate_point.py, on a point validate wrote: its noise-free run against
+    the stored real side is the report's single run, and its ensemble the report's own
+    errors (the same configuration, profile, replicas and spread)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import ragsim
+
+    found = ragsim.validate(tmp_path / "v", backend="sim", requests=30, profile=MEASURED,
+                            sim_replicas=3, reference_profile="cpu-vllm-mistral-7b-l2-h256")
+    report = found.report
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "resimulate_point.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "v"), "--sim-replicas",
+                           "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|") for line in done.stdout.splitlines()
+            if line.startswith(f"| {tmp_path / 'v'} |")]
+    assert len(rows) == 2
+    noise_free, ensemble = ([cell.strip() for cell in row] for row in rows)
+    single = report["sim_ensemble"]["single_run"]
+    assert noise_free[7] == f"{single['ttft_mean_error']:+.1%}"
+    assert noise_free[8] == f"{single['ttft_p90_abs_error']:.1%}"
+    assert ensemble[7] == f"{report['ttft_mean_error']:+.1%}"
+    assert ensemble[8] == f"{report['ttft_p90_abs_error']:.1%}"
