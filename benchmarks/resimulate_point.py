@@ -31,6 +31,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,13 @@ from ragsim.profiles.repeat_spread import step_time_sigma
 from ragsim.serving.config import SimConfig, load_config_file
 from ragsim.serving.pipeline import RunResult
 from ragsim.sim_ensemble import p90_abs_error_one_run
-from ragsim.validation import run_sim, run_sim_ensemble, ttft_errors
+from ragsim.validation import (
+    joined_to_reals,
+    run_sim,
+    run_sim_ensemble,
+    ttft_errors,
+    warmed_like,
+)
 
 
 def stored_runs(point: Path) -> list[RunResult]:
@@ -72,24 +79,23 @@ def without_decode_batch(profile, batch: int):
 
 def warmed_as_run(profile, real: RunResult) -> tuple[object, str]:
     """``profile`` as validate priced the point (``validation.warmed_like``), from what the
-    stored run kept."""
+    stored run's summary kept."""
     summary = real.summary
-    shapes = profile.new_shapes
-    kept = summary.get("engine_built_capacity_counts")
-    if shapes is not None and kept is not None and kept != shapes.built_capacity_counts:
-        profile = replace(profile, new_shapes=replace(shapes, built_capacity_counts=kept))
     warm = summary.get("engine_warm_step_token_counts")
-    if warm is not None:
-        return profile.warmed(warm), "the run's warm step sizes"
-    if summary.get("engine_warm_step_tokens"):
-        return (profile.warmed(range(1, 1 + int(1e5))),
-                "every step size warm (the run kept only their count)")
-    return profile, "as stored"
+    how = "the run's warm step sizes" if warm is not None else "as stored"
+    if warm is None and summary.get("engine_warm_step_tokens"):
+        warm = range(1, 1 + int(1e5))  # stored before the sizes were: their count alone
+        how = "every step size warm (the run kept only their count)"
+    kept = SimpleNamespace(engine_warm_step_tokens=warm,
+                           engine_built_capacity_counts=summary.get(
+                               "engine_built_capacity_counts"))
+    return warmed_like(profile, kept), how
 
 
 def errors_of(reals: list[RunResult], sim: RunResult) -> tuple[float, float]:
-    """(TTFT mean error, p90 |error|) against the runs' per-request average."""
-    errors = ttft_errors(pooled_join(reals, sim.columns)[0])
+    """(TTFT mean error, p90 |error|) against the runs' per-request average, as validate
+    computes them."""
+    errors = ttft_errors(joined_to_reals(reals, sim.columns))
     return errors["ttft_mean_error"], errors["ttft_p90_abs_error"]
 
 

@@ -92,6 +92,17 @@ def join_runs(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]
     return joined.sort_values("request_id", ignore_index=True), dropped.tolist()
 
 
+def joined_to_reals(reals: Sequence, sim_columns: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Another simulation of a point joined with its real side as ``compare`` joins its own:
+    over repeated real runs their per-request average (``engine_spread.pooled_join``), else
+    the one run."""
+    if len(reals) > 1:
+        from ragsim.engine_spread import pooled_join
+
+        return pooled_join(reals, sim_columns)[0]
+    return join_runs(reals[0].columns, sim_columns)[0]
+
+
 def same_replica(real: dict[str, np.ndarray], sim: dict[str, np.ndarray]) -> float:
     """Share of the requests that both fleets sent to the same replica (1.0: routed alike)."""
     frame = pd.DataFrame({"request_id": real["request_id"], "replica": real["replica"]}).merge(
@@ -582,12 +593,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
 
         report["repeats"] = spread(reals, sim, each)
     if sim_speed_adjusted is not None:
-        if repeats:
-            from ragsim.engine_spread import pooled_join
-
-            adjusted = pooled_join(reals, sim_speed_adjusted.columns)[0]
-        else:
-            adjusted, _ = join_runs(real.columns, sim_speed_adjusted.columns)
+        adjusted = joined_to_reals(reals, sim_speed_adjusted.columns)
         report["speed_adjusted"] = _errors(real_throughput, sim_speed_adjusted, adjusted,
                                            sequential=config.arrival == "sequential",
                                            overload=load == LOAD_OVER)
@@ -607,13 +613,7 @@ def ensemble_section(reals: Sequence, ensemble, single, real_throughput: float) 
     """The ``sim_ensemble`` section of a report: the replicas and their step-time spread, the
     replicas' own p90 |error| one against the others, and the noise-free run's raw errors
     against the same real side (its per-request average over ``reals``)."""
-    if len(reals) > 1:
-        from ragsim.engine_spread import pooled_join
-
-        joined = pooled_join(reals, single.columns)[0]
-    else:
-        joined = join_runs(reals[0].columns, single.columns)[0]
-    errors = ttft_errors(joined)
+    errors = ttft_errors(joined_to_reals(reals, single.columns))
     return {
         "replicas": ensemble.summary.get("sim_replicas"),
         "step_time_sigma": ensemble.summary.get("step_time_sigma"),
