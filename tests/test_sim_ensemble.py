@@ -113,9 +113,16 @@ def test_noisy_runs_are_deterministic_per_seed_and_differ_only_in_their_steps():
 
 
 def test_a_fleets_engines_draw_their_own_noise():
+    """Each engine of a fleet has its own stream (engine 1's draws are not engine 0's), and a
+    noisy fleet is as deterministic as one engine."""
+    config = build_config({"step_time_sigma": 0.1, "replicas": 2, "seed": 3})
+    engine_0, engine_1 = (StepTimeNoise.of(config, stream=k).factors(50) for k in (0, 1))
+    assert engine_0 != engine_1
+    assert StepTimeNoise.of(config, stream=1).factors(50) == engine_1
     fleet = _run(replicas=2, step_time_sigma=0.1)
     same = _run(replicas=2, step_time_sigma=0.1)
     np.testing.assert_array_equal(fleet.columns["ttft_s"], same.columns["ttft_s"])
+    assert not np.array_equal(fleet.columns["ttft_s"], _run(replicas=2).columns["ttft_s"])
     assert (fleet.columns["status"] == "completed").all()
 
 
