@@ -11,7 +11,8 @@ around its price (``validate --sim-replicas``), with the replicas' own one-again
 p90. Variants: ``--profile`` (another profile), ``--term-from new_shapes=OTHER.json`` (one of the
 profile's terms from another profile), ``--set name=value`` (a configuration field, e.g.
 ``engine_loop_search_s=0.00015``), ``--drop-decode-batch N`` (the profile's decode grid without
-its batch-N row), ``--sigma`` (the step-time spread instead of the profile's).
+its batch-N row), ``--sigma`` and ``--correlation`` (the steps' draws: by default the probe
+runs' spread where the point's report has it, else the profile's with no correlation).
 
     python benchmarks/resimulate_point.py OUT/vllm-ragcache/load-90 OUT/vllm-ragcache/load-50 \\
         --sim-replicas 16
@@ -99,6 +100,15 @@ def errors_of(reals: list[RunResult], sim: RunResult) -> tuple[float, float]:
     return errors["ttft_mean_error"], errors["ttft_p90_abs_error"]
 
 
+def probe_spread(point: Path) -> dict | None:
+    """The step spread validate measured on the point's probe runs (``probes.step_spread``
+    in its report; None for a point stored before it did)."""
+    report = point / "validation.json"
+    if not report.exists():
+        return None
+    return (json.loads(report.read_text()).get("probes") or {}).get("step_spread")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("points", nargs="+", type=Path, help="validation point folders")
@@ -110,7 +120,10 @@ def main() -> None:
                         "mixed_steps, decode, ...) taken from another profile (repeatable)")
     parser.add_argument("--drop-decode-batch", type=int)
     parser.add_argument("--sim-replicas", type=int, default=1)
-    parser.add_argument("--sigma", type=float, help="step-time spread (default: the profile's)")
+    parser.add_argument("--sigma", type=float, help="step-time spread (default: the probe "
+                        "runs' where the point's report has them, else the profile's)")
+    parser.add_argument("--correlation", type=float, help="lag-1 correlation of the steps' "
+                        "draws (default: the probe runs' where the report has them, else 0)")
     args = parser.parse_args()
     overrides = {}
     for item in args.set:
@@ -134,7 +147,11 @@ def main() -> None:
             profile = replace(profile, **{term: getattr(load_profile(other), term)})
         if args.drop_decode_batch is not None:
             profile = without_decode_batch(profile, args.drop_decode_batch)
-        sigma = args.sigma if args.sigma is not None else step_time_sigma(profile)
+        measured = probe_spread(point)
+        sigma = args.sigma if args.sigma is not None else (
+            measured["sigma"] if measured else step_time_sigma(profile))
+        correlation = args.correlation if args.correlation is not None else (
+            measured["correlation"] if measured else 0.0)
         profile, how = warmed_as_run(profile, reals[0])
         pooled = pooled_join(reals, reals[0].columns)[2]
         real_ttft = np.array([frame["ttft_s_real"].to_numpy(float) for frame in pooled])
@@ -144,8 +161,10 @@ def main() -> None:
         if args.sim_replicas > 1:
             if not sigma:
                 raise SystemExit("the profile keeps no repeated timings: give --sigma")
-            ensemble = run_sim_ensemble(trace, config, profile, args.sim_replicas, sigma)
-            variants.append((f"{args.sim_replicas} replicas, sigma {sigma:.3f}", ensemble,
+            ensemble = run_sim_ensemble(trace, config, profile, args.sim_replicas, sigma,
+                                        correlation)
+            variants.append((f"{args.sim_replicas} replicas, sigma {sigma:.3f}, "
+                             f"rho {correlation:.2f}", ensemble,
                              ensemble.summary["ttft_p90_abs_error_one_run"]))
         for label, sim, one in variants:
             mean_error, p90 = errors_of(reals, sim)

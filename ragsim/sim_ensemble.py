@@ -9,10 +9,11 @@ noise-free simulation is no closer to the expectation than one real run is; it o
 spread of its own to show it.
 
 ``validate --sim-replicas K`` therefore runs the simulation K times, each step's time drawn
-around its price with the spread the profile measured for a step run again
-(``profiles.repeat_spread``; ``serving.step_noise``), replicas differing only in
-``step_noise_seed`` (the trace, arrivals and search stages are the same), and compares the
-per-request average with the real side. The noise-free run stays in the report
+around its price with the spread (and the correlation from one step to the next) measured on
+the validation's probe runs' steps (``ragsim.step_spread``), or the profile's for a step run
+again where no probe ran (``profiles.repeat_spread``; ``serving.step_noise``), replicas
+differing only in ``step_noise_seed`` (the trace, arrivals and search stages are the same),
+and compares the per-request average with the real side. The noise-free run stays in the report
 (``sim_ensemble.single_run``): what one simulation says, against the same real runs, and the
 point's cost elasticity is still measured on it. The replicas' own spread
 (``ttft_p90_abs_error_one_run``: one replica against the others' average) is printed beside the
@@ -33,13 +34,15 @@ from ragsim.serving.pipeline import RunResult
 AVERAGED_SUFFIX = "_s"
 
 
-def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None) -> RunResult:
+def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
+                    correlation: float = 0.0) -> RunResult:
     """One result of ``runs`` (replicas of one configuration that differ in their step-time
     draws): each request's time columns averaged over the replicas it completed in (replica
     0's values where it completed in none), its other columns (status, hits, ids) replica 0's;
-    the summary's numbers averaged over the replicas, with ``sim_replicas`` and
-    ``step_time_sigma`` added. ``config``: the configuration the replicas were drawn from (the
-    noise-free one, which a point's ``config.toml`` keeps; default replica 0's)."""
+    the summary's numbers averaged over the replicas, with ``sim_replicas``,
+    ``step_time_sigma`` and ``step_time_correlation`` added. ``config``: the configuration the
+    replicas were drawn from (the noise-free one, which a point's ``config.toml`` keeps;
+    default replica 0's)."""
     if not runs:
         raise ValueError("an ensemble needs at least one run")
     first = runs[0]
@@ -65,7 +68,8 @@ def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None) -> Run
         known = [run.summary.get(key) for run in runs]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in known):
             summary[key] = float(np.mean(known))
-    summary.update(sim_replicas=len(runs), step_time_sigma=float(sigma))
+    summary.update(sim_replicas=len(runs), step_time_sigma=float(sigma),
+                   step_time_correlation=float(correlation))
     return RunResult(config=first.config if config is None else config, columns=columns,
                      summary=summary)
 

@@ -617,6 +617,7 @@ def ensemble_section(reals: Sequence, ensemble, single, real_throughput: float) 
     return {
         "replicas": ensemble.summary.get("sim_replicas"),
         "step_time_sigma": ensemble.summary.get("step_time_sigma"),
+        "step_time_correlation": ensemble.summary.get("step_time_correlation", 0.0),
         "ttft_p90_abs_error_one_run": ensemble.summary.get("ttft_p90_abs_error_one_run"),
         "single_run": {
             "ttft_mean_error": errors["ttft_mean_error"],
@@ -626,8 +627,10 @@ def ensemble_section(reals: Sequence, ensemble, single, real_throughput: float) 
             "ttft_mean_s": single.summary.get("ttft_mean_s"),
         },
         "estimator": "each request's simulated TTFT averaged over the replicas (each step's "
-                     "time x exp(N(0, step_time_sigma)), sigma from the profile's repeated "
-                     "timings); single_run: the noise-free simulation against the same real side",
+                     "time x exp(e), e an AR(1) over the steps with spread step_time_sigma and "
+                     "lag-1 correlation step_time_correlation, measured on the probe runs' "
+                     "steps, else the profile's repeated timings with no correlation); "
+                     "single_run: the noise-free simulation against the same real side",
     }
 
 
@@ -770,15 +773,19 @@ def run_sim(trace: Trace, config: SimConfig, profile: Profile):
 
 
 def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas: int,
-                     sigma: float):
+                     sigma: float, correlation: float = 0.0):
     """``replicas`` simulations of the point, each step's time drawn around its price with
-    ``sigma`` (``step_noise_seed`` 0..replicas-1), averaged per request
-    (``ragsim.sim_ensemble``): an estimate of each request's expected TTFT."""
+    ``sigma`` and ``correlation`` (``serving.step_noise``; ``step_noise_seed``
+    0..replicas-1), averaged per request (``ragsim.sim_ensemble``): an estimate of each
+    request's expected TTFT."""
     from ragsim.sim_ensemble import ensemble_result
 
-    runs = [run_sim(trace, config.replace(step_time_sigma=sigma, step_noise_seed=k), profile)
+    runs = [run_sim(trace, config.replace(step_time_sigma=sigma,
+                                          step_time_correlation=correlation,
+                                          step_noise_seed=k), profile)
             for k in range(replicas)]
-    ensemble = ensemble_result(runs, sigma, config)  # the point's config.toml: noise-free
+    # the point's config.toml: noise-free
+    ensemble = ensemble_result(runs, sigma, config, correlation)
     ensemble.summary["ttft_p90_abs_error_one_run"] = _one_run_p90(runs)
     return ensemble
 
@@ -1016,11 +1023,12 @@ def ensemble_columns(ensemble: dict | None) -> dict:
     errors (1 replica, NaN: the simulation is the noise-free run itself)."""
     if not ensemble:
         return {"sim_replicas": 1, "step_time_sigma": math.nan,
-                "sim_ttft_p90_abs_error_one_run": math.nan,
+                "step_time_correlation": math.nan, "sim_ttft_p90_abs_error_one_run": math.nan,
                 "single_ttft_mean_error": math.nan, "single_ttft_p90_abs_error": math.nan,
                 "single_throughput_error": math.nan}
     single = ensemble["single_run"]
     return {"sim_replicas": ensemble["replicas"], "step_time_sigma": ensemble["step_time_sigma"],
+            "step_time_correlation": ensemble.get("step_time_correlation", 0.0),
             "sim_ttft_p90_abs_error_one_run": ensemble["ttft_p90_abs_error_one_run"],
             "single_ttft_mean_error": single["ttft_mean_error"],
             "single_ttft_p90_abs_error": single["ttft_p90_abs_error"],

@@ -213,7 +213,8 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     out = tmp_path / "v"
     result = CliRunner().invoke(app, [
         "validate", "--backend", "torch", "--trace", str(text_trace), "--requests", "16",
-        "--search-latency", "trace", "--replay-decisions", "--json", "--out", str(out)])
+        "--search-latency", "trace", "--replay-decisions", "--sim-replicas", "2", "--json",
+        "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     search = report["real"]["search"]
@@ -270,6 +271,13 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert [r["load"] for r in beside["runs"]] == [0.5, 0.9]
     assert beside["searches"] == 2 * beside["requests"] and beside["search_s"] > 0
     assert report["sim"]["config"]["engine_loop_search_s"] == beside["search_s"]
+    # the same probe runs' steps about their prices: the spread and correlation the
+    # simulated replicas drew each step's time with (never the judged runs' steps)
+    spread = report["probes"]["step_spread"]
+    assert 0 < spread["sigma"] < 1 and 0 <= spread["correlation"] <= 0.95
+    assert spread["steps"] >= 8 and len(spread["runs"]) >= 1
+    assert report["sim_ensemble"]["step_time_sigma"] == spread["sigma"]
+    assert report["sim_ensemble"]["step_time_correlation"] == spread["correlation"]
     from ragsim.traces import resolve_trace
 
     trace = resolve_trace(str(text_trace), n_requests=16)

@@ -474,6 +474,9 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
     assert (loop["step_s"], loop["request_s"], loop["search_s"]) == (
         ran["engine_loop_step_s"], ran["engine_loop_request_s"], ran["engine_loop_search_s"])
     assert [r["load"] for r in loop["runs"]] == [0.5, 0.9] and loop["searches"] > 0
+    # the same probe runs' steps about their prices (what --sim-replicas would draw with)
+    spread = combined["probes"]["step_spread"]
+    assert 0 < spread["sigma"] < 1 and 0 <= spread["correlation"] <= 0.95
     assert report["probes"] == combined["probes"]
     assert combined["probes"]["search_handoff"]["handoff_s"] == ran["search_handoff_s"]
     assert report["real"]["search"]["stages_run"] == 2 * 16

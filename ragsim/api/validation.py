@@ -127,9 +127,12 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
 
     served = data.n_requests
     wider, capacity_rps = _probe_trace(resolved, data, costs)
+    results: list = []
     probe = probes["engine_loop"] = measure_engine_loop(wider, resolved, costs, served=served,
                                                         capacity_rps=capacity_rps,
-                                                        threads=threads, seed=resolved.seed)
+                                                        threads=threads, seed=resolved.seed,
+                                                        on_result=results.append)
+    _measure_step_spread(results, costs, probes, note)
     runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
                      f"{r['requests_while_busy']} requests handed over busy" for r in probe["runs"])
     whose = ("requests past the ones validated" if probe["held_aside"]
@@ -145,6 +148,24 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"])
+
+
+def _measure_step_spread(results, costs, probes, note) -> None:
+    """How much the probe runs' steps varied about their prices (``ragsim.step_spread``),
+    into ``probes["step_spread"]``: what ``--sim-replicas``' simulations draw each step's time
+    with. Measured on runs this validation does not judge."""
+    from ragsim import validation as v
+    from ragsim.step_spread import served_step_spread
+
+    spread = served_step_spread([v.priced_step_table(r, costs) for r in results])
+    if spread is None:
+        note("step spread: the probe runs kept too few steps to measure it")
+        return
+    probes["step_spread"] = spread
+    note(f"step spread: the probe runs' {spread['steps']} steps ran about their prices with a "
+         f"log spread of {spread['sigma']:.3f} and a step-to-step correlation of "
+         f"{spread['correlation']:.2f} (each kind and size's median set aside: the prices' "
+         "own error)")
 
 
 def _probe_trace(resolved, data, costs):
@@ -183,12 +204,17 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
 
     wider, capacity_rps = _probe_trace(resolved, data, costs)
 
+    results: list = []
+
     def run(trace, config, profile):  # each on a fresh engine, as the validation's runs are
-        return RealRun(trace, config, profile, device=device, threads=threads,
-                       model_seed=resolved.seed, speed_probes=False).run()
+        result = RealRun(trace, config, profile, device=device, threads=threads,
+                         model_seed=resolved.seed, speed_probes=False).run()
+        results.append(result)
+        return result
 
     probe = probes["search_beside_engine"] = search_beside_engine(
         wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run)
+    _measure_step_spread(results, costs, probes, note)
     whose = ("requests past the ones validated" if probe["held_aside"]
              else "the trace's last requests (it has none past the ones validated)")
     note(f"search beside the engine: the search threads' interpreter time, measured through "
@@ -258,25 +284,36 @@ def _cost_profile(name: str | None, profile_now: bool, backend: str, out_dir: Pa
         engine="vllm" if backend == "vllm" else "torch", block_tokens=block_tokens)
 
 
-def _ensemble_spread(resolved, costs, replicas: int, note: Note):
-    """The step-time spread of ``--sim-replicas``' simulations: the configuration's
-    ``step_time_sigma`` where it sets one, else the profile's repeated timings
-    (``profiles.repeat_spread``); the configuration's noise-free run keeps 0 (said in a
-    note)."""
+def _ensemble_spread(resolved, costs, replicas: int, note: Note, probes: dict
+                     ) -> tuple[object, float, float]:
+    """The step-time draws of ``--sim-replicas``' simulations, ``(config, sigma,
+    correlation)``: the configuration's ``step_time_sigma`` (and ``step_time_correlation``)
+    where it sets one; else what the probe runs' steps measured (``probes["step_spread"]``,
+    ``ragsim.step_spread``: a serving engine's steps, on requests not judged); else the
+    profile's repeated timings (``profiles.repeat_spread``: a quiet loop's, with no
+    correlation). The configuration's noise-free run keeps 0 (said in a note)."""
     from ragsim.profiles.repeat_spread import step_time_sigma
 
-    sigma, source = resolved.step_time_sigma, "the configuration's step_time_sigma"
-    if not sigma:
-        sigma, source = step_time_sigma(costs), f"the profile {costs.name!r}'s repeated timings"
+    sigma, correlation = resolved.step_time_sigma, resolved.step_time_correlation
+    source = "the configuration's step_time_sigma and step_time_correlation"
+    measured = probes.get("step_spread")
+    if not sigma and measured:
+        sigma, correlation = measured["sigma"], measured["correlation"]
+        source = f"measured on the probe runs' {measured['steps']} steps"
+    elif not sigma:
+        sigma, correlation = step_time_sigma(costs), 0.0
+        source = f"the profile {costs.name!r}'s repeated timings"
         if sigma is None:
             raise RagsimInputError(
                 f"the profile {costs.name!r} keeps no repeated timings to measure a step's "
                 f"spread from (a derived profile): set step_time_sigma in a {label('config')} "
                 f"file or give a measured profile", field=label("sim_replicas"))
     note(f"the simulated side: each request's TTFT averaged over {replicas} simulations, each "
-         f"step's time x exp(N(0, {sigma:.3f})) ({source}); the noise-free simulation is "
-         f"reported beside it (sim_ensemble.single_run)")
-    return resolved.replace(step_time_sigma=0.0), float(sigma)
+         f"step's time x exp(e), e of spread {sigma:.3f} and step-to-step correlation "
+         f"{correlation:.2f} ({source}); the noise-free simulation is reported beside it "
+         f"(sim_ensemble.single_run)")
+    return (resolved.replace(step_time_sigma=0.0, step_time_correlation=0.0), float(sigma),
+            float(correlation))
 
 
 def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
@@ -399,6 +436,7 @@ class ValidationSetup:
     # run alone), each step's time drawn with this spread
     sim_replicas: int = 1
     step_time_sigma: float = 0.0
+    step_time_correlation: float = 0.0
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -435,7 +473,7 @@ class ValidationSetup:
             # --sim-replicas: the per-request average of noisy replicas is the simulated side,
             # the noise-free run kept beside it (and the elasticity measured on it)
             ensemble = v.run_sim_ensemble(data, cfg, sim_costs, self.sim_replicas,
-                                          self.step_time_sigma) \
+                                          self.step_time_sigma, self.step_time_correlation) \
                 if self.sim_replicas > 1 else None
             adjusted = v.speed_adjusted_sim(data, cfg, sim_costs, *reals)
             replayed = [v.replay_decisions(r, v.warmed_like(costs, r)) for r in reals] \
@@ -507,9 +545,11 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     replace an earlier validation in ``out_dir`` (refused otherwise, before any work).
     ``repeats``: real runs of each point, each on a fresh engine, against the one simulation
     (``ragsim.engine_spread``: errors against their average, with the spread's interval).
-    ``sim_replicas``: simulations of each point, each step's time drawn with the spread the
-    profile measured for a step run again (``profiles.repeat_spread``; a configuration's
-    ``step_time_sigma`` instead where it sets one), averaged per request
+    ``sim_replicas``: simulations of each point, each step's time drawn with the spread and
+    step-to-step correlation the probe runs' steps showed (``ragsim.step_spread``), else the
+    profile's for a step run again (``profiles.repeat_spread``); a configuration's
+    ``step_time_sigma`` and ``step_time_correlation`` instead where it sets them; averaged per
+    request
     (``ragsim.sim_ensemble``); 1: the noise-free simulation alone."""
     from ragsim import validation as v
     from ragsim.backends import CPU_PROFILES
@@ -621,9 +661,10 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                                                        device, threads, probes)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
-    sigma = 0.0
+    sigma = correlation = 0.0
     if sim_replicas > 1:
-        resolved, sigma = _ensemble_spread(resolved, costs, sim_replicas, note)
+        resolved, sigma, correlation = _ensemble_spread(resolved, costs, sim_replicas, note,
+                                                        probes)
     if sequential:
         resolved, changed = v.sequential_config(resolved)
         if changed:
@@ -641,7 +682,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
                            reference, points, notes, replay_decisions, repeats, probes,
-                           sim_replicas=sim_replicas, step_time_sigma=sigma)
+                           sim_replicas=sim_replicas, step_time_sigma=sigma,
+                           step_time_correlation=correlation)
 
 
 def validate(out_dir: str | Path, *, progress: bool = False, **options) -> Validation:

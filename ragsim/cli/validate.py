@@ -106,9 +106,10 @@ def validate(
         "interval their spread gives (an engine's run-to-run spread, measured).")] = 1,
     sim_replicas: Annotated[int, typer.Option(
         help="Simulations of each point, each step's time drawn around its price with the "
-        "spread the profile measured for a step run again, averaged per request: each "
-        "request's expected TTFT, as --repeats averages the real runs (1: the noise-free "
-        "simulation alone; it is reported beside an ensemble).")] = 1,
+        "spread (and step-to-step correlation) the probe runs' steps showed, else the "
+        "profile's for a step run again, averaged per request: each request's expected TTFT, "
+        "as --repeats averages the real runs (1: the noise-free simulation alone; it is "
+        "reported beside an ensemble).")] = 1,
     replicas: Annotated[int | None, typer.Option(
         help="A fleet on both sides: this many engines (real: a thread each). [default: 1]",
         show_default=False)] = None,
@@ -276,7 +277,8 @@ def _print_report(r: dict) -> None:
     if ensemble:
         single = ensemble["single_run"]
         table.add_row(f"simulated side: {ensemble['replicas']} simulations averaged, step time "
-                      f"sigma {ensemble['step_time_sigma']:.3f}; one against the others' "
+                      f"sigma {ensemble['step_time_sigma']:.3f}, correlation "
+                      f"{ensemble.get('step_time_correlation', 0.0):.2f}; one against the others' "
                       "average, p90 |error|",
                       f"{ensemble['ttft_p90_abs_error_one_run']:.1%}", "", "")
         table.add_row("the noise-free simulation: TTFT mean error, p90 |error|, throughput",
@@ -384,7 +386,8 @@ def _print_loads(combined: dict) -> None:
     ensembles = [row for row in combined["loads"] if row.get("sim_replicas", 1) > 1]
     if ensembles:
         out.print(f"simulated side: {ensembles[0]['sim_replicas']} simulations averaged per "
-                  f"request (step time sigma {ensembles[0]['step_time_sigma']:.3f}); the "
+                  f"request (step time sigma {ensembles[0]['step_time_sigma']:.3f}, "
+                  f"correlation {ensembles[0].get('step_time_correlation', 0.0):.2f}); the "
                   "noise-free simulation's TTFT mean error / p90 |error|: " + "; ".join(
                       f"{row['load']} {_pct(row['single_ttft_mean_error'])} / "
                       f"{row['single_ttft_p90_abs_error']:.1%}" for row in ensembles),

@@ -39,6 +39,9 @@ SEARCH_SETTINGS = ("search_workers", "search_s", "search_stages", "stage_source"
 SEARCH_LATENCIES = ("fixed", "trace")
 # a step-time spread past this is not a timing noise but a different machine
 MAX_STEP_TIME_SIGMA = 1.0
+# a step's deviation carried into the next one past this is not a noise about the price but a
+# run at another speed
+MAX_STEP_TIME_CORRELATION = 0.95
 CONFIG_VERSION = 1
 
 
@@ -138,8 +141,12 @@ class SimConfig:
     # each step's time drawn around its price: x exp(N(0, step_time_sigma)) (serving/
     # step_noise.py), from a generator seeded by seed and step_noise_seed: one of the runs a
     # real engine might have. 0: every step at its price (one noise-free run). validate
-    # --sim-replicas averages runs of step_noise_seed 0..K-1 (sigma from the profile's repeats)
+    # --sim-replicas averages runs of step_noise_seed 0..K-1 (sigma measured on its probe runs'
+    # steps, else the profile's repeats). step_time_correlation: how much of a step's deviation
+    # carries into the next step's (an AR(1) in ln(step time), sigma its stationary spread;
+    # 0: each step drawn on its own)
     step_time_sigma: float = 0.0
+    step_time_correlation: float = 0.0
     step_noise_seed: int = 0
     # model the vector search (and speculation on it)? auto: when the trace's documents were
     # retrieved, not when they are prefix blocks with no search behind them (Mooncake); a
@@ -483,11 +490,16 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
                  "engine_loop_search_s", "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
-                 "host_replicas", "step_time_sigma", "step_noise_seed"):
+                 "host_replicas", "step_time_sigma", "step_time_correlation",
+                 "step_noise_seed"):
         _check(getattr(c, name) >= 0, name, "must be >= 0", source)
     _check(not c.step_time_sigma > MAX_STEP_TIME_SIGMA, "step_time_sigma",
            f"must be <= {MAX_STEP_TIME_SIGMA:g} (the standard deviation of ln(step time): "
            f"{MAX_STEP_TIME_SIGMA:g} lets one step in 20 take over 5x its price)", source)
+    _check(not c.step_time_correlation > MAX_STEP_TIME_CORRELATION, "step_time_correlation",
+           f"must be <= {MAX_STEP_TIME_CORRELATION:g} (a step's deviation carried into the "
+           "next one: closer to 1 is a run at another speed, not a noise about the price)",
+           source)
     _check(c.n_requests is None or c.n_requests >= 1, "n_requests", "must be >= 1", source)
     problem = limits.memory_problem(c.n_requests, limits.RUN_BYTES_PER_REQUEST)
     _check(problem is None, "n_requests", f"cannot be simulated here: {problem}", source)

@@ -30,6 +30,7 @@ was busy (``EngineLoop.search_s``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -81,13 +82,15 @@ def quiet_intake_s(run, prompts: list[list[int]]) -> float:
 
 
 def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
-                        capacity_rps: float, threads: int | None = None, seed: int = 0) -> dict:
+                        capacity_rps: float, threads: int | None = None, seed: int = 0,
+                        on_result: Callable[[object], None] | None = None) -> dict:
     """The engine loop of this machine's real vLLM runs of ``config`` (see the module's
     docstring): a run of the trace's requests past the ``served`` ones at each of
     ``LOOP_PROBE_LOADS`` x ``capacity_rps`` (Poisson), each on a fresh engine, as a validation's
     real runs are. Returns ``step_s``, ``request_s`` (past the quiet intake) and ``search_s``
     (the search threads' interpreter time per search; 0 where the runs searched no real index)
-    for the configuration, with what they come from."""
+    for the configuration, with what they come from. ``on_result``: given each run's
+    ``RunResult`` (its steps measure the step-time spread: ``ragsim.step_spread``)."""
     from ragsim.realrun.vllm.harness import VllmRun
 
     rows, held_aside = probe_rows(trace.n_requests, served)
@@ -96,8 +99,11 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     quiet = 0.0
     for share, cfg in probe_configs(config, capacity_rps):
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
-        summary = run.run().summary
+        result = run.run()
+        summary = result.summary
         summaries.append(summary)
+        if on_result is not None:
+            on_result(result)
         points.append((run.between_steps, run.between_steps_s, run.submitted_while_busy))
         search = summary.get("search") or {}
         runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": run.between_steps,
