@@ -542,3 +542,31 @@ def test_the_engine_loop_is_measured_through_the_real_runs_own_loop():
                                                    - probe["quiet_intake_s"]))
     # mmlu carries no text: its searches are waited, no search thread ran Python
     assert probe["search_s"] == 0 and probe["searches"] == 0
+
+
+def test_a_finished_runs_engine_is_freed_though_its_result_is_kept(monkeypatch):
+    """vLLM's engine freezes the collector's objects when it starts, and keeps the exception
+    of a failed optional import whose traceback holds the first run's frames, so an in-process
+    engine dropped after its run was never freed: each run of a validation kept its KV cache
+    (1.15 GiB a run; five runs a point were killed for memory at 24 GiB). After ``run_vllm``
+    returns, with its result kept, the run's engine is gone (a weak reference to it, taken
+    when it was built, is dead): the first run's too."""
+    import weakref
+
+    from ragsim.realrun.vllm import harness
+    from ragsim.realrun.vllm.harness import run_vllm
+
+    built = []
+    original = harness.build_engine
+
+    def build_and_watch(*args, **kwargs):
+        llm, folder = original(*args, **kwargs)
+        built.append(weakref.ref(llm))
+        return llm, folder
+
+    monkeypatch.setattr(harness, "build_engine", build_and_watch)
+    profile = load_profile(PROFILE)
+    kept = [run_vllm(resolve_trace("mmlu", n_requests=N), _config("vllm-apc"), profile)
+            for _ in range(2)]
+    assert len(built) == 2 and all(len(r.columns["ttft_s"]) == N for r in kept)
+    assert [ref() for ref in built] == [None, None]

@@ -9,6 +9,7 @@ step is one scheduler decision and one forward pass, and its wall time is the en
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -176,10 +177,54 @@ def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | 
         enforce_eager=True,
         kv_transfer_config=KVTransferConfig(**kv_transfer) if kv_transfer else None)
     engine = LLMEngine.from_engine_args(args)
+    # vLLM shuts an in-process engine's core down when the engine is collected, and that
+    # tears down the process's distributed state, which every other engine of the process
+    # (built before or after) steps with: collected beside a live engine, it failed that
+    # engine's next step. Dropped here, the engine is freed as any object is
+    # (``release_engines``), the process's state left to the engines still in use.
+    finalizer = getattr(getattr(engine, "engine_core", None), "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
     from ragsim.realrun.vllm.shapes import watch_step_tokens
 
     watch_step_tokens(engine)  # the step sizes this process has built (shapes.py)
     return engine, folder
+
+
+def release_engines() -> None:
+    """Let the collector free the in-process engines nothing refers to any more. Why: vLLM's
+    ``EngineCore`` calls ``gc.freeze()`` when it starts (a serving process's start-up objects
+    then cost no collection), which moves every object alive then, the engine's own among
+    them, out of the collector's reach for good; an engine dropped in-process keeps its KV
+    cache and workspace. Each real run of a validation kept 1.15 GiB (its 1 GiB KV budget and
+    more) on the 2-core CPU, and five runs a point of three systems were killed for memory at
+    24 GiB (2026-12-06). ``gc.unfreeze()`` hands the frozen objects back (those still in use
+    stay alive), and a collection frees the dropped engines' cycles. vLLM's own
+    ``shutdown()`` also tears down the process's distributed state, which an engine still in
+    use (a profile's timer beside its twin) needs, so it is never called (``build_engine``
+    detaches it from the engine's collection). The exceptions vLLM
+    keeps of its optional imports that failed lose their tracebacks first (``_forget_frames``).
+    """
+    _forget_frames()
+    gc.unfreeze()
+    gc.collect()
+
+
+def _forget_frames() -> None:
+    """Drop the tracebacks of the exceptions vLLM's modules keep. Why: vLLM imports some of its
+    modules when the first engine is built, and one keeps the exception of an optional import
+    that failed for a later message (``vllm.multimodal.media.audio``: torchcodec); its
+    traceback holds every frame that led to that import, the first run's harness among them,
+    and with it that run's engine and KV cache for as long as the process lives."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("vllm") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            while isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.__traceback__ = None
+                value = value.__context__
 
 
 def set_engine_threads(threads: int) -> None:

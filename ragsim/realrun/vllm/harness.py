@@ -550,10 +550,15 @@ def run_vllm(trace: Trace, config: SimConfig, profile: Profile, *, seed: int = 0
              threads: int | None = None) -> RunResult:
     """Serve ``trace`` under ``config`` with vLLM, in real time, on the profile's model, on
     ``threads`` CPU threads (None: the profile's, ``engine_settings``)."""
+    from ragsim.realrun.vllm.engine import release_engines
+
     trace = requests_to_run(trace, config)
     started = time.perf_counter()
-    run = VllmRun(trace, config, profile, seed=seed, progress=progress, threads=threads)
-    result = run.run()
+    try:
+        result = VllmRun(trace, config, profile, seed=seed, progress=progress,
+                         threads=threads).run()
+    finally:
+        release_engines()  # the run's engine, dropped with it: its memory back
     result.summary["setup_s"] = time.perf_counter() - started - result.summary["elapsed_s"]
     return result
 

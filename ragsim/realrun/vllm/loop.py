@@ -91,6 +91,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     (the search threads' interpreter time per search; 0 where the runs searched no real index)
     for the configuration, with what they come from. ``on_result``: given each run's
     ``RunResult`` (its steps measure the step-time spread: ``ragsim.step_spread``)."""
+    from ragsim.realrun.vllm.engine import release_engines
     from ragsim.realrun.vllm.harness import VllmRun
 
     rows, held_aside = probe_rows(trace.n_requests, served)
@@ -114,6 +115,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
         if share == LOOP_PROBE_LOADS[-1]:
             quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
         del run
+        release_engines()  # the probe run's engine, dropped: its memory back
     step_s, request_s = fit_engine_loop(points)
     search_s, searches = interpreter_per_search(summaries)
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),

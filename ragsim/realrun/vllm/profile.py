@@ -46,7 +46,7 @@ from ragsim.profiles.decode_after_prompt import (
     positions_row,
 )
 from ragsim.profiles.models import ModelSpec
-from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy
+from ragsim.realrun.vllm.engine import EngineSettings, build_engine, greedy, release_engines
 
 # wide batches on vLLM: 8 to 64 rows of 256 tokens (64 x 256: ragsim's default token budget,
 # 16,384), and four held-out ones
@@ -377,7 +377,10 @@ def profile_vllm(spec: ModelSpec, *, name: str, plan, out: Path, block_tokens: i
     timer = VllmTimer.build(spec, block_tokens=block_tokens, kv_cache_bytes=kv_cache_bytes,
                             max_model_len=max_len, max_batched_tokens=budget, seed=seed,
                             threads=threads)
-    return run_profile(spec, name=name, device="cpu", dtype=spec.dtype, plan=plan, out=out,
-                       threads=int(timer.torch.get_num_threads()), seed=seed,
-                       kv_capacity_bytes=kv_cache_bytes, label=label, progress=progress,
-                       engine=timer, whole_cached=whole)
+    measured = run_profile(spec, name=name, device="cpu", dtype=spec.dtype, plan=plan,
+                           out=out, threads=int(timer.torch.get_num_threads()), seed=seed,
+                           kv_capacity_bytes=kv_cache_bytes, label=label, progress=progress,
+                           engine=timer, whole_cached=whole)
+    del timer
+    release_engines()  # the timer's engine and its twin, dropped: their memory back
+    return measured
