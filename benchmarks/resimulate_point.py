@@ -12,7 +12,8 @@ p90. Variants: ``--profile`` (another profile), ``--term-from new_shapes=OTHER.j
 profile's terms from another profile), ``--set name=value`` (a configuration field, e.g.
 ``engine_loop_search_s=0.00015``), ``--drop-decode-batch N`` (the profile's decode grid without
 its batch-N row), ``--sigma`` and ``--correlation`` (the steps' draws: by default the probe
-runs' spread where the point's report has it, else the profile's with no correlation).
+runs' spread where the point's report has it, else the profile's with no correlation),
+``--real-runs N`` (against the first N real runs only: a protocol of fewer repeats).
 
     python benchmarks/resimulate_point.py OUT/vllm-ragcache/load-90 OUT/vllm-ragcache/load-50 \\
         --sim-replicas 16
@@ -119,6 +120,8 @@ def main() -> None:
                         help="one of the profile's terms (new_shapes, idle_start, "
                         "mixed_steps, decode, ...) taken from another profile (repeatable)")
     parser.add_argument("--drop-decode-batch", type=int)
+    parser.add_argument("--real-runs", type=int, help="judge against the point's first N real "
+                        "runs only (default: all it kept)")
     parser.add_argument("--sim-replicas", type=int, default=1)
     parser.add_argument("--sigma", type=float, help="step-time spread (default: the probe "
                         "runs' where the point's report has them, else the profile's)")
@@ -138,7 +141,7 @@ def main() -> None:
         # has its step_time_sigma); --set step_time_sigma=... makes it one noisy run
         config = SimConfig(**{**run, "step_time_sigma": 0.0, **overrides})
         trace = load_trace(run["trace"], requests=run["n_requests"])
-        reals = stored_runs(point)
+        reals = stored_runs(point)[:args.real_runs]
         profile = load_profile(args.profile or run["profile"])
         for item in args.term_from:
             term, _, other = item.partition("=")
