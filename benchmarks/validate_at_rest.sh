@@ -33,22 +33,24 @@
 # keeps a core of its own and the run's other threads the rest (ragsim/realrun/cores.py), and
 # vLLM's engine runs a step of the run's token budget before the clock.
 #
-# Each point's real run is repeated (REPEATS, default 3; --repeats), each on a fresh engine: the
+# Each point's real run is repeated (REPEATS, default 5; --repeats), each on a fresh engine: the
 # errors are against the runs' per-request average, and the table gives the 95% interval the
 # runs' spread puts on the mean error (vLLM's mean TTFT at 50% load varied 27-95 ms over ten
-# runs of the same requests and arrivals; ragsim/engine_spread.py).
+# runs of the same requests and arrivals; ragsim/engine_spread.py). Five, not three: the p90
+# |error| a perfect model shows against the runs' average falls as 1/sqrt(runs), and with three
+# it was 17-25% at 90% load, next to the 25% target (runs G-R2).
 #
 # Each point is also simulated SIM_REPLICAS times (default 16; --sim-replicas), each step's
-# time drawn around its price with the spread the profile measured for a step run again, and
-# averaged per request (ragsim/sim_ensemble.py): an estimate of each request's expected TTFT,
-# as the real runs' average is. The table's headline errors are the noise-free simulation's
+# time drawn around its price with the spread and step-to-step correlation validate measured
+# on its probe runs' steps (ragsim/step_spread.py), and averaged per request
+# (ragsim/sim_ensemble.py): an estimate of each request's expected TTFT, as the real runs'
+# average is. The table's headline errors are the noise-free simulation's
 # (sim_ensemble.single_run); the ensemble's are a column beside them, with both sides' spread
-# (one run against the others). Run R (docs/validation.md): the replicas spread half as much
-# as vLLM's real runs at 90% and 2.7x as much as torch's, so the ensemble is not the headline.
+# (one run against the others) and the draws it was made with.
 #
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
-# |throughput error| <= 10% at overload. Took 7-9 minutes on two cores with one run a point
-# (2026-12-03, runs A-M; docs/validation.md).
+# |throughput error| <= 10% at overload. Took 23 minutes on two cores with five runs a point and
+# 16 replicas (2026-12-06, run S2; docs/validation.md).
 set -euo pipefail
 if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
   export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
@@ -56,7 +58,7 @@ fi
 
 OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
 REQUESTS=${2:-300}
-REPEATS=${REPEATS:-3}
+REPEATS=${REPEATS:-5}
 SIM_REPLICAS=${SIM_REPLICAS:-16}
 VPY=${3:-.venv-vllm/bin/python}
 PY=${PYTHON:-python3}
@@ -135,7 +137,7 @@ lines = ["| engine / system | load | rate (req/s) | engine busy, real / sim | TT
          "(a perfect model's, from the runs' spread; one real run against the others; one "
          "replica against the others) | "
          "throughput error | ensemble of replicas: mean error / p90 abs error / throughput "
-         "error | 95% interval over the real runs (runs, real mean's cv; this and the next "
+         "error (the draws' sigma, step-to-step correlation) | 95% interval over the real runs (runs, real mean's cv; this and the next "
          "three columns: the report's, the ensemble's with replicas) | "
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
          "search error | "
@@ -181,7 +183,8 @@ for name in names:
         head = {k: row[f"single_{k}"] if ensemble else row[k]
                 for k in ("ttft_mean_error", "ttft_p90_abs_error", "throughput_error")}
         replicas = (f"{pct(row['ttft_mean_error'])} / {share(row['ttft_p90_abs_error'])} / "
-                    f"{pct(row['throughput_error'])}") if ensemble else "-"
+                    f"{pct(row['throughput_error'])} (sigma {row['step_time_sigma']:.3f}, "
+                    f"rho {row.get('step_time_correlation', 0.0):.2f})") if ensemble else "-"
         interval = ("-" if runs < 2 else
                     f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(
