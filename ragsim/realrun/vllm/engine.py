@@ -185,10 +185,25 @@ def build_engine(spec: ModelSpec, settings: EngineSettings, kv_transfer: dict | 
     finalizer = getattr(getattr(engine, "engine_core", None), "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
+        # what that shutdown also did at the process's exit: hand the frozen objects back, so
+        # that the interpreter frees them (frozen, nanobind reports them leaked)
+        _unfreeze_at_exit()
     from ragsim.realrun.vllm.shapes import watch_step_tokens
 
     watch_step_tokens(engine)  # the step sizes this process has built (shapes.py)
     return engine, folder
+
+
+_UNFREEZE_REGISTERED: list[bool] = []
+
+
+def _unfreeze_at_exit() -> None:
+    """``gc.unfreeze`` at the interpreter's exit, registered once."""
+    if not _UNFREEZE_REGISTERED:
+        import atexit
+
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_REGISTERED.append(True)
 
 
 def release_engines() -> None:
