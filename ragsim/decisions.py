@@ -263,6 +263,11 @@ def prices_by_step_size(decisions: list[dict], price: Callable[[dict], float],
     return by_step_size(priced_steps(decisions, price, cold_start), edges)
 
 
+def size_class(step_tokens: int, edges: tuple[int, ...] = STEP_TOKEN_EDGES) -> int:
+    """A step's size class: how many of ``edges`` its tokens reach (0: under the first)."""
+    return sum(step_tokens >= edge for edge in edges)
+
+
 def by_step_size(steps: list[dict], edges: tuple[int, ...] = STEP_TOKEN_EDGES) -> list[dict]:
     """``priced_steps`` rows grouped by their tokens between consecutive ``edges``; groups
     without steps are left out."""
@@ -270,7 +275,7 @@ def by_step_size(steps: list[dict], edges: tuple[int, ...] = STEP_TOKEN_EDGES) -
     groups = [{"tokens_from": lo, "tokens_to": hi, "steps": 0, "measured_s": 0.0,
                "priced_s": 0.0} for lo, hi in zip(bounds, (*edges, None), strict=True)]
     for step in steps:
-        group = groups[sum(step["step_tokens"] >= edge for edge in edges)]
+        group = groups[size_class(step["step_tokens"], edges)]
         group["steps"] += 1
         group["measured_s"] += step["measured_s"]
         group["priced_s"] += step["priced_s"]

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ragsim.decisions import STEP_TOKEN_EDGES
+from ragsim.decisions import STEP_TOKEN_EDGES, size_class
 from ragsim.serving.config import MAX_STEP_TIME_CORRELATION
 
 MIN_GROUP_STEPS = 8  # a group's median needs this many steps to measure about
@@ -39,8 +39,9 @@ CLIP_SIGMAS = 3.0  # where a step's deviation is clipped before the correlation 
 
 
 def step_group(row: dict) -> tuple[str, int]:
-    """A step's group: its kind and its size class (``STEP_TOKEN_EDGES``)."""
-    return row["kind"], int(np.searchsorted(STEP_TOKEN_EDGES, row["step_tokens"], side="right"))
+    """A step's group: its kind and its size class (``decisions.size_class``, the classes the
+    steps-by-size table groups by)."""
+    return row["kind"], size_class(row["step_tokens"])
 
 
 def deviations(table: Sequence[dict]) -> np.ndarray:
