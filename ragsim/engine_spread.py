@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from ragsim.sim_ensemble import p90_abs_error_one_run
+from ragsim.sim_ensemble import REPLICA_SD_COLUMN, p90_abs_error_one_run
 from ragsim.validation import join_runs, relative_errors, throughput_error, ttft_errors
 
 # the interval's confidence: two-sided, over the repeated real runs
@@ -106,12 +106,19 @@ def _error_interval(sim_value: float, low: float, high: float) -> list[float]:
 FLOOR_PERCENTILE = 90
 
 
-def p90_abs_error_floor(real_ttft_s: np.ndarray) -> float:
+def p90_abs_error_floor(real_ttft_s: np.ndarray, sim_sd_s: np.ndarray | None = None,
+                        sim_runs: int = 1) -> float:
     """The p90 |error| per request that a model equal to every request's expected TTFT would
     show against the mean of the runs: ``real_ttft_s`` is runs x requests (the same requests in
     each row). Each request's error is the pooled mean's own, taken as normal with the runs'
     standard deviation over sqrt(runs), relative to that mean; the 90th percentile of the
-    mixture of their absolute values is solved for (NaN for one run)."""
+    mixture of their absolute values is solved for (NaN for one run).
+
+    ``sim_sd_s`` (per request, the same order) and ``sim_runs``: the simulated side is itself
+    the mean of ``sim_runs`` noisy replicas with that spread (``--sim-replicas``), and a model
+    equal to the expectation would still show that mean's error too, independent of the real
+    runs': the variances add (sd_real^2 / runs + sd_sim^2 / sim_runs). A request without a
+    replica spread (NaN) counts the real side's alone."""
     from scipy.optimize import brentq
     from scipy.stats import norm
 
@@ -119,7 +126,14 @@ def p90_abs_error_floor(real_ttft_s: np.ndarray) -> float:
     if runs.ndim != 2 or runs.shape[0] < 2 or runs.shape[1] == 0:
         return math.nan
     mean = runs.mean(axis=0)
-    scale = runs.std(axis=0, ddof=1) / math.sqrt(runs.shape[0]) / mean
+    variance = runs.var(axis=0, ddof=1) / runs.shape[0]
+    if sim_sd_s is not None:
+        sim_sd = np.nan_to_num(np.asarray(sim_sd_s, float), nan=0.0)
+        if sim_sd.shape != mean.shape or sim_runs < 1:
+            raise ValueError("the replicas' spread must be one value per request, over at "
+                             "least one replica")
+        variance = variance + sim_sd ** 2 / sim_runs
+    scale = np.sqrt(variance) / mean
     level = FLOOR_PERCENTILE / 100
     if not (scale > 0).any():
         return 0.0
@@ -133,6 +147,17 @@ def p90_abs_error_floor(real_ttft_s: np.ndarray) -> float:
         return 0.0
     high = float(spread_out.max()) * norm.ppf(0.5 + level / 2) * 2
     return float(brentq(lambda x: below(x) - level, 0.0, high, xtol=1e-9))
+
+
+def _replica_sd(sim, request_ids: np.ndarray) -> np.ndarray | None:
+    """Each request's TTFT spread over the simulated replicas (``REPLICA_SD_COLUMN``, which
+    ``validation.run_sim_ensemble`` writes), for ``request_ids``; None for one simulation."""
+    columns = getattr(sim, "columns", None) or {}
+    if REPLICA_SD_COLUMN not in columns or not sim.summary.get("sim_replicas"):
+        return None
+    by_id = pd.Series(np.asarray(columns[REPLICA_SD_COLUMN], float),
+                      index=np.asarray(columns["request_id"]))
+    return by_id.reindex(request_ids).to_numpy(float)
 
 
 def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
@@ -155,8 +180,12 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
     ttft = [run["real_ttft_mean_s"] for run in runs]
     throughput = [run["real_throughput_rps"] for run in runs]
     ttft_mean, ttft_low, ttft_high = _interval(ttft)
-    floor = p90_abs_error_floor(np.array([frame["ttft_s_real"].to_numpy(float)
-                                          for frame in each]))
+    real_ttft = np.array([frame["ttft_s_real"].to_numpy(float) for frame in each])
+    floor = p90_abs_error_floor(real_ttft)
+    # with --sim-replicas: the floor of both averages, the replicas' own spread added
+    replica_sd = _replica_sd(sim, each[0]["request_id"].to_numpy())
+    both = math.nan if replica_sd is None else p90_abs_error_floor(
+        real_ttft, replica_sd, int(sim.summary["sim_replicas"]))
     rps_mean, rps_low, rps_high = _interval(throughput)
     cv = (lambda values: float(np.std(values, ddof=1) / np.mean(values))  # noqa: E731
           if len(values) > 1 and np.mean(values) else math.nan)
@@ -171,13 +200,16 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
         "sim_within_real_range": bool(min(ttft) <= sim_ttft <= max(ttft)),
         "real_gpu_busy_fraction": _mean_known([run["gpu_busy_fraction"] for run in runs]),
         "ttft_p90_abs_error_floor": floor,
+        "ttft_p90_abs_error_floor_both_sides": both,
         # how well one real run predicts the others' average (the error a model that is one
         # more run of the engine would show): docs/validation.md, run R
         "ttft_p90_abs_error_one_run": p90_abs_error_one_run(
             np.array([frame["ttft_s_real"].to_numpy(float) for frame in each])),
         "floor": "the p90 |error| per request a model equal to each request's expected TTFT "
                  "would show against the runs' average: the average's own error, from each "
-                 "request's spread over the runs (normal, sd / sqrt(runs))",
+                 "request's spread over the runs (normal, sd / sqrt(runs)); _both_sides: "
+                 "with --sim-replicas, the replicas' average's own error added (its variance "
+                 "sd_sim^2 / replicas, from each request's spread over the replicas)",
         "pooled": "each request's real TTFT and components averaged over the runs (requests "
                   "completed in all of them); the raw errors are computed on that average",
     }

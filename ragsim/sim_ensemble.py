@@ -32,6 +32,9 @@ from ragsim.serving.pipeline import RunResult
 # the per-request columns averaged over the replicas: the timestamps and durations (the TTFT
 # components are differences of the timestamps, so they average with them)
 AVERAGED_SUFFIX = "_s"
+# each request's TTFT standard deviation over the replicas (seconds; NaN in fewer than two), a
+# column of the ensemble's result: its own share of the p90's floor (``engine_spread``)
+REPLICA_SD_COLUMN = "ttft_replica_sd_s"
 
 
 def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
@@ -88,4 +91,4 @@ def p90_abs_error_one_run(ttft_s: np.ndarray) -> float:
     return float(np.mean(each))
 
 
-__all__ = ["ensemble_result", "p90_abs_error_one_run"]
+__all__ = ["REPLICA_SD_COLUMN", "ensemble_result", "p90_abs_error_one_run"]

@@ -18,6 +18,7 @@ other way round); it imports them inside the functions that run them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -778,7 +779,7 @@ def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas
     ``sigma`` and ``correlation`` (``serving.step_noise``; ``step_noise_seed``
     0..replicas-1), averaged per request (``ragsim.sim_ensemble``): an estimate of each
     request's expected TTFT."""
-    from ragsim.sim_ensemble import ensemble_result
+    from ragsim.sim_ensemble import REPLICA_SD_COLUMN, ensemble_result
 
     runs = [run_sim(trace, config.replace(step_time_sigma=sigma,
                                           step_time_correlation=correlation,
@@ -787,7 +788,22 @@ def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas
     # the point's config.toml: noise-free
     ensemble = ensemble_result(runs, sigma, config, correlation)
     ensemble.summary["ttft_p90_abs_error_one_run"] = _one_run_p90(runs)
+    # each request's spread over the replicas: the ensemble's own share of the p90's floor
+    ensemble.columns[REPLICA_SD_COLUMN] = _replica_sd(runs)
     return ensemble
+
+
+def _replica_sd(runs) -> np.ndarray:
+    """Each request's TTFT standard deviation over the replicas it completed in (NaN in fewer
+    than two), in replica 0's row order."""
+    ttft = np.array([np.where(np.asarray(run.columns["status"]) == "completed",
+                              np.asarray(run.columns["ttft_s"], float), np.nan)
+                     for run in runs])
+    done = np.isfinite(ttft).sum(axis=0)
+    sd = np.full(ttft.shape[1], np.nan)
+    some = done >= 2
+    sd[some] = np.nanstd(ttft[:, some], axis=0, ddof=1)
+    return sd
 
 
 def _one_run_p90(runs) -> float:
@@ -919,6 +935,61 @@ def parse_loads(text: str) -> list[str]:
         [LOAD_IDLE] if LOAD_IDLE in points else [])
 
 
+def _repeat_count(text: str, item: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise RagsimInputError(f"{item!r}: real runs per point must be a whole number of at "
+                               "least 1", field="--repeats")
+    return count
+
+
+def parse_repeats(text: str | int, points: Sequence[str] | None) -> dict[str | None, int]:
+    """``--repeats``: real runs per point, ``{None: every point not named, load: its own}``.
+
+    ``5`` runs every point five times; ``3,90=15,50=15`` runs the 90% and 50% points fifteen
+    times and the others three. Why per load: a point's spread, and so how many runs it takes to
+    pin each request's expected TTFT, differs by load by an order of magnitude (one real run
+    against the others' average, at p90: 13-17% idle, 40-65% at 90% on this project's CPU,
+    docs/validation.md), and the real runs are the validation's time. A named load must be one
+    of ``points`` (``--loads``), in the form ``parse_loads`` gives it (``90%`` is ``90``)."""
+    if isinstance(text, bool):
+        raise RagsimInputError(f"real runs per point must be a whole number, got {text!r}",
+                               field="--repeats")
+    if isinstance(text, int):
+        text = str(text)
+    counts: dict[str | None, int] = {}
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item:
+            continue
+        load, sep, count = item.partition("=")
+        if not sep:
+            if None in counts:
+                raise RagsimInputError(f"{text!r} gives the count of every other point twice",
+                                       field="--repeats")
+            counts[None] = _repeat_count(item, item)
+            continue
+        if points is None:
+            raise RagsimInputError(f"{item!r} names a load: give --loads, or one count",
+                                   field="--repeats")
+        key = load.strip().lower().rstrip("%")
+        if key not in (LOAD_IDLE, LOAD_OVER):
+            with contextlib.suppress(ValueError):  # not a number: refused just below
+                key = f"{float(key):g}"
+        if key not in points:
+            raise RagsimInputError(f"{item!r} names a load that does not run (--loads: "
+                                   f"{', '.join(points)})", field="--repeats")
+        if key in counts:
+            raise RagsimInputError(f"{text!r} names load {key} twice", field="--repeats")
+        counts[key] = _repeat_count(count.strip(), item)
+    if not counts:
+        raise RagsimInputError("no count of real runs given", field="--repeats")
+    counts.setdefault(None, 1)
+    return counts
+
+
 # Decisions that race with time even one request at a time: a speculative job started during a
 # request's search is admitted to the cache or not depending on whether the engine is still
 # busy with the previous one's iteration when the search moves on, and host replicas are copied
@@ -1003,7 +1074,9 @@ def repeat_columns(repeats: dict | None) -> dict:
         return {"real_runs": 1, "ttft_mean_error_low": math.nan,
                 "ttft_mean_error_high": math.nan, "throughput_error_low": math.nan,
                 "throughput_error_high": math.nan, "real_ttft_mean_cv": math.nan,
-                "ttft_p90_abs_error_floor": math.nan, "real_ttft_p90_abs_error_one_run": math.nan}
+                "ttft_p90_abs_error_floor": math.nan,
+                "ttft_p90_abs_error_floor_both_sides": math.nan,
+                "real_ttft_p90_abs_error_one_run": math.nan}
     ttft, throughput = repeats["ttft_mean_error_interval"], repeats["throughput_error_interval"]
     return {"real_runs": repeats["runs"], "ttft_mean_error_low": ttft[0],
             "ttft_mean_error_high": ttft[1], "throughput_error_low": throughput[0],
@@ -1011,6 +1084,9 @@ def repeat_columns(repeats: dict | None) -> dict:
             "real_ttft_mean_cv": repeats["real_ttft_mean_cv"],
             # the p90 |error| the runs' own per-request spread gives a perfect model
             "ttft_p90_abs_error_floor": repeats.get("ttft_p90_abs_error_floor", math.nan),
+            # with --sim-replicas: the replicas' average's own error added
+            "ttft_p90_abs_error_floor_both_sides": repeats.get(
+                "ttft_p90_abs_error_floor_both_sides", math.nan),
             # one real run against the others' average: what a model that is one more run
             # of the engine would show
             "real_ttft_p90_abs_error_one_run": repeats.get("ttft_p90_abs_error_one_run",

@@ -276,3 +276,93 @@ def test_the_loads_row_carries_how_busy_the_engine_was_on_each_side():
     single = v.load_row({**v.compare(busy(RUN_A, 0.7), SIM, backend="sim"), "load": "50"})
     assert single["real_gpu_busy_fraction"] == pytest.approx(0.7)
     assert single["sim_gpu_busy_fraction"] is None
+
+
+LOADS = ["over", "90", "50", "idle"]
+
+
+@pytest.mark.parametrize(("text", "points", "expected"), [
+    ("5", None, {None: 5}),
+    (5, LOADS, {None: 5}),
+    ("3,90=15,50%=12", LOADS, {None: 3, "90": 15, "50": 12}),
+    ("90.0=15, idle=2", LOADS, {None: 1, "90": 15, "idle": 2}),
+    ("OVER=4", LOADS, {None: 1, "over": 4}),
+])
+def test_repeats_by_load_are_read_as_written(text, points, expected):
+    assert v.parse_repeats(text, points) == expected
+
+
+@pytest.mark.parametrize(("text", "points", "says"), [
+    ("0", None, "at least 1"),
+    ("three", None, "at least 1"),
+    ("90=0", LOADS, "at least 1"),
+    ("80=3", LOADS, "does not run"),
+    ("90=3", None, "give --loads"),
+    ("3,4", LOADS, "twice"),
+    ("90=2,90%=3", LOADS, "twice"),
+    ("", LOADS, "no count"),
+])
+def test_bad_repeats_name_the_option_and_the_item(text, points, says):
+    with pytest.raises(v.RagsimInputError) as error:
+        v.parse_repeats(text, points)
+    assert says in str(error.value) and error.value.field == "--repeats"
+
+
+def test_cli_repeats_by_load_run_each_point_as_often_as_named(tmp_path):
+    """``--repeats 1,50=3``: the overload point once, the 50% point three times."""
+    result = _invoke(*PAIR, "--loads", "over,50", "--repeats", "1,50=3", "--out",
+                     str(tmp_path / "out"), "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["loads"]
+    assert [(row["load"], row["real_runs"]) for row in rows] == [("over", 1), ("50", 3)]
+    assert (tmp_path / "out" / "load-50" / "real-3" / "summary.json").exists()
+    assert not (tmp_path / "out" / "load-over" / "real-2").exists()
+    refused = _invoke(*PAIR, "--loads", "over,50", "--repeats", "90=3", "--out",
+                      str(tmp_path / "refused"))
+    assert refused.exit_code == 2 and "--repeats" in refused.stderr, refused.output
+    assert not (tmp_path / "refused").exists()
+
+
+def test_the_floor_of_both_sides_adds_the_replicas_averages_variance():
+    """Real runs 1.0 and 1.2 s: mean 1.1, sd 0.1414, the mean of two off by sd / sqrt(2) =
+    0.1 s; four replicas with sd 0.2 s: their mean off by 0.1 s; independent, so 0.1414 s
+    together, relative 0.1414 / 1.1. Every request alike: the p90 of |N(0, s)| is s x 1.6449
+    (printed tables); a request without a replica spread counts the real side's alone."""
+    runs = np.array([[1.0, 1.0], [1.2, 1.2]])
+    assert es.p90_abs_error_floor(runs) == pytest.approx(Z_95 * 0.1 / 1.1, rel=1e-6)
+    both = es.p90_abs_error_floor(runs, np.array([0.2, 0.2]), 4)
+    assert both == pytest.approx(Z_95 * math.sqrt(0.02) / 1.1, rel=1e-6)
+    assert es.p90_abs_error_floor(runs, np.array([np.nan, np.nan]), 4) == pytest.approx(
+        Z_95 * 0.1 / 1.1, rel=1e-6)
+    with pytest.raises(ValueError, match="one value per request"):
+        es.p90_abs_error_floor(runs, np.array([0.2]), 4)
+
+
+def test_the_floor_of_both_sides_agrees_with_drawing_both_averages():
+    """A second way: draw the real runs' mean and the replicas' mean about each request's
+    expectation and take the p90 |error| of the one against the other."""
+    rng = np.random.default_rng(11)
+    means = rng.uniform(0.05, 0.5, 300)
+    real_sd, sim_sd = means * rng.uniform(0.1, 0.6, 300), means * rng.uniform(0.1, 0.6, 300)
+    runs = means + real_sd * rng.standard_normal((5, 300))
+    pooled, sd = runs.mean(0), runs.std(0, ddof=1)
+    real_mean = rng.normal(0, sd / math.sqrt(5), (4000, 300))
+    sim_mean = rng.normal(0, sim_sd / math.sqrt(16), (4000, 300))
+    drawn = float(np.median(np.percentile(np.abs(sim_mean - real_mean) / pooled, 90, axis=1)))
+    assert es.p90_abs_error_floor(runs, sim_sd, 16) == pytest.approx(drawn, rel=0.03)
+
+
+def test_an_ensembles_floor_counts_its_replicas_spread(tmp_path):
+    """The 'real' side is a simulation here (no spread of its own: floor 0), the simulated
+    side four noisy replicas: the floor of both sides is the replicas' alone, above zero, and
+    each request's spread is kept beside its averaged TTFT."""
+    config = tmp_path / "noise.toml"
+    config.write_text("[run]\nstep_time_sigma = 0.05\nstep_time_correlation = 0.3\n")
+    result = _invoke(*PAIR, "--loads", "over,50", "--repeats", "2", "--sim-replicas", "4",
+                     "--config", str(config), "--out", str(tmp_path / "out"), "--json")
+    assert result.exit_code == 0, result.output
+    for row in json.loads(result.stdout)["loads"]:
+        assert row["ttft_p90_abs_error_floor"] == 0
+        assert row["ttft_p90_abs_error_floor_both_sides"] > 0
+    sim = pd.read_parquet(tmp_path / "out" / "load-50" / "sim" / "requests.parquet")
+    assert (sim["ttft_replica_sd_s"].dropna() > 0).any()

@@ -428,7 +428,9 @@ class ValidationSetup:
     points: list[str] | None = None
     notes: list[tuple[str, bool]] = field(default_factory=list)
     replay_decisions: bool = False  # split the TTFT error into cost model and decisions
-    repeats: int = 1  # real runs per point (``ragsim.engine_spread``)
+    # real runs per point (``ragsim.engine_spread``): {None: every point not named, load: its
+    # own} (``validation.parse_repeats``)
+    repeats: dict = field(default_factory=lambda: {None: 1})
     # what validate measured before the runs for the simulation's configuration, as measured
     # (``search_handoff``, ``engine_loop``): in every point's report and in loads.json
     probes: dict = field(default_factory=dict)
@@ -438,6 +440,11 @@ class ValidationSetup:
     step_time_sigma: float = 0.0
     step_time_correlation: float = 0.0
 
+    def runs_at(self, load: str | None) -> int:
+        """Real runs of the point at ``load`` (None: the single point of a run without
+        ``--loads``)."""
+        return self.repeats.get(load, self.repeats.get(None, 1))
+
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
         what finished. ``on_run(label, total)`` gives each real run's progress display."""
@@ -446,8 +453,8 @@ class ValidationSetup:
         on_run = on_run or _no_progress
         backend, data, costs, terms = self.backend, self.data, self.costs, self.terms
 
-        def real_run(cfg, k: int):
-            name = f"{backend} run" + (f" {k}/{self.repeats}" if self.repeats > 1 else "")
+        def real_run(cfg, k: int, runs: int):
+            name = f"{backend} run" + (f" {k}/{runs}" if runs > 1 else "")
             context, done = on_run(name, data.n_requests)
             with context:
                 return v.run_real(data, cfg, costs, backend=backend, device=self.device,
@@ -456,11 +463,12 @@ class ValidationSetup:
 
         def one(cfg, load: str | None, folder: Path, capacity_error: float | None = None
                 ) -> dict:
-            reals = [real_run(cfg, 1)]
+            runs = self.runs_at(load)
+            reals = [real_run(cfg, 1, runs)]
             # the same point again on a fresh engine (--repeats): the engine's own spread;
             # a run cut short (Ctrl-C, SIGTERM) ends the repeats and is left out of them
-            while len(reals) < self.repeats and not reals[-1].summary.get("interrupted"):
-                again = real_run(cfg, len(reals) + 1)
+            while len(reals) < runs and not reals[-1].summary.get("interrupted"):
+                again = real_run(cfg, len(reals) + 1, runs)
                 if again.summary.get("interrupted"):
                     reals[-1].summary["interrupted"] = True
                     break
@@ -537,14 +545,17 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
                      search_latency: str | None = None, replay_decisions: bool = False,
                      replicas: int | None = None, router: str | None = None,
                      on_note: Note | None = None, on_profile_phase=None,
-                     reuse: str | None = None, repeats: int = 1, sim_replicas: int = 1,
+                     reuse: str | None = None, repeats: int | str = 1,
+                     sim_replicas: int = 1,
                      force: bool = False) -> ValidationSetup:
     """Check ``ragsim validate``'s options (snake case), resolve the configuration and load or
     measure the costs. ``on_note(text, warning)`` hears what was chosen for the user as it is
     chosen; ``on_profile_phase(phase, done, total)`` the measurement's progress. ``force``:
     replace an earlier validation in ``out_dir`` (refused otherwise, before any work).
     ``repeats``: real runs of each point, each on a fresh engine, against the one simulation
-    (``ragsim.engine_spread``: errors against their average, with the spread's interval).
+    (``ragsim.engine_spread``: errors against their average, with the spread's interval); a
+    count, or counts by load as ``--repeats`` takes them (``"3,90=15,50=15"``,
+    ``validation.parse_repeats``).
     ``sim_replicas``: simulations of each point, each step's time drawn with the spread and
     step-to-step correlation the probe runs' steps showed (``ragsim.step_spread``), else the
     profile's for a step run again (``profiles.repeat_spread``); a configuration's
@@ -571,9 +582,6 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if backend not in v.BACKENDS:
         raise RagsimInputError(f"unknown backend {backend!r}; known: torch, vllm",
                                field=label("backend"))
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise RagsimInputError(f"real runs per point must be a whole number of at least 1, "
-                               f"got {repeats!r}", field=label("repeats"))
     if isinstance(sim_replicas, bool) or not isinstance(sim_replicas, int) \
             or not 1 <= sim_replicas <= MAX_SIM_REPLICAS:
         raise RagsimInputError(f"simulations per point must be a whole number from 1 to "
@@ -592,6 +600,13 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         raise RagsimInputError(f"{label('loads')} has its own sequential point (idle)",
                                field=label("sequential"))
     points = v.parse_loads(loads) if loads is not None else None
+    if not isinstance(repeats, int | str):
+        raise RagsimInputError(f"real runs per point must be a whole number, or counts by "
+                               f"load, got {repeats!r}", field=label("repeats"))
+    try:
+        repeats_by_load = v.parse_repeats(repeats, points)
+    except RagsimInputError as error:  # the API's name for the option, not the CLI's
+        raise RagsimInputError(error.detail, field=label("repeats")) from None
     if replay_decisions and backend == "sim":
         raise RagsimInputError(f"{label('replay_decisions')} replays a real engine's "
                                "iterations: --backend sim runs none", field=label(
@@ -681,7 +696,8 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
              + (f" (profile {reference.name})" if reference else "") + ", not a real run",
              warning=True)
     return ValidationSetup(out_dir, backend, device, threads, data, resolved, terms, costs,
-                           reference, points, notes, replay_decisions, repeats, probes,
+                           reference, points, notes, replay_decisions, repeats_by_load,
+                           probes,
                            sim_replicas=sim_replicas, step_time_sigma=sigma,
                            step_time_correlation=correlation)
 
