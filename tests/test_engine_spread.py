@@ -193,6 +193,20 @@ def test_a_p90_miss_is_the_engines_spread_only_where_a_perfect_model_would_miss_
     assert any("p90 |error| of 14.0%" in line for line in outside[0]["evidence"])
 
 
+def test_with_replicas_the_p90_miss_is_read_against_the_floor_of_both_sides():
+    """The real runs alone leave 14% (the model's own miss, alone), but the replicas' average
+    adds its error: 27% of both sides is past the 25% target, so a perfect model simulated so
+    would miss too."""
+    report = _report_p90_missing(0.42, floor=0.14)
+    report["repeats"]["ttft_p90_abs_error_floor_both_sides"] = 0.27
+    both = diagnose(report)
+    assert both[0]["cause"] == "engine_spread"
+    assert any("14.0% against their average" in line and "27.0% simulated as this average"
+               in line for line in both[0]["evidence"])
+    report["repeats"]["ttft_p90_abs_error_floor_both_sides"] = 0.18
+    assert diagnose(report)[0]["cause"] != "engine_spread"
+
+
 def test_a_miss_inside_the_engines_spread_is_named_so_and_one_outside_is_not():
     inside = diagnose(_report_missing_by(-0.40, [-0.62, 0.05]))
     assert inside[0]["cause"] == "engine_spread"
