@@ -109,7 +109,10 @@ RESULTS=(torch-ragcache)
 if [ -x "$VPY" ]; then
   # vLLM's steps measured on this machine for the first system (--profile-now: the quick plan
   # reaching what the runs ask), the same profile for the others: the shipped CPU vLLM profile
-  # was measured on another machine, and its prices would be the error measured
+  # was measured on another machine, and its prices would be the error measured. PROFILE_EACH=1
+  # measures one for each system right before its points (5 more minutes each): on a host whose
+  # speed moves 5-10% in ten minutes (run T), the second and third systems' points otherwise
+  # run 5-20 minutes after the profile that prices them
   VPROFILE=(--profile-now)
   for system in vllm-apc ragcache vllm; do
     echo "== vLLM engine: $system =="
@@ -121,7 +124,7 @@ if [ -x "$VPY" ]; then
       > "$OUT/vllm-$system.json"
     load "vllm $system after"
     RESULTS+=("vllm-$system")
-    if [ -f "$OUT/vllm-vllm-apc/profile.json" ]; then
+    if [ "${PROFILE_EACH:-0}" != 1 ] && [ -f "$OUT/vllm-vllm-apc/profile.json" ]; then
       VPROFILE=(--profile "$OUT/vllm-vllm-apc/profile.json")
     fi
   done
