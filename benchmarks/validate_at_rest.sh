@@ -54,8 +54,8 @@
 # with both sides' spread (one run against the others) and the draws it was made with.
 #
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
-# |throughput error| <= 10% at overload. Took 23 minutes on two cores with five runs a point and
-# 16 replicas (2026-12-06, run S2; docs/validation.md).
+# |throughput error| <= 10% at overload. Took 32 minutes on two cores with 3,90=15,50=15 runs
+# and 64 replicas (run T), 37 with PROFILE_EACH=1 (T2; 2026-12-06, docs/validation.md).
 set -euo pipefail
 if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
   export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
