@@ -151,12 +151,11 @@ def p90_abs_error_floor(real_ttft_s: np.ndarray, sim_sd_s: np.ndarray | None = N
 
 def _replica_sd(sim, request_ids: np.ndarray) -> np.ndarray | None:
     """Each request's TTFT spread over the simulated replicas (``REPLICA_SD_COLUMN``, which
-    ``validation.run_sim_ensemble`` writes), for ``request_ids``; None for one simulation."""
-    columns = getattr(sim, "columns", None) or {}
-    if REPLICA_SD_COLUMN not in columns or not sim.summary.get("sim_replicas"):
+    ``sim_ensemble.ensemble_result`` writes), for ``request_ids``; None for one simulation."""
+    if REPLICA_SD_COLUMN not in sim.columns:
         return None
-    by_id = pd.Series(np.asarray(columns[REPLICA_SD_COLUMN], float),
-                      index=np.asarray(columns["request_id"]))
+    by_id = pd.Series(np.asarray(sim.columns[REPLICA_SD_COLUMN], float),
+                      index=np.asarray(sim.columns["request_id"]))
     return by_id.reindex(request_ids).to_numpy(float)
 
 

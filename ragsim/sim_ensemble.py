@@ -41,7 +41,8 @@ def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
                     correlation: float = 0.0) -> RunResult:
     """One result of ``runs`` (replicas of one configuration that differ in their step-time
     draws): each request's time columns averaged over the replicas it completed in (replica
-    0's values where it completed in none), its other columns (status, hits, ids) replica 0's;
+    0's values where it completed in none), its other columns (status, hits, ids) replica 0's,
+    and each request's TTFT standard deviation over the replicas (``REPLICA_SD_COLUMN``);
     the summary's numbers averaged over the replicas, with ``sim_replicas``,
     ``step_time_sigma`` and ``step_time_correlation`` added. ``config``: the configuration the
     replicas were drawn from (the noise-free one, which a point's ``config.toml`` keeps;
@@ -71,6 +72,13 @@ def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
         known = [run.summary.get(key) for run in runs]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in known):
             summary[key] = float(np.mean(known))
+    # each request's spread over the replicas it completed in: the average's own error
+    ttft = np.where(done, np.array([np.asarray(run.columns["ttft_s"], float) for run in runs]),
+                    np.nan)
+    spread = np.full(len(ids), np.nan)
+    several = done.sum(axis=0) >= 2
+    spread[several] = np.nanstd(ttft[:, several], axis=0, ddof=1)
+    columns[REPLICA_SD_COLUMN] = spread
     summary.update(sim_replicas=len(runs), step_time_sigma=float(sigma),
                    step_time_correlation=float(correlation))
     return RunResult(config=first.config if config is None else config, columns=columns,

@@ -18,7 +18,6 @@ other way round); it imports them inside the functions that run them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -779,7 +778,7 @@ def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas
     ``sigma`` and ``correlation`` (``serving.step_noise``; ``step_noise_seed``
     0..replicas-1), averaged per request (``ragsim.sim_ensemble``): an estimate of each
     request's expected TTFT."""
-    from ragsim.sim_ensemble import REPLICA_SD_COLUMN, ensemble_result
+    from ragsim.sim_ensemble import ensemble_result
 
     runs = [run_sim(trace, config.replace(step_time_sigma=sigma,
                                           step_time_correlation=correlation,
@@ -788,22 +787,7 @@ def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas
     # the point's config.toml: noise-free
     ensemble = ensemble_result(runs, sigma, config, correlation)
     ensemble.summary["ttft_p90_abs_error_one_run"] = _one_run_p90(runs)
-    # each request's spread over the replicas: the ensemble's own share of the p90's floor
-    ensemble.columns[REPLICA_SD_COLUMN] = _replica_sd(runs)
     return ensemble
-
-
-def _replica_sd(runs) -> np.ndarray:
-    """Each request's TTFT standard deviation over the replicas it completed in (NaN in fewer
-    than two), in replica 0's row order."""
-    ttft = np.array([np.where(np.asarray(run.columns["status"]) == "completed",
-                              np.asarray(run.columns["ttft_s"], float), np.nan)
-                     for run in runs])
-    done = np.isfinite(ttft).sum(axis=0)
-    sd = np.full(ttft.shape[1], np.nan)
-    some = done >= 2
-    sd[some] = np.nanstd(ttft[:, some], axis=0, ddof=1)
-    return sd
 
 
 def _one_run_p90(runs) -> float:
@@ -911,11 +895,24 @@ def profile_here(out: Path, *, layers: int | None, hidden: int | None, device: s
 
 
 # --------------------------------------------------------------------------- load points
+def load_key(text: str) -> str:
+    """A load as the points name it: ``idle``, ``over`` or a percentage in ``:g`` form
+    (``" 90.0% "`` is ``90``); text that is none of them is returned as written, lower case,
+    for the caller to refuse."""
+    point = text.strip().lower().rstrip("%")
+    if point in (LOAD_IDLE, LOAD_OVER):
+        return point
+    try:
+        return f"{float(point):g}"
+    except ValueError:
+        return point
+
+
 def parse_loads(text: str) -> list[str]:
     """``idle,50,90,over`` -> the points in the order they run: the overload point first (its
     real throughput is the capacity the percentages refer to; added when only percentages are
     asked), then the percentages from the highest, then idle (sequential)."""
-    points = [p.strip().lower().rstrip("%") for p in text.split(",") if p.strip()]
+    points = [load_key(p) for p in text.split(",") if p.strip()]
     percents = []
     for point in points:
         if point in (LOAD_IDLE, LOAD_OVER):
@@ -927,7 +924,7 @@ def parse_loads(text: str) -> list[str]:
         if not 0 < value < 100:
             raise RagsimInputError(f"{point!r} is not idle, over or a percentage of capacity "
                                    "between 0 and 100", field="--loads")
-        percents.append(f"{value:g}")
+        percents.append(point)
     if not points:
         raise RagsimInputError("no load points given", field="--loads")
     order = sorted(set(percents), key=float, reverse=True)
@@ -974,10 +971,7 @@ def parse_repeats(text: str | int, points: Sequence[str] | None) -> dict[str | N
         if points is None:
             raise RagsimInputError(f"{item!r} names a load: give --loads, or one count",
                                    field="--repeats")
-        key = load.strip().lower().rstrip("%")
-        if key not in (LOAD_IDLE, LOAD_OVER):
-            with contextlib.suppress(ValueError):  # not a number: refused just below
-                key = f"{float(key):g}"
+        key = load_key(load)
         if key not in points:
             raise RagsimInputError(f"{item!r} names a load that does not run (--loads: "
                                    f"{', '.join(points)})", field="--repeats")

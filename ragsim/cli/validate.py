@@ -203,6 +203,11 @@ def _mark(passed: bool | None, short: bool = False) -> str:
     return {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]n/a[/]"}[passed]
 
 
+def _measured(value: float | None) -> bool:
+    """A number the report measured: neither absent (older reports) nor NaN (not measured)."""
+    return value is not None and value == value
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
@@ -273,7 +278,7 @@ def _print_report(r: dict) -> None:
             table.add_row("TTFT p90 |error| the runs' own spread gives a perfect model",
                           f"{repeats['ttft_p90_abs_error_floor']:.1%}", "", "")
         both = repeats.get("ttft_p90_abs_error_floor_both_sides")
-        if both is not None and both == both:  # an ensemble beside the runs
+        if _measured(both):  # an ensemble beside the runs
             table.add_row("... and with the replicas' average's own spread (both sides)",
                           f"{both:.1%}", "", "")
         if repeats.get("ttft_p90_abs_error_one_run") is not None:
@@ -386,10 +391,8 @@ def _print_loads(combined: dict) -> None:
                       "(their per-request spread): " + "; ".join(
                           f"{row['load']} {row['ttft_p90_abs_error_floor']:.1%}"
                           for row in floors), highlight=False)
-        both = [row for row in floors
-                if row.get("ttft_p90_abs_error_floor_both_sides") == row.get(
-                    "ttft_p90_abs_error_floor_both_sides")
-                and row.get("ttft_p90_abs_error_floor_both_sides") is not None]
+        both = [row for row in floors  # NaN or absent: no replicas beside the runs
+                if _measured(row.get("ttft_p90_abs_error_floor_both_sides"))]
         if both:
             out.print("... the same, the simulated side an average of its replicas too (both "
                       "sides' spread): " + "; ".join(
