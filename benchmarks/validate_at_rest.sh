@@ -53,6 +53,9 @@
 # noise-free simulation's (sim_ensemble.single_run); the ensemble's are a column beside them,
 # with both sides' spread (one run against the others) and the draws it was made with.
 #
+# TORCH=0 leaves the torch engine's rows out; VLLM_SYSTEMS (default "vllm-apc ragcache vllm")
+# names the vLLM systems run, in order.
+#
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
 # |throughput error| <= 10% at overload. Took 32 minutes on two cores with 3,90=15,50=15 runs
 # and 64 replicas (run T), 37 with PROFILE_EACH=1 (T2; 2026-12-06, docs/validation.md).
@@ -97,15 +100,17 @@ EOF
 fi
 TRACE="$OUT/heldout"
 
-echo "== torch engine: ragcache =="
-load "torch ragcache before"
-"$PY" -m ragsim validate --backend torch --profile-now --trace "$TRACE" --system ragcache \
-  --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions --json \
-  --repeats "$REPEATS" --sim-replicas "$SIM_REPLICAS" --out "$OUT/torch-ragcache" \
-  > "$OUT/torch-ragcache.json"
-load "torch ragcache after"
-
-RESULTS=(torch-ragcache)
+RESULTS=()
+if [ "${TORCH:-1}" = 1 ]; then
+  echo "== torch engine: ragcache =="
+  load "torch ragcache before"
+  "$PY" -m ragsim validate --backend torch --profile-now --trace "$TRACE" --system ragcache \
+    --requests "$REQUESTS" --loads "$LOADS" --search-latency trace --replay-decisions --json \
+    --repeats "$REPEATS" --sim-replicas "$SIM_REPLICAS" --out "$OUT/torch-ragcache" \
+    > "$OUT/torch-ragcache.json"
+  load "torch ragcache after"
+  RESULTS+=(torch-ragcache)
+fi
 if [ -x "$VPY" ]; then
   # vLLM's steps measured on this machine for the first system (--profile-now: the quick plan
   # reaching what the runs ask), the same profile for the others: the shipped CPU vLLM profile
@@ -114,7 +119,7 @@ if [ -x "$VPY" ]; then
   # speed moves 5-10% in ten minutes (run T), the second and third systems' points otherwise
   # run 5-20 minutes after the profile that prices them
   VPROFILE=(--profile-now)
-  for system in vllm-apc ragcache vllm; do
+  for system in ${VLLM_SYSTEMS:-vllm-apc ragcache vllm}; do
     echo "== vLLM engine: $system =="
     load "vllm $system before"
     "$VPY" -m ragsim validate --backend vllm --trace "$TRACE" --system "$system" \
@@ -124,8 +129,9 @@ if [ -x "$VPY" ]; then
       > "$OUT/vllm-$system.json"
     load "vllm $system after"
     RESULTS+=("vllm-$system")
-    if [ "${PROFILE_EACH:-0}" != 1 ] && [ -f "$OUT/vllm-vllm-apc/profile.json" ]; then
-      VPROFILE=(--profile "$OUT/vllm-vllm-apc/profile.json")
+    if [ "${PROFILE_EACH:-0}" != 1 ] && [ "${VPROFILE[0]}" = --profile-now ] \
+        && [ -f "$OUT/vllm-$system/profile.json" ]; then
+      VPROFILE=(--profile "$OUT/vllm-$system/profile.json")
     fi
   done
 else

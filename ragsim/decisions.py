@@ -48,6 +48,7 @@ import numpy as np
 from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
+from ragsim.serving.connector_costs import ConnectorCosts
 from ragsim.serving.costs import decode_step_s, mixed_step_s, prefill_compute_s
 from ragsim.serving.engine_loop import EngineLoop
 
@@ -57,12 +58,15 @@ _SAME_TIME_S = 1e-9
 
 def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
              new_shape: NewShapeCharge | None = None,
-             after_prompt: AfterPrompt | None = None) -> float:
+             after_prompt: AfterPrompt | None = None,
+             connector: ConnectorCosts | None = None) -> float:
     """What the simulator charges for one real iteration (``PredictedIterations``' prices).
     ``new_shape``: the token counts run so far (one per replay, fed the iterations in their
     order), for the first-time price of a step's token count where the profile has one;
     ``after_prompt``: where the last step with prompts was (one per replay, fed likewise), for
-    the extra of the decode steps after one (``decode_after_prompt``)."""
+    the extra of the decode steps after one (``decode_after_prompt``); ``connector``: a KV
+    connector's work in the step (the jobs it started, ``requests_started``, and the tokens its
+    worker saved, ``saved_tokens``, as the real run recorded them; its loads at its rate)."""
     prompts = runs_prompts(decision)
     extra = after_prompt.charge(prompt_tokens(decision)) \
         if after_prompt is not None and prompts is not None else 0.0
@@ -79,7 +83,14 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
         compute = prefill_compute_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
                                     new_shape) if jobs else 0.0
     swap_bytes = sum(j[4] for j in jobs)
-    copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
+    copy = None
+    if connector is not None:
+        compute += connector.seconds(int(decision.get("requests_started", 0)),
+                                     int(decision.get("saved_tokens", 0)))
+        if swap_bytes:
+            copy = connector.load_s(swap_bytes, profile.model.kv_bytes_per_token)
+    if copy is None:
+        copy = profile.transfers.host_to_device_s(swap_bytes) if swap_bytes else 0.0
     return (max(compute, copy) if overlap_swap else compute + copy) + extra
 
 

@@ -257,11 +257,14 @@ def _pricer(real, profile: Profile):
     from ragsim.decisions import priced_s
     from ragsim.profiles.decode_after_prompt import AfterPrompt
     from ragsim.profiles.new_shapes import NewShapeCharge
+    from ragsim.serving.connector_costs import ConnectorCosts
 
     overlap = bool(real.config.overlap_swap)
     new_shape = NewShapeCharge(profile.new_shapes)  # the replay's engine, as the simulated one
     after_prompt = AfterPrompt(profile.decode_after_prompt)  # likewise
-    return lambda decision: priced_s(decision, profile, overlap, new_shape, after_prompt)
+    connector = ConnectorCosts.of(real.config)  # its KV connector's work, as priced there
+    return lambda decision: priced_s(decision, profile, overlap, new_shape, after_prompt,
+                                     connector)
 
 
 def _cold_start(profile: Profile):

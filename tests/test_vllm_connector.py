@@ -136,6 +136,37 @@ def test_host_hits_are_the_documents_prefixes_worked_by_hand(runs):
     assert summary["evictions_gpu"] == 0 and summary["host_tier"]["copies_freed"] == 0
 
 
+def test_the_connectors_work_is_timed_and_each_steps_saves_recorded(runs):
+    """Nothing is evicted: the worker saves, once, the whole blocks that end inside the
+    documents each request is the first to retrieve (in their prefix context), and the system
+    prompt's one whole block; worked by hand from the trace. Each recorded step carries the
+    tokens its worker saved (what the replay prices: ``decisions.priced_s``), and the
+    connector's timers have seen every request, save and load (``loop.connector_costs``)."""
+    from ragsim.realrun.vllm.loop import connector_costs
+
+    _, result, trace = runs["roomy"]
+    seen: set[tuple[int, ...]] = set()
+    saved_blocks = SYSTEM // BLOCK
+    for i in range(N):
+        docs, tokens = _docs(trace, i)
+        k = max((j for j in range(len(docs) + 1) if tuple(docs[:j]) in seen), default=0)
+        start, end = SYSTEM + sum(tokens[:k]), SYSTEM + sum(tokens)
+        saved_blocks += end // BLOCK - start // BLOCK
+        seen.update(tuple(docs[:j]) for j in range(1, len(docs) + 1))
+    tier = result.summary["host_tier"]
+    assert tier["blocks_saved"] == tier["blocks_copied_out"] == saved_blocks
+    assert tier["blocks_copied_in"] == tier["blocks_loaded"] > 0
+    steps = result.decisions["iterations"]
+    assert sum(s["saved_tokens"] for s in steps) == saved_blocks * BLOCK
+    assert sum(s["requests_started"] for s in steps) == N
+    assert tier["requests_served"] == N
+    assert tier["scheduler_s"] > tier["tree_access_s"] > 0
+    costs = connector_costs([result.summary])
+    assert costs["tokens_saved"] == saved_blocks * BLOCK
+    assert costs["request_s"] > 0 and costs["save_s_per_token"] > 0
+    assert costs["load_s_per_token"] > 0
+
+
 def test_under_eviction_vllm_loads_exactly_what_the_tree_holds(runs):
     """The tree swaps documents out to its host tier and drops them from there (PGDSF);
     each request loads the whole blocks of the prefix the tree reports cached, no more."""

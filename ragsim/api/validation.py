@@ -132,6 +132,14 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
                                                         capacity_rps=capacity_rps,
                                                         threads=threads, seed=resolved.seed,
                                                         on_result=results.append)
+    connector = probe.get("connector")
+    connector_fields = {}
+    if connector is not None:
+        connector_fields = _measured_connector(resolved, connector, config_file, note)
+        # the probe runs' steps priced as the simulation will price them (their connector's
+        # work in them), so that the steps' spread about their prices is not that work
+        for result in results:
+            result.config = result.config.replace(**connector_fields)
     _measure_step_spread(results, costs, probes, note)
     runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
                      f"{r['requests_while_busy']} requests handed over busy" for r in probe["runs"])
@@ -147,7 +155,37 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
          "engine_loop_search_s)")
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
-                            engine_loop_search_s=probe["search_s"])
+                            engine_loop_search_s=probe["search_s"], **connector_fields)
+
+
+CONNECTOR_FIELDS = ("connector_request_s", "connector_save_s_per_token",
+                    "connector_load_s_per_token")
+
+
+def _measured_connector(resolved, connector: dict, config_file, note) -> dict:
+    """The connector's costs the probe runs measured (``realrun.vllm.loop.connector_costs``),
+    as the configuration's fields, unless the configuration file sets any of them (said in a
+    note either way)."""
+    from ragsim.serving.config import load_config_file
+
+    if config_file is not None and set(CONNECTOR_FIELDS) & set(load_config_file(config_file)):
+        note(f"connector: the configuration's ({resolved.connector_request_s * 1e3:.3f} ms a "
+             f"request, {resolved.connector_save_s_per_token * 1e6:.3f} us a token saved, "
+             f"{resolved.connector_load_s_per_token * 1e6:.3f} us a token loaded), not measured")
+        return {}
+    loads = (f"{connector['load_s_per_token'] * 1e6:.3f} us a token loaded over "
+             f"{connector['tokens_loaded']:,}" if connector["tokens_loaded"]
+             else "no loads (the profile's transfers price them)")
+    note(f"connector: its work inside vLLM's steps on the same probe runs: "
+         f"{connector['request_s'] * 1e3:.3f} ms a request over {connector['requests_served']} "
+         f"(the tree's access {connector['tree_access_s'] * 1e3:.3f} ms of it), "
+         f"{connector['save_s_per_token'] * 1e6:.3f} us a token saved over "
+         f"{connector['tokens_saved']:,}, {loads}; the simulation and the replays price them "
+         "in the steps (connector_request_s, connector_save_s_per_token, "
+         "connector_load_s_per_token)")
+    return {"connector_request_s": connector["request_s"],
+            "connector_save_s_per_token": connector["save_s_per_token"],
+            "connector_load_s_per_token": connector["load_s_per_token"]}
 
 
 def _measure_step_spread(results, costs, probes, note) -> None:

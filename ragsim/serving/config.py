@@ -138,6 +138,14 @@ class SimConfig:
     # serving/engine_loop.py). validate measures it on the real run's search threads; 0: a
     # search tier of its own
     engine_loop_search_s: float = 0.0
+    # a KV connector's work inside the engine's steps, which no profile of the engine alone
+    # holds (serving/connector_costs.py): per request the tree serves (its scheduler side), per
+    # token it saves out of the engine's KV and per token it loads back (0: the profile's
+    # transfers price host-tier copies). validate measures them on the probe runs' connector
+    # (ragcache on vLLM); 0: a connector that costs nothing
+    connector_request_s: float = 0.0
+    connector_save_s_per_token: float = 0.0
+    connector_load_s_per_token: float = 0.0
     # each step's time drawn around its price: x exp(N(0, step_time_sigma)) (serving/
     # step_noise.py), from a generator seeded by seed and step_noise_seed: one of the runs a
     # real engine might have. 0: every step at its price (one noise-free run). validate
@@ -438,7 +446,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
            f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
                  "replicate_every_s", "search_handoff_s", "engine_loop_step_s",
-                 "engine_loop_request_s", "engine_loop_search_s"):
+                 "engine_loop_request_s", "engine_loop_search_s", "connector_request_s",
+                 "connector_save_s_per_token", "connector_load_s_per_token"):
         _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
                f"must be <= {limits.MAX_DURATION_S:,.0f} s (30 days), got "
                f"{getattr(c, name):.4g}: are the units seconds?", source)
@@ -487,7 +496,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
            f"must be <= {limits.MAX_SEARCH_STAGES}", source)
     for name in ("search_s", "search_handoff_s", "engine_loop_step_s", "engine_loop_request_s",
-                 "engine_loop_search_s", "gpu_recovery_s", "retry_timeout_s",
+                 "engine_loop_search_s", "connector_request_s", "connector_save_s_per_token",
+                 "connector_load_s_per_token", "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",
                  "host_cache_bytes", "max_retries", "system_prompt_tokens", "seed",
                  "host_replicas", "step_time_sigma", "step_time_correlation",

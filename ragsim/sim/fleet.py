@@ -46,6 +46,7 @@ from ragsim.cache.routers import (
 from ragsim.profiles.profile import Profile
 from ragsim.serving.answer_stage import AnswerStage
 from ragsim.serving.config import SimConfig
+from ragsim.serving.connector_costs import ConnectorCosts
 from ragsim.serving.engine_loop import EngineLoop
 from ragsim.serving.fleet import fleet_problem, fleet_summary, route
 from ragsim.serving.gc_pause import cyclic_gc_paused
@@ -80,7 +81,8 @@ class FleetReplica(Pipeline):
             trace, config, profile, env=env,
             iterations=predicted_iterations(env, profile, config.overlap_swap,
                                             EngineLoop.of(config),
-                                            StepTimeNoise.of(config, stream=index)),
+                                            StepTimeNoise.of(config, stream=index),
+                                            ConnectorCosts.of(config)),
             record_moves=record_moves, requests_of=requests_of)
         self.fleet = fleet
         self.index = index

@@ -16,6 +16,11 @@ The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_
 begun as the one before ended (a busy engine) pays the loop's time between two steps, and each
 request pays its intake with its first prompt chunk, and there also its search's interpreter
 time (its search ran beside the busy engine).
+A KV connector's work inside the steps (``ConnectorCosts``: a configuration's
+``connector_request_s``, ``connector_save_s_per_token`` and ``connector_load_s_per_token``) is
+part of a step's price: a request's tree work with its first chunk, the saves of the documents
+the tree admits for it with the chunks that compute them, and its host-tier loads at the
+connector's rate where it was measured.
 With a configuration's ``step_time_sigma`` each step's whole time is then drawn around that
 price (``serving.step_noise``: one of the runs a real engine might have); without it every step
 takes its price.
@@ -31,6 +36,7 @@ from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.decode_layout import PaddedDecodeBatch
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
+from ragsim.serving.connector_costs import ConnectorCosts, saved_in_chunk
 from ragsim.serving.costs import (
     blend_selection_s,
     decode_step_s,
@@ -48,9 +54,11 @@ class PredictedIterations:
 
     def __init__(self, env: simpy.Environment, profile: Profile, overlap_swap: bool,
                  reuse_kind: str = "prefix", loop: EngineLoop | None = None,
-                 noise: StepTimeNoise | None = None) -> None:
+                 noise: StepTimeNoise | None = None,
+                 connector: ConnectorCosts | None = None) -> None:
         self.env = env
         self.loop = loop
+        self.connector = connector  # a KV connector's work in the steps (None: none)
         self.noise = noise  # each step's time drawn around its price (None: at its price)
         # position-free reuse: a blended prefill computes the recomputed tokens with the new
         # ones (in the jobs' alpha/beta) and, for blend, first runs the selection pass
@@ -88,14 +96,41 @@ class PredictedIterations:
         return self.loop.seconds(self._last_end_s == self.env.now,
                                  sum(1 for j in jobs if j.prefilled == 0))
 
+    def _copy_s(self, swap_bytes: int) -> float:
+        """The host->GPU copy of a step's host-tier hits: at the connector's measured rate
+        where there is one, else at the profile's transfer bandwidth."""
+        if not swap_bytes:
+            return 0.0
+        if self.connector is not None:
+            load = self.connector.load_s(swap_bytes, self.profile.model.kv_bytes_per_token)
+            if load is not None:
+                return load
+        return self._h2d(swap_bytes)
+
+    def _connector_s(self, chunks: Iterable[tuple[Job, int]]) -> float:
+        """A KV connector's work in a step that takes ``chunks``: the tree's work on each job
+        whose first chunk it is, the saves of the tokens the chunks compute of the documents
+        the tree admitted for their jobs (``saved_in_chunk``)."""
+        connector = self.connector
+        if connector is None:
+            return 0.0
+        new = saved = 0
+        for job, take in chunks:
+            new += job.prefilled == 0
+            if job.computing:
+                saved += saved_in_chunk(sum(n.tokens for n in job.computing), job.prefilled,
+                                        take)
+        return connector.seconds(new, saved)
+
     def timing(self, jobs: list[Job]) -> PrefillTiming:
         compute = prefill_compute_s(self.profile, [j.alpha for j in jobs],
                                     [j.beta for j in jobs], self.new_shape)
         if self.reuse_kind == "blend":
             compute += blend_selection_s(self.profile, "blend",
                                          sum(j.free_hit_tokens for j in jobs))
+        compute += self._connector_s((j, j.beta) for j in jobs)
         swap_bytes = sum(j.swap_in_bytes for j in jobs)
-        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
+        copy = self._copy_s(swap_bytes)
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
@@ -132,8 +167,9 @@ class PredictedIterations:
         if self.reuse_kind == "blend":  # the selection pass, before a job's first chunk
             compute += blend_selection_s(self.profile, "blend", sum(
                 j.free_hit_tokens for j, _ in chunks if j.prefilled == 0))
+        compute += self._connector_s(chunks)
         swap_bytes = sum(j.swap_in_bytes for j, _ in chunks if j.prefilled == 0)
-        copy = self._h2d(swap_bytes) if swap_bytes else 0.0
+        copy = self._copy_s(swap_bytes)
         duration = max(compute, copy) if self.overlap_swap else compute + copy
         # the cold start on top of the step, as ``prefill`` and the replay charge it (a copy
         # beside the compute does not hide it)
@@ -239,10 +275,11 @@ def _context_tokens(job: Job) -> int:
 
 
 def predicted_iterations(env: simpy.Environment, profile: Profile, overlap_swap: bool,
-                         loop: EngineLoop | None = None, noise: StepTimeNoise | None = None):
+                         loop: EngineLoop | None = None, noise: StepTimeNoise | None = None,
+                         connector: ConnectorCosts | None = None):
     """The iterations factory a simulated pipeline is given (it calls it with its tree): one
     place, so that one engine and every replica of a fleet price alike (the tree's reuse rule
     decides whether a prefill pays CacheBlend's selection pass); ``noise``: that engine's
-    step-time draws (``serving.step_noise``)."""
+    step-time draws (``serving.step_noise``); ``connector``: its KV connector's work."""
     return lambda tree: PredictedIterations(env, profile, overlap_swap, tree.reuse.kind, loop,
-                                            noise)
+                                            noise, connector)

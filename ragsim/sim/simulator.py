@@ -10,6 +10,7 @@ from simpy.events import NORMAL, URGENT
 
 from ragsim.profiles.profile import Profile
 from ragsim.serving.config import SimConfig
+from ragsim.serving.connector_costs import ConnectorCosts
 from ragsim.serving.engine_loop import EngineLoop
 from ragsim.serving.pipeline import Pipeline, Progress, RunResult, requests_to_run
 from ragsim.serving.step_noise import StepTimeNoise
@@ -66,7 +67,8 @@ class Simulation(Pipeline):
         super().__init__(
             trace, config, profile, env=env,
             iterations=predicted_iterations(env, profile, config.overlap_swap,
-                                            EngineLoop.of(config), StepTimeNoise.of(config)),
+                                            EngineLoop.of(config), StepTimeNoise.of(config),
+                                            ConnectorCosts.of(config)),
             progress=progress)
 
 

@@ -166,6 +166,15 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         self.records: dict[int, RequestRecord] = {}
         self.blocks_saved = self.blocks_loaded = self.copies_freed = 0
         self.never_saved = 0  # nodes cached by the tree whose request ended before saving them
+        # the wall time this side spent inside vLLM's steps (its scheduler calls these from
+        # ``schedule`` and ``update_from_output``), and the part of it the tree's ``access``
+        # took: what a profile of vLLM without the connector cannot hold (``connector_costs``)
+        self.scheduler_s = 0.0
+        self.tree_access_s = 0.0
+        self.requests_served = 0
+        # blocks ordered saved since the harness last read them (``take_blocks_saved``): the
+        # saves of the step it records
+        self._saved_unread = 0
         root = tree.root
         self._admit(root, len(block_owners([(0, tree.system_prompt_tokens)], self.block)))
 
@@ -226,16 +235,19 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         params = (request.kv_transfer_params or {}).get(PARAMS)
         if params is None:
             return 0, False
+        started = time.perf_counter()
         self._local[request.request_id] = num_computed_tokens
         plan = self._plans.get(request.request_id)
         held = self._held_prefix(params, plan.path if plan else None)
         hit = loadable_tokens(held, request.num_tokens, self.block)
+        self.scheduler_s += time.perf_counter() - started
         return max(0, hit - num_computed_tokens), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         params = (request.kv_transfer_params or {}).get(PARAMS)
         if params is None:
             return
+        started = time.perf_counter()
         rid = request.request_id
         local = self._local.pop(rid, 0)
         plan = self._plans.get(rid)
@@ -247,13 +259,17 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
             for i in range(local // self.block, (local + num_external_tokens) // self.block):
                 self._loads.append((plan.owner[i], i, ids[i]))
             self.blocks_loaded += num_external_tokens // self.block
+        self.scheduler_s += time.perf_counter() - started
 
     def _serve(self, rid: str, params: dict) -> _Plan:
         """The tree serves the request (once): PGDSF's update, admission, evictions."""
         tree = self.tree
+        started = time.perf_counter()
         result = tree.access(params["docs"], params["doc_tokens"], params["query_tokens"],
                              request_index=params["request"], keep_pinned=True,
                              now_s=time.monotonic())
+        self.tree_access_s += time.perf_counter() - started
+        self.requests_served += 1
         self._apply(tree.drain_moves())
         path = list(result.path)
         spans = self._spans(params, len(path))
@@ -286,6 +302,12 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
                 self._free(node)
 
     def build_connector_meta(self, scheduler_output) -> TreeMeta:
+        started = time.perf_counter()
+        meta = self._meta(scheduler_output)
+        self.scheduler_s += time.perf_counter() - started
+        return meta
+
+    def _meta(self, scheduler_output) -> TreeMeta:
         self._apply(self.tree.drain_moves())  # e.g. replicas' host evictions between steps
         meta = TreeMeta(frees=self._frees, loads=self._loads)
         self._frees, self._loads = [], []
@@ -307,6 +329,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
                 uid = plan.pending.pop(i)
                 meta.saves.append((ids[i], uid, i))
                 self.blocks_saved += 1
+                self._saved_unread += 1
                 self._unsaved[uid] -= 1
                 if not self._unsaved[uid]:  # loadable from the next step on
                     del self._unsaved[uid]
@@ -314,17 +337,26 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         return meta
 
     def request_finished(self, request, block_ids):
+        started = time.perf_counter()
         plan = self._plans.pop(request.request_id, None)
         self._local.pop(request.request_id, None)
         if plan is not None:
             self.tree.release(plan.path)
             self.never_saved += len(set(plan.pending.values()))
+        self.scheduler_s += time.perf_counter() - started
         return False, None
+
+    def take_blocks_saved(self) -> int:
+        """The blocks ordered saved since the last call (a step's, called after each step)."""
+        taken, self._saved_unread = self._saved_unread, 0
+        return taken
 
     def stats(self) -> dict:
         return {"blocks_saved": self.blocks_saved, "blocks_loaded": self.blocks_loaded,
                 "copies_freed": self.copies_freed, "nodes_never_saved": self.never_saved,
-                "nodes_held": len(self._stored)}
+                "nodes_held": len(self._stored), "requests_served": self.requests_served,
+                "block_tokens": self.block,
+                "scheduler_s": self.scheduler_s, "tree_access_s": self.tree_access_s}
 
     # ================================================================== worker side
     def _init_worker(self) -> None:
@@ -332,6 +364,10 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         self._store: dict[int, dict[int, dict[str, Any]]] = {}  # uid -> block -> layer -> KV
         self.bytes_held = 0
         self.peak_bytes_held = 0
+        # the wall time the copies took inside vLLM's steps (loads before the forward, saves
+        # after each layer's attention), and the blocks they copied (every layer of each)
+        self.load_s = self.save_s = 0.0
+        self.blocks_copied_in = self.blocks_copied_out = 0
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._kv = dict(kv_caches)
@@ -346,6 +382,7 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         return kv_layer
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
+        started = time.perf_counter()
         meta = self._get_connector_metadata()
         for uid in meta.frees:
             for layers in self._store.pop(uid, {}).values():
@@ -354,6 +391,8 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
             layers = self._store[uid][i]
             for name, kv_layer in self._kv.items():
                 self._block_view(kv_layer)[target].copy_(layers[name])
+        self.blocks_copied_in += len(meta.loads)
+        self.load_s += time.perf_counter() - started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are done before the forward pass starts
@@ -362,12 +401,16 @@ class RagsimTreeConnector(KVConnectorBase_V1):  # named TREE_CONNECTOR
         meta = self._get_connector_metadata()
         if not meta.saves:
             return
+        started = time.perf_counter()
         view = self._block_view(kv_layer)
         for target, uid, i in meta.saves:
             copy = view[target].to("cpu", copy=True)
             self._store.setdefault(uid, {}).setdefault(i, {})[layer_name] = copy
             self.bytes_held += copy.numel() * copy.element_size()
         self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
+        if layer_name == next(iter(self._kv), layer_name):  # each block once, not per layer
+            self.blocks_copied_out += len(meta.saves)
+        self.save_s += time.perf_counter() - started
 
     def wait_for_save(self) -> None:
         return  # every save was a synchronous copy

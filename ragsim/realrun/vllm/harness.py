@@ -239,6 +239,7 @@ class VllmRun(RealSearchDriving, Pipeline):
         # each step as the decisions vLLM's scheduler made in it (``ragsim.decisions``)
         self.decisions: list[dict] = []
         self.submitted_s: dict[int, float] = {}  # job -> when it was added to vLLM
+        self._chunked: set[int] = set()  # jobs a recorded step has taken a chunk of
         self._scheduled = _watch_scheduler(self.llm)
 
     def _warm_up(self) -> None:
@@ -321,7 +322,10 @@ class VllmRun(RealSearchDriving, Pipeline):
         decodes (how many, their mean context)."""
         if self._scheduled is None:
             return
+        saved = self.connector.take_blocks_saved() * self.settings.block_tokens \
+            if self.connector is not None else 0
         chunks, completing, contexts = [], [], []
+        started = 0  # jobs whose first chunk this step takes
         for out in self._scheduled:
             scheduled = out.num_scheduled_tokens
             cached = out.scheduled_cached_reqs
@@ -341,13 +345,20 @@ class VllmRun(RealSearchDriving, Pipeline):
                     if self.connector is not None and computed > 0 else None
                 loaded = record.external * self.kv if record is not None else 0
                 chunks.append((job.key, job.request, int(computed), take, int(loaded)))
+                if job.key not in self._chunked:
+                    self._chunked.add(job.key)
+                    started += 1
                 if computed + take >= prompt:
                     completing.append(job.key)
         if chunks or contexts:
-            self.decisions.append({
+            decision = {
                 "kind": "mixed", "start_s": start_s, "end_s": end_s, "jobs": chunks,
                 "completing": completing, "size": len(contexts),
-                "context_tokens": float(np.mean(contexts)) if contexts else 0.0})
+                "context_tokens": float(np.mean(contexts)) if contexts else 0.0,
+                "requests_started": started}
+            if self.connector is not None:  # what its worker saved in the step (tokens)
+                decision["saved_tokens"] = saved
+            self.decisions.append(decision)
 
     def _env_time(self, monotonic_s: float) -> float:
         """A vLLM timestamp (its engine core's ``time.monotonic()``) on the run's clock."""
@@ -474,6 +485,9 @@ class VllmRun(RealSearchDriving, Pipeline):
         tree_host = int(self.r_tree_hit_host[served].sum())
         return {"host_tier": {**self.connector.stats(), "bytes_held": worker.bytes_held,
                               "peak_bytes_held": worker.peak_bytes_held,
+                              "load_s": worker.load_s, "save_s": worker.save_s,
+                              "blocks_copied_in": worker.blocks_copied_in,
+                              "blocks_copied_out": worker.blocks_copied_out,
                               "tree_host_capacity_bytes": int(self.tree.host_capacity_bytes)},
                 "tree_hit_tokens_gpu": tree_gpu, "tree_hit_tokens_host": tree_host,
                 "tree_token_hit_rate": (tree_gpu + tree_host) / doc_tokens

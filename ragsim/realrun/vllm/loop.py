@@ -25,6 +25,11 @@ CPU time the run's search threads spent outside faiss (``RealSearch``:
 ``interpreter_s_total``), per search. It lands inside the engine's steps, not between them, so
 the fit above cannot see it; the simulation charges it per request searched while the engine
 was busy (``EngineLoop.search_s``).
+
+Where the configuration runs RAGCache's connector (the ``ragcache`` system), the same runs time
+the connector's work inside vLLM's steps (``connector_costs``): its scheduler side per request
+the tree served, its saves and loads per token copied. The simulation prices them as part of
+the steps (``serving.connector_costs``): a profile of vLLM times the engine without them.
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ from ragsim.realrun.probe_runs import (
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
 
-__all__ = ["LOOP_PROBE_LOADS", "LOOP_PROBE_REQUESTS", "fit_engine_loop", "measure_engine_loop",
-           "probe_rows", "quiet_intake_s"]
+__all__ = ["LOOP_PROBE_LOADS", "LOOP_PROBE_REQUESTS", "connector_costs", "fit_engine_loop",
+           "measure_engine_loop", "probe_rows", "quiet_intake_s"]
 
 QUIET_INTAKES = 40  # requests whose intake is timed on the probe's idle engine
 
@@ -63,6 +68,30 @@ def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]
     seconds = np.array([float(s) for _, s, _ in points])
     solution, _ = nnls(design, seconds)
     return float(solution[0]), float(solution[1])
+
+
+def connector_costs(summaries: list[dict]) -> dict | None:
+    """The connector's work per unit over the runs' summaries (their ``host_tier``, the
+    connector's own timers: ``connector.RagsimTreeConnector``): ``request_s`` (its scheduler
+    side's time over the requests the tree served), ``save_s_per_token`` and
+    ``load_s_per_token`` (its worker's copies over the tokens they moved; 0 where the runs
+    loaded nothing, so that the profile's transfers price the loads), with what they come
+    from. None where no run had the connector."""
+    tiers = [s["host_tier"] for s in summaries if s.get("host_tier")]
+    if not tiers:
+        return None
+    total = {k: sum(float(t.get(k, 0)) for t in tiers)
+             for k in ("scheduler_s", "tree_access_s", "requests_served", "save_s", "load_s")}
+    saved = sum(int(t.get("blocks_copied_out", 0)) * int(t["block_tokens"]) for t in tiers)
+    loaded = sum(int(t.get("blocks_copied_in", 0)) * int(t["block_tokens"]) for t in tiers)
+    served = total["requests_served"]
+    return {"request_s": total["scheduler_s"] / served if served else 0.0,
+            "tree_access_s": total["tree_access_s"] / served if served else 0.0,
+            "save_s_per_token": total["save_s"] / saved if saved else 0.0,
+            "load_s_per_token": total["load_s"] / loaded if loaded else 0.0,
+            "requests_served": int(served), "tokens_saved": saved, "tokens_loaded": loaded,
+            "scheduler_s": total["scheduler_s"], "save_s": total["save_s"],
+            "load_s": total["load_s"]}
 
 
 def quiet_intake_s(run, prompts: list[list[int]]) -> float:
@@ -89,7 +118,8 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     ``LOOP_PROBE_LOADS`` x ``capacity_rps`` (Poisson), each on a fresh engine, as a validation's
     real runs are. Returns ``step_s``, ``request_s`` (past the quiet intake) and ``search_s``
     (the search threads' interpreter time per search; 0 where the runs searched no real index)
-    for the configuration, with what they come from. ``on_result``: given each run's
+    for the configuration, with what they come from, and ``connector`` (``connector_costs``;
+    None without RAGCache's connector). ``on_result``: given each run's
     ``RunResult`` (its steps measure the step-time spread: ``ragsim.step_spread``)."""
     from ragsim.realrun.vllm.engine import release_engines
     from ragsim.realrun.vllm.harness import VllmRun
@@ -121,4 +151,5 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
             "fitted_request_s": request_s, "quiet_intake_s": quiet,
             "search_s": search_s, "searches": searches,
-            "runs": runs, "requests": len(rows), "held_aside": held_aside}
+            "connector": connector_costs(summaries), "runs": runs, "requests": len(rows),
+            "held_aside": held_aside}
