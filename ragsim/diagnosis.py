@@ -28,7 +28,9 @@ The rules, in order (the first that holds names the cause):
   the steps' prices, and at least ``MATERIAL`` (``engine_loop``);
 * iteration costs: the profile prices the run's own iterations more than ``MATERIAL`` away
   from their measured time (``iteration_costs``), or, for an engine that runs its own steps
-  (vLLM), the replay's cost-model share carries the error;
+  (vLLM), the replay's cost-model share carries the error; where the profile's own held-out
+  steps found a kind of step's prices biased (``profile_heldout_misses``), the next fix is the
+  profile;
 * otherwise queueing or the host copies, whichever component is largest (``queueing``,
   ``host_copies``), and ``capacity`` for a throughput miss with iterations priced right;
 * a dry run (``--backend sim``) misses only by its reference profile (``reference_profile``);
@@ -97,6 +99,10 @@ _NEXT_FIX = {
     "iteration_costs_unseen": "compare the profile's held-out errors with the run's shapes, and "
                               "time the profile's steps the way the harness runs them (one "
                               "engine, the run's settings, after a run's worth of steps)",
+    "iteration_costs_profile": "remeasure the profile at rest (validate --profile-now again, or "
+                               "ragsim profile) before reading this point: its own held-out "
+                               "steps found a kind of step's prices biased, so they were that "
+                               "far off before any run priced with them",
     "iteration_costs_allocator": "run the engine, and measure its profile, on tcmalloc "
                                  "(LD_PRELOAD=libtcmalloc_minimal.so.4, as the engines' CPU "
                                  "guides say): on glibc's malloc a step of a new size costs up "
@@ -178,6 +184,24 @@ def _on_glibc(report: dict, evidence: list[str]) -> str | None:
     return "iteration_costs_allocator"
 
 
+def _iteration_key(report: dict, evidence: list[str], key: str) -> str:
+    """The next-fix key of an ``iteration_costs`` miss: the engine's allocator where it ran on
+    glibc's malloc, the profile itself where its own held-out steps found a kind of step's
+    prices biased (``profile_heldout_misses``: measured in a noisy minute, its prices are that
+    far off whatever the run does), else ``key``."""
+    glibc = _on_glibc(report, evidence)
+    if glibc is not None:
+        return glibc
+    misses = report.get("profile_heldout_misses")
+    if misses:
+        from ragsim.profiles.steps import heldout_words
+
+        evidence.append("the profile's own held-out checks found its prices biased before "
+                        "any run: " + heldout_words(misses))
+        return "iteration_costs_profile"
+    return key
+
+
 def _outside_steps(report: dict, evidence: list[str]) -> bool:
     """Whether the replay at measured durations puts more of the cost model's share outside
     the engine's steps than on their prices, and a material part (the evidence line either
@@ -244,14 +268,15 @@ def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str
         if abs(ratio - 1) > MATERIAL:
             key = ("iteration_costs_past" if past is not None and past > 2 * MATERIAL
                    else "iteration_costs_seen")
-            return "iteration_costs", _on_glibc(report, evidence) or key
+            return "iteration_costs", _iteration_key(report, evidence, key)
     else:  # the engine's steps are its own (vLLM): the split is the only view of their prices
         cost = report.get("cost_model_error")
         if cost is None or abs(cost) > MATERIAL:
             evidence.append("the engine runs its own steps: " + (
                 "the replay's cost-model share is the view of their prices" if cost is not None
                 else "--replay-decisions would time them one by one and split the error"))
-            return "iteration_costs", _on_glibc(report, evidence) or "iteration_costs_unseen"
+            return "iteration_costs", _iteration_key(report, evidence,
+                                                     "iteration_costs_unseen")
     if metric == "throughput_abs_error":
         return "capacity", "capacity"
     largest = _largest_component(report)

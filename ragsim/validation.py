@@ -499,7 +499,7 @@ def compare(real, sim, *, backend: str, load: str | None = None,
             repeats_replayed: Sequence[np.ndarray | None] = (),
             measured_replayed: Sequence[np.ndarray | None] = (),
             elasticity: dict | None = None, steps: dict | None = None,
-            single=None) -> dict:
+            single=None, profile_misses: dict | None = None) -> dict:
     """The report (``validation.json``) of one pair of runs with ``.columns``, ``.summary`` and
     ``.config``; ``load`` is the load point (``over``, ``idle``, a percentage) or None. With
     ``sim_speed_adjusted`` (``speed_adjusted_sim``) the report also gives the errors against
@@ -522,7 +522,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
     measured against their prices, by size (``step_prices``), kept as ``step_prices``: which
     steps the prices miss. ``single``: with ``sim`` an ensemble (``run_sim_ensemble``), the
     noise-free simulation of the point, whose errors against the same real side are kept as
-    ``sim_ensemble.single_run``."""
+    ``sim_ensemble.single_run``. ``profile_misses``: the profile's held-out kinds whose prices
+    its own checks found biased (``profiles.steps.heldout_misses``), kept as
+    ``profile_heldout_misses``."""
     reals = [real, *repeats]
     if repeats:
         from ragsim import engine_spread
@@ -567,6 +569,9 @@ def compare(real, sim, *, backend: str, load: str | None = None,
         "beyond_profile_time_share": beyond_profile_time_share(real.summary),
         "cost_elasticity": elasticity,
         "step_prices": steps,
+        # the profile's held-out kinds whose prices its own checks found biased before any run
+        # (``profiles.steps.heldout_misses``): the diagnosis names the profile where they exist
+        "profile_heldout_misses": profile_misses or {},
     }
     request_ids = real.columns["request_id"]
     measured_ttft = measured_replayed[0] if len(measured_replayed) == len(reals) else None

@@ -428,7 +428,19 @@ def text_trace(tmp_path_factory):
     yield from text_trace_dir(tmp_path_factory)
 
 
-def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, tmp_path):
+@pytest.fixture(scope="module")
+def probed_text_trace(tmp_path_factory):
+    """The text trace with 48 requests: a validation of 16 leaves its loop probe 32 of its
+    own, whose steps are enough to measure their spread (on the 16 validated ones, its two
+    runs kept 7-16 steps, and the spread needs 8 of one kind and size: it failed one run in
+    three on the project's CPU)."""
+    from text_trace import text_trace_dir
+
+    yield from text_trace_dir(tmp_path_factory, requests=48)
+
+
+def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(probed_text_trace,
+                                                                    tmp_path):
     """``validate --backend vllm --loads over,50 --search-latency trace --replay-decisions``:
     the interface's rows carry the raw errors; vLLM's run searches the trace's staged faiss
     index on the search workers, as the torch run does; every step vLLM's scheduler took is
@@ -443,6 +455,7 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(text_trace, 
     from ragsim.serving.config import build_config
     from ragsim.traces import read_trace
 
+    text_trace = probed_text_trace
     out = tmp_path / "loads"
     result = CliRunner().invoke(app, [
         "validate", "--backend", "vllm", "--system", "vllm-apc", "--trace", str(text_trace),

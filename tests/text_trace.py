@@ -41,12 +41,13 @@ def build_text_trace(folder: Path, *, passages: int = 30, questions: int = 8,
     return write_build(build_trace(options), folder / "built")
 
 
-def text_trace_dir(tmp_path_factory):
-    """A fixture's body: ``build_text_trace`` in a fresh folder, with ``XDG_CACHE_HOME`` there
-    (the build's embeddings are the real search's) until the fixture ends."""
+def text_trace_dir(tmp_path_factory, requests: int = 16):
+    """A fixture's body: ``build_text_trace`` of ``requests`` requests in a fresh folder, with
+    ``XDG_CACHE_HOME`` there (the build's embeddings are the real search's) until the fixture
+    ends."""
     import pytest
 
     with pytest.MonkeyPatch.context() as patch:
         folder = tmp_path_factory.mktemp("text_trace")
         patch.setenv("XDG_CACHE_HOME", str(folder / "cache"))
-        yield build_text_trace(folder)
+        yield build_text_trace(folder, requests=requests)
