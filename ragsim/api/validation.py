@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragsim.api.options import as_bytes, label
+from ragsim.diagnosis import MATERIAL
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.steps import heldout_misses, heldout_words
 
@@ -43,8 +44,9 @@ METRIC_WORDS = {"ttft_mean_abs_error": "TTFT mean |error|",
 RunProgress = Callable[[str, int], tuple]
 # a held-out kind of step whose median predicted/measured ratio is this far from 1 in the
 # profile's own checks: its prices are biased for that kind before any run (the diagnosis's
-# MATERIAL; a p90 past the 15% target is common on a shared CPU's noise and is not named)
-PROFILE_BIAS = 0.10
+# own threshold, one number; a p90 past the 15% target is common on a shared CPU's noise and
+# is not named)
+PROFILE_BIAS = MATERIAL
 
 # on_note(text, warning): what a caller may print as the setup goes (warning: always shown)
 Note = Callable[[str, bool], None]
