@@ -15,6 +15,12 @@ its batch-N row), ``--sigma`` and ``--correlation`` (the steps' draws: by defaul
 runs' spread where the point's report has it, else the profile's with no correlation),
 ``--real-runs N`` (against the first N real runs only: a protocol of fewer repeats).
 
+Two readings request by request: ``--by-run`` prints each real run's steps against their
+prices (``steps.parquet``) beside that run's own errors against the noise-free simulation, so
+a point whose runs ran at different machine speeds shows it run by run; ``--requests-out DIR``
+writes each variant's per-request table (``requests.parquet`` as a run writes it) to compare
+with the real runs' own (docs/validation.md, "Run V, request by request").
+
     python benchmarks/resimulate_point.py OUT/vllm-ragcache/load-90 OUT/vllm-ragcache/load-50 \\
         --sim-replicas 16
     python benchmarks/resimulate_point.py OUT/torch-ragcache/load-90 \\
@@ -101,6 +107,33 @@ def errors_of(reals: list[RunResult], sim: RunResult) -> tuple[float, float]:
     return errors["ttft_mean_error"], errors["ttft_p90_abs_error"]
 
 
+def by_run_rows(point: Path, reals: list[RunResult], sim: RunResult) -> list[str]:
+    """One table row per real run: its steps' measured over priced time (where it kept
+    ``steps.parquet``) and its own TTFT mean error and p90 |error| against ``sim``."""
+    rows = []
+    folders = sorted(point.glob("real*"), key=lambda p: (len(p.name), p.name))
+    for folder, real in zip(folders, reals, strict=False):
+        steps = folder / "steps.parquet"
+        ratio = "-"
+        if steps.exists():
+            table = pd.read_parquet(steps, columns=["measured_s", "priced_s"])
+            ratio = f"{table['measured_s'].sum() / table['priced_s'].sum():.3f}"
+        mean_error, p90 = errors_of([real], sim)
+        rows.append(f"| {point} | {folder.name} | {ratio} | "
+                    f"{float(np.mean(real.columns['ttft_s'])) * 1e3:.1f} | {mean_error:+.1%} | "
+                    f"{p90:.1%} |")
+    return rows
+
+
+def write_requests(folder: Path, point: Path, label: str, sim: RunResult) -> Path:
+    """``sim``'s per-request table under ``folder``, named by the point and the variant."""
+    name = f"{point.parent.name}-{point.name}-{label.split(',')[0].replace(' ', '-')}"
+    path = folder / f"{name}.parquet"
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(sim.columns).to_parquet(path)
+    return path
+
+
 def probe_spread(point: Path) -> dict | None:
     """The step spread validate measured on the point's probe runs (``probes.step_spread``
     in its report; None for a point stored before it did)."""
@@ -127,7 +160,12 @@ def main() -> None:
                         "runs' where the point's report has them, else the profile's)")
     parser.add_argument("--correlation", type=float, help="lag-1 correlation of the steps' "
                         "draws (default: the probe runs' where the report has them, else 0)")
+    parser.add_argument("--by-run", action="store_true", help="each real run's steps against "
+                        "their prices and its own errors against the noise-free simulation")
+    parser.add_argument("--requests-out", type=Path, help="write each variant's per-request "
+                        "table here (POINT-VARIANT.parquet)")
     args = parser.parse_args()
+    by_run: list[str] = []
     overrides = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -169,12 +207,21 @@ def main() -> None:
             variants.append((f"{args.sim_replicas} replicas, sigma {sigma:.3f}, "
                              f"rho {correlation:.2f}", ensemble,
                              ensemble.summary["ttft_p90_abs_error_one_run"]))
+        if args.by_run:
+            by_run += by_run_rows(point, reals, variants[0][1])
         for label, sim, one in variants:
+            if args.requests_out is not None:
+                write_requests(args.requests_out, point, label, sim)
             mean_error, p90 = errors_of(reals, sim)
             print(f"{head} | {label} | {sim.summary['ttft_mean_s'] * 1e3:.1f} | "
                   f"{mean_error:+.1%} | {p90:.1%} | {'-' if one is None else f'{one:.1%}'} |")
         print(f"<!-- {point}: profile {how}; overrides {overrides or 'none'}; terms from "
               f"{args.term_from or 'none'} -->")
+    if by_run:
+        print("\n| point | real run | its steps: measured / priced | its mean TTFT (ms) | "
+              "mean error against the noise-free simulation | p90 abs error |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(by_run))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ The rules, in order (the first that holds names the cause):
   equal to each request's expected TTFT would itself miss against the runs' average.
 
 Where the real runs kept their steps (``--replay-decisions``), a missed TTFT or throughput
-also carries those steps against their prices (``step_prices``): over every step, and the
-size of step the prices miss most, past the profile's grid or not.
+also carries those steps against their prices (``step_prices``): over every step, run by run
+(a machine's speed that moves between runs), and the size of step the prices miss most, past
+the profile's grid or not. A missed p90 |error| also carries the replay's own p90 per request
+(the real runs' batches at the simulator's prices): the cost model's part of it, where the
+split of the mean says little.
 
 A missed mean TTFT also carries how strongly the point answers the cost model
 (``cost_elasticity``: the simulation rerun with every step's price 5% lower and higher): where
@@ -225,6 +228,16 @@ def _step_sizes(report: dict, evidence: list[str]) -> None:
         return
     evidence.append(f"the real runs' {steps['steps']:,} steps ran "
                     f"{steps['measured_over_priced']:.2f}x the simulator's price for them")
+    by_run = steps.get("by_run_measured_over_priced") or []
+    known = [r for r in by_run if r is not None]
+    if len(known) > 1:
+        words = (f"run by run, {min(known):.2f}x to {max(known):.2f}x (the machine's speed "
+                 "from one run to the next: the runs' average TTFT mixes them)")
+        followed = _followed_speed(report, by_run)
+        if followed is not None:
+            words += (f"; each run's mean TTFT error against the simulation followed its "
+                      f"steps' ratio with a correlation of {followed:+.2f}")
+        evidence.append(words)
     worst = max(steps["by_tokens"], key=lambda g: abs(g["measured_s"] - g["priced_s"]))
     if worst["measured_over_priced"] is None:
         return
@@ -238,6 +251,25 @@ def _step_sizes(report: dict, evidence: list[str]) -> None:
     elif high is None or high > grid:
         words += f", partly past the profile's grid ({grid:,} new tokens a step)"
     evidence.append(words)
+
+
+def _followed_speed(report: dict, by_run: list) -> float | None:
+    """The correlation over the real runs between each run's steps against their prices and
+    its own TTFT mean error against the simulation (``repeats.per_run``), where every run has
+    both and they vary; None otherwise. Strongly negative: the runs' errors are their
+    machine's speed (run W's 90% point: the two runs at 1.00x within 5%, four at 1.16-1.20x
+    off by 49-64%)."""
+    import numpy as np
+
+    runs = (report.get("repeats") or {}).get("per_run") or []
+    errors = [run.get("ttft_mean_error") for run in runs]
+    if len(errors) != len(by_run) or len(errors) < 3 or any(
+            e is None or r is None or e != e for e, r in zip(errors, by_run, strict=True)):
+        return None
+    speed, error = np.asarray(by_run, float), np.asarray(errors, float)
+    if speed.std() == 0 or error.std() == 0:
+        return None
+    return float(np.corrcoef(speed, error)[0, 1])
 
 
 def _cost_side(report: dict, metric: str, evidence: list[str]) -> tuple[str, str]:
@@ -291,6 +323,13 @@ def _ttft_cause(report: dict, metric: str) -> tuple[str, str, list[str]]:
     if decisions is not None:
         evidence.append(f"of the mean error {_pct(report['ttft_mean_error'])}, the cost model "
                         f"{_pct(cost)}, diverged decisions {_pct(decisions)}")
+        replayed_p90 = (report.get("decisions") or {}).get("replayed_ttft_p90_abs_error")
+        if metric == "ttft_p90_abs_error" and replayed_p90 is not None:
+            # per request, the split of the mean says little: the replay's own p90 is the
+            # cost model's part with every batch as the engine formed it
+            evidence.append(f"the real runs' own decisions at the simulator's prices: a p90 "
+                            f"|error| per request of {replayed_p90:.1%} (the simulation's "
+                            f"{report['ttft_p90_abs_error']:.1%})")
         _step_sizes(report, evidence)
         if abs(decisions) >= abs(cost) and abs(decisions) > MATERIAL:
             capacity = report.get("capacity_error")

@@ -151,6 +151,73 @@ def test_the_steps_the_prices_miss_most_are_named_with_the_grid():
     assert named and "steps of 0-64 tokens ran 0.70x" in named[0] and "grid" not in named[0]
 
 
+def test_the_steps_against_their_prices_run_by_run():
+    """Two real runs that kept their steps and one that kept none: the first ran its two steps
+    at their prices (3 s against 3 s), the second 1.2x (3.6 s against 3 s). By hand: 1.00 and
+    1.20 run by run, 6.6 / 6.0 = 1.10 over both; the run without steps is left out."""
+    from ragsim.api.loading import load_profile
+
+    def step(tokens: int, measured: float, priced: float) -> dict:
+        return {"step_tokens": tokens, "measured_s": measured, "priced_s": priced}
+
+    first = [step(32, 1.0, 1.0), step(2000, 2.0, 2.0)]
+    second = [step(32, 1.2, 1.0), step(2000, 2.4, 2.0)]
+    prices = v.step_prices([None, None, None], load_profile("cpu-vllm-mistral-7b-l2-h256"),
+                           [first, None, second])
+    assert prices["runs"] == 2
+    assert prices["by_run_measured_over_priced"] == pytest.approx([1.0, 1.2])
+    assert prices["measured_over_priced"] == pytest.approx(1.1)
+    # read by the diagnosis as the machine's speed from run to run
+    r = report(mean=-0.40, p90=0.50, cost=-0.10, decisions=-0.30)
+    r["step_prices"] = prices
+    evidence = diagnose(r)[0]["evidence"]
+    assert any(line.startswith("run by run, 1.00x to 1.20x") for line in evidence)
+    # one run: nothing to say run by run
+    r["step_prices"] = {**prices, "by_run_measured_over_priced": [1.2]}
+    assert not any(line.startswith("run by run") for line in diagnose(r)[0]["evidence"])
+
+
+def test_each_runs_error_against_its_machine_speed():
+    """Three runs whose steps ran 1.0x, 1.1x and 1.2x their prices and whose mean TTFT errors
+    were 0%, -20% and -40%: the errors fall on a line in the speed, a correlation of -1.00 by
+    hand. A run without its error, or two runs, give no correlation."""
+    r = report(mean=-0.20, p90=0.50, cost=-0.10, decisions=-0.10)
+    r["step_prices"] = {"runs": 3, "steps": 30, "measured_over_priced": 1.1,
+                        "by_run_measured_over_priced": [1.0, 1.1, 1.2],
+                        "grid_new_tokens": 3072,
+                        "by_tokens": [{"tokens_from": 0, "tokens_to": 64, "steps": 30,
+                                       "measured_s": 3.3, "priced_s": 3.0,
+                                       "measured_over_priced": 1.1, "share_of_step_time": 1.0}]}
+    r["repeats"] = {"per_run": [{"ttft_mean_error": e} for e in (0.0, -0.2, -0.4)],
+                    "ttft_mean_error_interval": [float("nan")] * 2}  # no spread read here
+
+    def line(report_: dict) -> str:
+        (found,) = [x for x in diagnose(report_)[0]["evidence"] if x.startswith("run by run")]
+        return found
+
+    assert line(r).endswith("each run's mean TTFT error against the simulation followed its "
+                            "steps' ratio with a correlation of -1.00")
+    r["repeats"]["per_run"][1]["ttft_mean_error"] = None
+    assert "correlation" not in line(r)
+    r["step_prices"]["by_run_measured_over_priced"] = [1.0, 1.2]
+    r["repeats"]["per_run"] = [{"ttft_mean_error": 0.0}, {"ttft_mean_error": -0.4}]
+    assert "correlation" not in line(r)
+
+
+def test_a_p90_miss_carries_the_replays_own_p90():
+    """The mean's split says the decisions (-30% of -40%); per request the replay of the real
+    batches at the simulator's prices misses by 31% at p90 against the simulation's 50%: that
+    line is on the p90 miss, and only there."""
+    r = report(mean=-0.40, p90=0.50, cost=-0.10, decisions=-0.30)
+    r["decisions"] = {"cost_model_error": -0.10, "decision_error": -0.30,
+                      "replayed_ttft_p90_abs_error": 0.31}
+    by_metric = {miss["metric"]: miss["evidence"] for miss in diagnose(r)}
+    line = ("the real runs' own decisions at the simulator's prices: a p90 |error| per request "
+            "of 31.0% (the simulation's 50.0%)")
+    assert line in by_metric["ttft_p90_abs_error"]
+    assert line not in by_metric["ttft_mean_abs_error"]
+
+
 def test_iterations_priced_right_leave_queueing_copies_or_capacity():
     queue = {"queue": _component(8, 2, 20), "prefill": _component(12, 12, 20)}
     r = report(load="over", mean=-0.3, p90=0.4, throughput=0.2, ratio=0.98, components=queue)

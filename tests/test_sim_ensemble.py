@@ -247,9 +247,11 @@ def test_resimulate_point_gives_a_stored_points_noise_free_run_and_ensemble_agai
     report = found.report
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "resimulate_point.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "v"), "--sim-replicas",
-                           "3"], capture_output=True, text=True, timeout=300)
+                           "3", "--by-run", "--requests-out", str(tmp_path / "requests")],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    rows = [line.split("|") for line in done.stdout.splitlines()
+    variants, by_run = done.stdout.split("| real run |")
+    rows = [line.split("|") for line in variants.splitlines()
             if line.startswith(f"| {tmp_path / 'v'} |")]
     assert len(rows) == 2
     noise_free, ensemble = ([cell.strip() for cell in row] for row in rows)
@@ -258,3 +260,16 @@ def test_resimulate_point_gives_a_stored_points_noise_free_run_and_ensemble_agai
     assert noise_free[8] == f"{single['ttft_p90_abs_error']:.1%}"
     assert ensemble[7] == f"{report['ttft_mean_error']:+.1%}"
     assert ensemble[8] == f"{report['ttft_p90_abs_error']:.1%}"
+    # --by-run: the one real run against the noise-free simulation is the report's single
+    # run; a simulated 'real' side keeps no steps
+    (run,) = [[cell.strip() for cell in line.split("|")] for line in by_run.splitlines()
+              if line.startswith(f"| {tmp_path / 'v'} |")]
+    assert run[2:4] == ["real", "-"]
+    assert run[5] == f"{single['ttft_mean_error']:+.1%}"
+    assert run[6] == f"{single['ttft_p90_abs_error']:.1%}"
+    # --requests-out: each variant's requests, the noise-free one's TTFTs the run's own
+    written = sorted(p.name for p in (tmp_path / "requests").iterdir())
+    assert len(written) == 2
+    noise_free_table = pd.read_parquet(tmp_path / "requests" / written[-1])
+    assert noise_free_table["ttft_s"].mean() * 1e3 == pytest.approx(float(noise_free[6]),
+                                                                   abs=0.051)
