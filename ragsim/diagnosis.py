@@ -231,8 +231,10 @@ def _step_sizes(report: dict, evidence: list[str]) -> None:
     by_run = steps.get("by_run_measured_over_priced") or []
     known = [r for r in by_run if r is not None]
     if len(known) > 1:
-        words = (f"run by run, {min(known):.2f}x to {max(known):.2f}x (the machine's speed "
-                 "from one run to the next: the runs' average TTFT mixes them)")
+        words = f"run by run, {min(known):.2f}x to {max(known):.2f}x"
+        if max(known) / min(known) - 1 > MATERIAL / 2:
+            words += (" (the machine's speed moved from one run to the next: the runs' average "
+                      "TTFT mixes those speeds)")
         followed = _followed_speed(report, by_run)
         if followed is not None:
             words += (f"; each run's mean TTFT error against the simulation followed its "
@@ -253,6 +255,11 @@ def _step_sizes(report: dict, evidence: list[str]) -> None:
     evidence.append(words)
 
 
+# the fewest real runs whose errors are correlated with their speeds (run X's idle point: three
+# runs within 2% of each other's speed read -0.99, a line through noise)
+CORRELATED_RUNS = 5
+
+
 def _followed_speed(report: dict, by_run: list) -> float | None:
     """The correlation over the real runs between each run's steps against their prices and
     its own TTFT mean error against the simulation (``repeats.per_run``), where every run has
@@ -263,7 +270,7 @@ def _followed_speed(report: dict, by_run: list) -> float | None:
 
     runs = (report.get("repeats") or {}).get("per_run") or []
     errors = [run.get("ttft_mean_error") for run in runs]
-    if len(errors) != len(by_run) or len(errors) < 3 or any(
+    if len(errors) != len(by_run) or len(errors) < CORRELATED_RUNS or any(
             e is None or r is None or e != e for e, r in zip(errors, by_run, strict=True)):
         return None
     speed, error = np.asarray(by_run, float), np.asarray(errors, float)

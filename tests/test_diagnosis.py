@@ -178,30 +178,36 @@ def test_the_steps_against_their_prices_run_by_run():
 
 
 def test_each_runs_error_against_its_machine_speed():
-    """Three runs whose steps ran 1.0x, 1.1x and 1.2x their prices and whose mean TTFT errors
-    were 0%, -20% and -40%: the errors fall on a line in the speed, a correlation of -1.00 by
-    hand. A run without its error, or two runs, give no correlation."""
+    """Five runs whose steps ran 1.0x to 1.2x their prices and whose mean TTFT errors were 0%
+    to -40%: the errors fall on a line in the speed, a correlation of -1.00 by hand. A run
+    without its error, or fewer than five runs, give no correlation; runs within 5% of each
+    other's speed are not called a moving machine."""
     r = report(mean=-0.20, p90=0.50, cost=-0.10, decisions=-0.10)
-    r["step_prices"] = {"runs": 3, "steps": 30, "measured_over_priced": 1.1,
-                        "by_run_measured_over_priced": [1.0, 1.1, 1.2],
+    r["step_prices"] = {"runs": 5, "steps": 30, "measured_over_priced": 1.1,
+                        "by_run_measured_over_priced": [1.0, 1.05, 1.1, 1.15, 1.2],
                         "grid_new_tokens": 3072,
                         "by_tokens": [{"tokens_from": 0, "tokens_to": 64, "steps": 30,
                                        "measured_s": 3.3, "priced_s": 3.0,
                                        "measured_over_priced": 1.1, "share_of_step_time": 1.0}]}
-    r["repeats"] = {"per_run": [{"ttft_mean_error": e} for e in (0.0, -0.2, -0.4)],
+    r["repeats"] = {"per_run": [{"ttft_mean_error": e} for e in (0.0, -0.1, -0.2, -0.3, -0.4)],
                     "ttft_mean_error_interval": [float("nan")] * 2}  # no spread read here
 
     def line(report_: dict) -> str:
         (found,) = [x for x in diagnose(report_)[0]["evidence"] if x.startswith("run by run")]
         return found
 
-    assert line(r).endswith("each run's mean TTFT error against the simulation followed its "
-                            "steps' ratio with a correlation of -1.00")
+    assert line(r) == ("run by run, 1.00x to 1.20x (the machine's speed moved from one run to "
+                       "the next: the runs' average TTFT mixes those speeds); each run's mean "
+                       "TTFT error against the simulation followed its steps' ratio with a "
+                       "correlation of -1.00")
     r["repeats"]["per_run"][1]["ttft_mean_error"] = None
     assert "correlation" not in line(r)
-    r["step_prices"]["by_run_measured_over_priced"] = [1.0, 1.2]
-    r["repeats"]["per_run"] = [{"ttft_mean_error": 0.0}, {"ttft_mean_error": -0.4}]
+    r["step_prices"]["by_run_measured_over_priced"] = [1.0, 1.1, 1.2]
+    r["repeats"]["per_run"] = [{"ttft_mean_error": e} for e in (0.0, -0.2, -0.4)]
     assert "correlation" not in line(r)
+    # three runs within 2% of each other: a range, no moving machine
+    r["step_prices"]["by_run_measured_over_priced"] = [0.90, 0.91, 0.92]
+    assert line(r) == "run by run, 0.90x to 0.92x"
 
 
 def test_a_p90_miss_carries_the_replays_own_p90():
