@@ -229,7 +229,7 @@ def _step_sizes(report: dict, evidence: list[str]) -> None:
     evidence.append(f"the real runs' {steps['steps']:,} steps ran "
                     f"{steps['measured_over_priced']:.2f}x the simulator's price for them")
     by_run = steps.get("by_run_measured_over_priced") or []
-    known = [r for r in by_run if r is not None]
+    known = [r for r in by_run if r is not None and r > 0]
     if len(known) > 1:
         words = f"run by run, {min(known):.2f}x to {max(known):.2f}x"
         if max(known) / min(known) - 1 > MATERIAL / 2:

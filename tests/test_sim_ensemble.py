@@ -270,6 +270,7 @@ def test_resimulate_point_gives_a_stored_points_noise_free_run_and_ensemble_agai
     # --requests-out: each variant's requests, the noise-free one's TTFTs the run's own
     written = sorted(p.name for p in (tmp_path / "requests").iterdir())
     assert len(written) == 2
-    noise_free_table = pd.read_parquet(tmp_path / "requests" / written[-1])
+    (noise_free_name,) = [name for name in written if name.endswith("-noise-free.parquet")]
+    noise_free_table = pd.read_parquet(tmp_path / "requests" / noise_free_name)
     assert noise_free_table["ttft_s"].mean() * 1e3 == pytest.approx(float(noise_free[6]),
                                                                    abs=0.051)
