@@ -15,8 +15,9 @@
 #    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on
 #    vLLM's steps profiled here by the first (--profile-now) and given to the others; each
 #    first measures the real run's engine loop on 120 requests past REQUESTS
-#    (ragsim/realrun/vllm/loop.py: its time between steps, and its search threads'
-#    interpreter time per search), which the simulation and the replays charge;
+#    (ragsim/realrun/vllm/loop.py: its time between steps, and what a search beside the busy
+#    engine costs its steps: ragsim/realrun/search_cost.py), which the simulation and the
+#    replays charge;
 # 4. prints one markdown table of every load point (raw errors first; the speed probe, the cost
 #    model / decisions split, the search error, the point's cost elasticity and its real steps
 #    against their prices, with the size of step they miss most, beside them) into

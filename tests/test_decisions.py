@@ -264,12 +264,18 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     probe = report["probes"]["search_handoff"]
     assert probe["handoff_s"] == handoff and probe["searches"] > 0
     assert "engine_loop" not in report["probes"]  # measured for vLLM's runs only
-    # the search tier's interpreter time per search, measured through the real torch run on
-    # requests of two probe runs (here the trace's last: it has few past the 16 judged), is
-    # what the simulation charges a request searched beside a busy engine
+    # what a search beside the busy engine costs it: its decode steps timed alone and beside
+    # the trace's searches (``search_cost``), after two probe runs on requests the validation
+    # does not judge (here the trace's last: it has few past the 16 judged), whose search
+    # threads' interpreter time is reported beside; the simulation charges the former
     beside = report["probes"]["search_beside_engine"]
     assert [r["load"] for r in beside["runs"]] == [0.5, 0.9]
-    assert beside["searches"] == 2 * beside["requests"] and beside["search_s"] > 0
+    assert beside["searches"] == 2 * beside["requests"] and beside["interpreter_s"] > 0
+    cost = beside["search_cost"]
+    assert cost["searches"] > 0 and cost["pairs"] > 0 and cost["alone_step_s"] > 0
+    # on the cores the judged runs had: the engine's thread where theirs was
+    assert cost["engine_core"]["core"] == report["real"]["engine_core"]["core"]
+    assert beside["search_s"] == cost["search_s"] >= 0
     assert report["sim"]["config"]["engine_loop_search_s"] == beside["search_s"]
     # the same probe runs' steps about their prices: the spread and correlation the
     # simulated replicas drew each step's time with (never the judged runs' steps)

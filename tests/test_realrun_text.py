@@ -413,3 +413,72 @@ def test_the_search_hand_off_is_measured_on_the_real_pool_and_clock(built):
     # the searches as a run records them lie inside what the clock saw: the look back is not
     # theirs (each one's span ends before the clock sees it, so their median does too)
     assert 0 < probe["ran_median_s"] <= probe["seen_median_s"]
+
+
+def test_a_forgotten_search_can_be_begun_again_once_it_has_ended(built):
+    """``RealSearch.forget``: a probe that searches the same rows many times drops a finished
+    search so that the next ``begin`` runs it again (its stages run anew and its span is the
+    new one); a search still running cannot be forgotten."""
+    from ragsim.realrun.search import RealSearch
+
+    search = RealSearch(built["trace"], workers=1)
+    try:
+        first = search.run_all(0, 2).result(timeout=30)
+        span = search.span(0)
+        assert search.report.stages_run == 2
+        search.forget(0)
+        assert search.span(0) is None
+        assert search.run_all(0, 2).result(timeout=30) == first  # the same index, same list
+        assert search.report.stages_run == 4 and search.span(0)[0] >= span[1]
+        search.run_all(0, 2).result(timeout=30)
+        assert search.report.stages_run == 4  # not forgotten: asking again runs nothing
+        gate = threading.Event()
+        search.pool.submit(gate.wait)  # the one worker busy: the next search waits for it
+        search.begin(1, 2)
+        with pytest.raises(RuntimeError, match="still running"):
+            search.forget(1)
+        gate.set()
+        search.run_all(1, 2).result(timeout=30)
+    finally:
+        search.close()
+
+
+def test_a_search_costs_the_engine_what_its_blocks_beside_searches_took_more():
+    """``cost_per_search``, by hand: blocks of 10, 12 and 11 ms alone against 14, 13 and 15 ms
+    beside 4, 3 and 5 searches cost the engine (42 - 33) / 12 = 0.75 ms a search; beside no
+    search, or quicker than alone (noise), nothing."""
+    from ragsim.realrun.search_cost import cost_per_search
+
+    assert cost_per_search([0.010, 0.012, 0.011], [0.014, 0.013, 0.015], [4, 3, 5]) == \
+        pytest.approx(0.00075)
+    assert cost_per_search([0.010], [0.014], [0]) == 0.0
+    assert cost_per_search([0.012], [0.010], [3]) == 0.0
+
+
+def test_the_search_cost_probe_hands_one_search_per_step_to_the_pool_beside_the_steps(built):
+    """``engine_time_per_search`` on a real faiss index and a step that takes 20 ms (a sleep:
+    the count, not the cost, is what this checks): every block beside searches has one search
+    handed over by the front end per step, begun within the block, so each of its searches
+    is counted; the rows are cycled, each search begun afresh; the blocks alternate."""
+    from ragsim.realrun.search import RealSearch
+    from ragsim.realrun.search_cost import engine_time_per_search
+
+    calls = []
+
+    def step() -> None:
+        calls.append(time.monotonic())
+        time.sleep(0.02)
+
+    search = RealSearch(built["trace"], workers=1)
+    try:
+        rows = [(i, 2) for i in range(3)]
+        measured = engine_time_per_search(step, search, rows, pairs=2, steps=3)
+    finally:
+        search.close()
+    assert len(calls) == 1 + 3 + 2 * 2 * 3  # the first step, a block to time, the pairs
+    assert measured["searches"] == 2 * 3 and search.report.searches_run == 2 * 3
+    assert search.report.begun_at_arrival == 2 * 3  # each by the front end, as in a run
+    assert measured["alone_step_s"] >= 0.02 and measured["beside_step_s"] >= 0.02
+    assert measured["search_s"] >= 0 and measured["interpreter_s"] > 0
+    with pytest.raises(ValueError, match="needs 3 rows"):
+        engine_time_per_search(step, search, rows[:2], pairs=1, steps=3)

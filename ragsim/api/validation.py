@@ -156,11 +156,9 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     note(f"engine loop: the real run's time between steps, measured on {probe['requests']} "
          f"{whose} ({runs}): {probe['step_s'] * 1e3:.3f} ms a step and "
          f"{probe['fitted_request_s'] * 1e3:.3f} ms a request, less its quiet intake "
-         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; and its search "
-         f"threads' interpreter time, {probe['search_s'] * 1e3:.3f} ms a search over "
-         f"{probe['searches']}, which a request searched beside a busy engine costs it; the "
-         "simulation and the replays charge them (engine_loop_step_s, engine_loop_request_s, "
-         "engine_loop_search_s)")
+         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; and "
+         + search_cost_words(probe) + "; the simulation and the replays charge them "
+         "(engine_loop_step_s, engine_loop_request_s, engine_loop_search_s)")
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"], **connector_fields)
@@ -230,15 +228,16 @@ def _probe_trace(resolved, data, costs):
 
 def _with_measured_search_beside_engine(resolved, data, costs, config_file, note, device,
                                         threads, probes):
-    """The torch engine's configuration with the search tier's interpreter time per search
-    measured through its real run (``realrun.probe_runs.search_beside_engine``, on requests
-    this validation does not serve, at two loads), unless the configuration file sets
-    ``engine_loop_search_s`` (said in a note either way). The torch harness's search workers
-    share its interpreter as vLLM's run's do, and vLLM's runs are charged the same term
+    """The torch engine's configuration with what a search beside its busy engine costs it
+    (``realrun/search_cost.py``: the engine's decode steps alone and beside the trace's
+    searches), after two probe runs of its real run on requests this validation does not serve,
+    at two loads (``realrun.probe_runs.search_beside_engine``), unless the configuration file
+    sets ``engine_loop_search_s`` (said in a note either way). The torch harness's search
+    workers share its interpreter as vLLM's run's do, and vLLM's runs are charged the same term
     (measured by their loop probe): equal terms. Without it, run Q2's 90% simulation ran an
-    engine 72% busy where the real one was 79%, and its mean came out -55%; with the term at
-    the judged runs' own 0.15 ms, +3.5% (docs/validation.md, "Run Q"). What the probe measured
-    goes into ``probes["search_beside_engine"]``."""
+    engine 72% busy where the real one was 79%, and its mean came out -55%; with the term at the
+    judged runs' own 0.15 ms, +3.5% (docs/validation.md, "Run Q"). What the probe measured goes
+    into ``probes["search_beside_engine"]``."""
     from ragsim.serving.config import load_config_file
 
     if config_file is not None and "engine_loop_search_s" in load_config_file(config_file):
@@ -249,6 +248,8 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
     from ragsim.realrun.probe_runs import search_beside_engine
 
     wider, capacity_rps = _probe_trace(resolved, data, costs)
+    # the threads the real runs' engine takes (``RealRun``: the profile's where not given)
+    engine_threads = threads if threads is not None else (costs.obtained.get("threads") or None)
 
     results: list = []
 
@@ -259,17 +260,63 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
         return result
 
     probe = probes["search_beside_engine"] = search_beside_engine(
-        wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run)
+        wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run,
+        step=_torch_decode_step(costs, device, engine_threads, resolved.seed),
+        threads=engine_threads)
     _measure_step_spread(results, costs, probes, note)
     whose = ("requests past the ones validated" if probe["held_aside"]
              else "the trace's last requests (it has none past the ones validated)")
-    note(f"search beside the engine: the search threads' interpreter time, measured through "
-         f"the real run on {probe['requests']} {whose} at "
-         + ", ".join(f"{r['load']:.0%}" for r in probe["runs"])
-         + f" of the simulated capacity: {probe['search_s'] * 1e3:.3f} ms a search over "
-         f"{probe['searches']}, which a request searched beside a busy engine costs it; the "
-         "simulation charges it (engine_loop_search_s)")
+    note(f"search beside the engine, measured through the real run on {probe['requests']} "
+         f"{whose} at " + ", ".join(f"{r['load']:.0%}" for r in probe["runs"])
+         + " of the simulated capacity: " + search_cost_words(probe)
+         + "; the simulation charges it (engine_loop_search_s)")
     return resolved.replace(engine_loop_search_s=probe["search_s"])
+
+
+SEARCH_COST_TORCH_ROWS = 4  # the decode rows of the torch engine's search-cost probe
+SEARCH_COST_TORCH_CONTEXT_TOKENS = 256
+
+
+def _torch_decode_step(profile, device: str, threads: int | None, seed: int):
+    """One decode step of the reference engine's model (``SEARCH_COST_TORCH_ROWS`` rows of
+    ``SEARCH_COST_TORCH_CONTEXT_TOKENS``), undone after, so that it can be run again: the
+    search-cost probe's workload (``realrun/search_cost.py``), a model of the run's own."""
+    import numpy as np
+
+    from ragsim.profiles.torch_model import Row, TorchModel
+
+    model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
+                             threads=threads, seed=seed)
+    rng = np.random.default_rng(seed)
+    vocab = profile.model.vocab_size
+    state = model.prepare([Row(None, rng.integers(0, vocab, SEARCH_COST_TORCH_CONTEXT_TOKENS), 0)
+                           for _ in range(SEARCH_COST_TORCH_ROWS)])
+    model.forward(state)
+    ids = rng.integers(0, vocab, SEARCH_COST_TORCH_ROWS)
+
+    def step() -> None:
+        model.decode(state, ids)
+        model.undo_decode(state)
+        model.sync()
+
+    return step
+
+
+def search_cost_words(probe: dict) -> str:
+    """What a probe measured a search beside a busy engine to cost it, in words: the engine's
+    steps timed with and without searches beside them (``realrun/search_cost.py``) where it
+    ran, with the search threads' interpreter time beside; else the interpreter time alone."""
+    cost = probe.get("search_cost")
+    interpreter = probe.get("interpreter_s", probe["search_s"])
+    if cost is None:
+        return (f"its search threads' interpreter time, {interpreter * 1e3:.3f} ms a search "
+                f"over {probe['searches']}, which a request searched beside a busy engine "
+                "costs it")
+    return (f"a search beside its busy engine, {cost['search_s'] * 1e3:.3f} ms of the "
+            f"engine's steps a search ({cost['searches']} searches beside {cost['pairs']} "
+            f"blocks of {cost['steps']} steps, {cost['alone_step_s'] * 1e3:.2f} ms a step "
+            f"alone, {cost['beside_step_s'] * 1e3:.2f} ms beside them; the search threads' "
+            f"interpreter time was {interpreter * 1e3:.3f} ms a search)")
 
 
 def _search_pool_beside_engine(resolved, config_file, threads, costs, note):

@@ -6,9 +6,11 @@ steps and each request's intake) and, on either engine, the search tier's share 
 process's interpreter (``search_beside_engine``). A serving process whose search workers run
 Python beside an in-process engine shares one interpreter with it, and the engine's Python
 waits while they hold it (docs/validation.md, "The search tier in the engine's interpreter").
-The probe measures it as the CPU time the run's search threads spent outside faiss
-(``RealSearch``: ``interpreter_s_total``), per search, on requests the validation does not
-serve, so that no judged run sets a parameter of its own simulation.
+The probe measures it as what a search costs the engine's steps (``realrun/search_cost.py``:
+steps timed alone and beside searches, several times the searches' own interpreter time), with
+the CPU time the run's search threads spent outside faiss (``RealSearch``:
+``interpreter_s_total``) per search beside it, on requests the validation does not serve, so
+that no judged run sets a parameter of its own simulation.
 """
 
 from __future__ import annotations
@@ -55,12 +57,17 @@ def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
 
 def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
                          capacity_rps: float,
-                         run: Callable[[Trace, SimConfig, Profile], object]) -> dict:
-    """The search tier's interpreter time per search in real runs of ``config`` (``run``: one
+                         run: Callable[[Trace, SimConfig, Profile], object],
+                         step: Callable[[], object] | None = None,
+                         threads: int | None = None) -> dict:
+    """What a search beside a busy engine costs it in real runs of ``config`` (``run``: one
     real run on a fresh engine, returning its ``RunResult``), on the trace's requests past the
-    ``served`` ones, at each of ``LOOP_PROBE_LOADS`` x ``capacity_rps``. Returns ``search_s``
-    (what a request searched beside a busy engine costs it: ``EngineLoop.search_s``), the
-    searches it comes from and each run's own figure."""
+    ``served`` ones, at each of ``LOOP_PROBE_LOADS`` x ``capacity_rps``: the search threads'
+    interpreter time per search there (``interpreter_s``) and, given ``step`` (one step of
+    the engine's, on ``threads``), the engine's steps timed beside the trace's searches
+    (``search_cost``: ``realrun/search_cost.py``), which is ``search_s`` where measured (what
+    ``EngineLoop.search_s`` charges), else the interpreter time. Also the searches and each
+    run's own figure."""
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
     runs, summaries = [], []
@@ -71,6 +78,13 @@ def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, s
         runs.append({"load": share, "rate_rps": cfg.rate_rps,
                      "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
                      "search_interpreter_mean_s": search.get("interpreter_mean_s")})
-    search_s, searches = interpreter_per_search(summaries)
-    return {"search_s": search_s, "searches": searches, "runs": runs,
-            "requests": len(rows), "held_aside": held_aside}
+    interpreter_s, searches = interpreter_per_search(summaries)
+    search_cost = None
+    if step is not None and config.search_latency == "trace":
+        from ragsim.realrun.search_cost import measure_search_cost
+
+        search_cost = measure_search_cost(probe, config.search_workers, step, threads)
+    search_s = interpreter_s if search_cost is None else search_cost["search_s"]
+    return {"search_s": search_s, "searches": searches, "interpreter_s": interpreter_s,
+            "search_cost": search_cost, "runs": runs, "requests": len(rows),
+            "held_aside": held_aside}

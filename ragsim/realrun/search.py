@@ -225,6 +225,19 @@ class RealSearch:
         for a search worker (vLLM at rest, 90% load: median 0, 1.7 ms of such wait)."""
         return self._ran.get(i)
 
+    def forget(self, i: int) -> None:
+        """Drop request ``i``'s finished search, so that it can be begun again (a probe that
+        searches the same rows many times: ``search_cost.py``)."""
+        with self._lock:
+            ends = self._stage_ends.get(i)
+            if ends is not None and not all(end.done() for end in ends):
+                raise RuntimeError(f"request {i}'s search is still running")
+            self._stage_ends.pop(i, None)
+            self._begun.pop(i, None)
+            self._ran.pop(i, None)
+            for key in [k for k in self._lists if k[0] == i]:
+                del self._lists[key]
+
     def run_all(self, i: int, stages: int) -> Future:
         """The end of request ``i``'s whole search (every stage, one after another)."""
         return self.begin(i, stages)[-1]

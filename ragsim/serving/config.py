@@ -133,10 +133,10 @@ class SimConfig:
     # there (realrun/vllm/loop.py: measure_engine_loop); 0: a loop that costs nothing
     engine_loop_step_s: float = 0.0
     engine_loop_request_s: float = 0.0
-    # per request searched while the engine was busy: the interpreter time its search took on
-    # the engine's process (a search tier in the engine's process shares its interpreter;
-    # serving/engine_loop.py). validate measures it on the real run's search threads; 0: a
-    # search tier of its own
+    # per request searched while the engine was busy: what its search cost the engine's steps
+    # (a search tier in the engine's process shares its interpreter; serving/engine_loop.py).
+    # validate times the engine's steps beside the trace's searches (realrun/search_cost.py);
+    # 0: a search tier of its own
     engine_loop_search_s: float = 0.0
     # a KV connector's work inside the engine's steps, which no profile of the engine alone
     # holds (serving/connector_costs.py): per request the tree serves (its scheduler side), per

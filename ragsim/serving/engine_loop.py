@@ -15,10 +15,13 @@ shares one interpreter with it, and the engine's Python (vLLM's scheduling, its 
 outputs) waits while they hold it. On the project's CPU a background thread holding the
 interpreter 9% of the time made vLLM's 1- and 3-row decode steps 10-23% longer, numpy work
 that lets it go 54-59% of the time 1-11% (docs/validation.md, "The search tier in the engine's
-interpreter"). A request whose search ran while the engine was busy costs the engine that
-search's interpreter time; one searched while the engine sat idle costs it nothing. validate
-measures it on either engine's real run (``realrun/probe_runs.py``; vLLM's loop probe runs it
-too).
+interpreter"). A search takes the interpreter back several times (its hand-over, each
+stage's list, its end), and each time the engine's thread waits to get it back: a search beside
+vLLM's 4-row decode steps cost them 0.7 ms, where the search's threads held the interpreter
+0.3 ms (``realrun/search_cost.py``). A request whose search ran while the engine was busy costs
+the engine what validate measured a search to cost its steps (the engine's steps timed alone
+and beside the trace's searches, after the probe runs of either engine: ``realrun/probe_runs``,
+vLLM's loop probe); one searched while the engine sat idle costs it nothing.
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ class EngineLoop:
 
     step_s: float = 0.0
     request_s: float = 0.0
-    # per request searched beside a busy engine: the search tier's interpreter time
+    # per request searched beside a busy engine: what its search cost the engine's steps
     search_s: float = 0.0
 
     def seconds(self, after_a_step: bool, new_requests: int) -> float:
         """What a step pays for the loop: ``after_a_step`` (begun as the last step ended) and
         the number of requests whose first chunk it takes. A step begun as the one before it
         ended finds the engine busy since before its new requests were searched, so each pays
-        its search's interpreter time too; after the engine sat idle, their searches ran
+        what its search cost the engine too; after the engine sat idle, their searches ran
         beside an idle engine."""
         per_request = self.request_s + (self.search_s if after_a_step else 0.0)
         return (self.step_s if after_a_step else 0.0) + per_request * new_requests

@@ -14,8 +14,8 @@ After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the syst
 The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_s``,
 ``engine_loop_request_s`` and ``engine_loop_search_s``) adds its time to the steps: each step
 begun as the one before ended (a busy engine) pays the loop's time between two steps, and each
-request pays its intake with its first prompt chunk, and there also its search's interpreter
-time (its search ran beside the busy engine).
+request pays its intake with its first prompt chunk, and there also what its search cost the
+engine (its search ran beside the busy engine).
 A KV connector's work inside the steps (``ConnectorCosts``: a configuration's
 ``connector_request_s``, ``connector_save_s_per_token`` and ``connector_load_s_per_token``) is
 part of a step's price: a request's tree work with its first chunk, the saves of the documents

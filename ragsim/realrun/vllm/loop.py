@@ -20,11 +20,13 @@ hold each request's intake as a quiet engine pays it (``VllmTimer._pass`` times 
 its hand-over), so the same intake is timed on the probe's idle engine and taken off
 ``request_s``: the simulation charges only what the prices do not hold.
 
-The same runs measure the search tier's share of the process's interpreter (``search_s``): the
-CPU time the run's search threads spent outside faiss (``RealSearch``:
-``interpreter_s_total``), per search. It lands inside the engine's steps, not between them, so
-the fit above cannot see it; the simulation charges it per request searched while the engine
-was busy (``EngineLoop.search_s``).
+What a search beside the busy engine costs it (``search_s``) lands inside the engine's steps,
+not between them, so the fit above cannot see it: on the last probe run's engine, its decode
+steps are timed alone and beside the trace's searches (``search_cost_beside``,
+``realrun/search_cost.py``), and the simulation charges the difference per request searched
+while the engine was busy (``EngineLoop.search_s``). The runs' search threads' own interpreter
+time per search (``RealSearch``: ``interpreter_s_total``) is reported beside it: a search costs
+the engine several times what its threads hold.
 
 Where the configuration runs RAGCache's connector (the ``ragcache`` system), the same runs time
 the connector's work inside vLLM's steps (``connector_costs``): its scheduler side per request
@@ -110,6 +112,36 @@ def quiet_intake_s(run, prompts: list[list[int]]) -> float:
     return float(np.median(took)) if took else 0.0
 
 
+SEARCH_COST_ROWS = 4  # the decode rows the search-cost probe steps
+SEARCH_COST_CONTEXT_TOKENS = 256  # each one's prompt
+
+
+def search_cost_beside(run, trace: Trace, workers: int) -> dict | None:
+    """What a search beside ``run``'s busy engine costs it (``realrun/search_cost.py``), on
+    that engine after its run: ``SEARCH_COST_ROWS`` requests of ``SEARCH_COST_CONTEXT_TOKENS``
+    decoding, their steps the workload, the searches ``trace``'s (None: it has no real
+    search); the requests are aborted after."""
+    from ragsim.realrun.search_cost import SEARCH_COST_PAIRS, SEARCH_COST_STEPS, measure_search_cost
+    from ragsim.realrun.vllm.engine import greedy
+
+    llm = run.llm
+    steps = 2 * SEARCH_COST_PAIRS * SEARCH_COST_STEPS + SEARCH_COST_STEPS + 8
+    room = run.settings.max_model_len - SEARCH_COST_CONTEXT_TOKENS - 1
+    rng = np.random.default_rng(0)
+    vocab = run.profile.model.vocab_size
+    keys = [f"search-cost-{k}" for k in range(SEARCH_COST_ROWS)]
+    for key in keys:
+        prompt = rng.integers(1, vocab, size=SEARCH_COST_CONTEXT_TOKENS).tolist()
+        llm.add_request(key, {"prompt_token_ids": prompt}, greedy(max(1, min(steps, room))))
+    try:
+        llm.step()  # their prompts: the probe times their decode steps
+        return measure_search_cost(trace, workers, llm.step, run.settings.threads)
+    finally:
+        llm.abort_request(keys)
+        while llm.has_unfinished_requests():
+            llm.step()
+
+
 def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
                         capacity_rps: float, threads: int | None = None, seed: int = 0,
                         on_result: Callable[[object], None] | None = None) -> dict:
@@ -117,8 +149,9 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     docstring): a run of the trace's requests past the ``served`` ones at each of
     ``LOOP_PROBE_LOADS`` x ``capacity_rps`` (Poisson), each on a fresh engine, as a validation's
     real runs are. Returns ``step_s``, ``request_s`` (past the quiet intake) and ``search_s``
-    (the search threads' interpreter time per search; 0 where the runs searched no real index)
-    for the configuration, with what they come from, and ``connector`` (``connector_costs``;
+    (what a search beside the busy engine costs its steps, ``search_cost``; where the trace
+    has no real search, the search threads' interpreter time per search, 0 without any) for
+    the configuration, with what they come from, and ``connector`` (``connector_costs``;
     None without RAGCache's connector). ``on_result``: given each run's
     ``RunResult`` (its steps measure the step-time spread: ``ragsim.step_spread``)."""
     from ragsim.realrun.vllm.engine import release_engines
@@ -127,7 +160,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
     points, runs, summaries = [], [], []
-    quiet = 0.0
+    quiet, search_cost = 0.0, None
     for share, cfg in probe_configs(config, capacity_rps):
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         result = run.run()
@@ -144,12 +177,16 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
                      "search_interpreter_mean_s": search.get("interpreter_mean_s")})
         if share == LOOP_PROBE_LOADS[-1]:
             quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
+            if cfg.search_latency == "trace":
+                search_cost = search_cost_beside(run, probe, cfg.search_workers)
         del run
         release_engines()  # the probe run's engine, dropped: its memory back
     step_s, request_s = fit_engine_loop(points)
-    search_s, searches = interpreter_per_search(summaries)
+    interpreter_s, searches = interpreter_per_search(summaries)
+    search_s = interpreter_s if search_cost is None else search_cost["search_s"]
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
             "fitted_request_s": request_s, "quiet_intake_s": quiet,
             "search_s": search_s, "searches": searches,
+            "interpreter_s": interpreter_s, "search_cost": search_cost,
             "connector": connector_costs(summaries), "runs": runs, "requests": len(rows),
             "held_aside": held_aside}

@@ -1,0 +1,144 @@
+"""What a search beside a busy engine costs the engine, timed on the engine's own steps.
+
+A real run's search workers and its front end are threads of the engine's process. faiss lets
+the interpreter go while it searches, but a search's Python (its hand-over, each stage's
+list, its ends) takes the interpreter back several times, and each time the engine's thread,
+which gives the interpreter up around each of its kernels and its scheduler's waits, waits to
+get it back. So a search costs the engine more than the search's own interpreter time:
+measured on the project's 2-core CPU (2026-12-06, vLLM's engine alone on one core, one search
+worker on the other, the held-out trace's searches), a search handed over at a decode step's
+start made the step 1.0 ms longer (7.5 -> 8.5 ms, medians of 33 blocks) and a prompt step
+0.8 ms, where the search's threads spent 0.14 ms of interpreter time. In run W's 90% runs a
+decode step with a search under way when it began ran 1.15-1.18x its price, against
+1.00-1.03x without.
+
+``engine_time_per_search`` measures it on the run's own arrangement: the engine's steps of a
+steady workload (``step``, a decode step of a few rows) in blocks, each block without searches
+beside one in which the run's front-end thread hands one search to the worker pool per step
+(``RealSearch.start_at``, as a loaded run begins its searches at arrival), the two orders
+alternating so that a drifting machine lands on both alike. What a search costs the engine is
+the blocks' difference over the searches that ran beside them; validate charges it as
+``engine_loop_search_s`` (``serving.engine_loop``), in place of the interpreter time alone,
+which it reports beside.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+# the blocks timed: pairs of (steps alone, steps beside one search each), each block this many
+# steps; ~4 s for vLLM's 7 ms decode steps on two cores
+SEARCH_COST_PAIRS = 24
+SEARCH_COST_STEPS = 8
+
+
+def cost_per_search(alone_s: Sequence[float], beside_s: Sequence[float],
+                    searches: Sequence[int]) -> float:
+    """Seconds of engine time a search costs: the blocks beside searches less the blocks
+    without, summed over the pairs, over the searches that ran beside them (never below 0:
+    noise cannot make a search a refund; 0 where none ran)."""
+    ran = int(sum(searches))
+    if not ran:
+        return 0.0
+    return max(0.0, (float(sum(beside_s)) - float(sum(alone_s))) / ran)
+
+
+def engine_time_per_search(step: Callable[[], object], search, requests: Sequence[tuple[int, int]],
+                           *, pairs: int = SEARCH_COST_PAIRS, steps: int = SEARCH_COST_STEPS
+                           ) -> dict:
+    """Time ``pairs`` pairs of blocks of ``steps`` calls of ``step`` (one engine step each, on
+    the calling thread, which should be the engine's core: ``cores.EngineCore``), one block
+    alone and one beside searches of ``requests`` (``(row, stages)`` on ``search``, a
+    ``RealSearch``; cycled, each search begun afresh), handed over one per step by the
+    front-end thread.
+
+    Returns ``search_s`` (``cost_per_search``), the searches it comes from, the blocks' mean
+    step times, and the searches' own interpreter time per search (what the search threads
+    held: ``interpreter_s``) for comparison."""
+    if steps < 1 or pairs < 1:
+        raise ValueError("the search-cost probe needs at least one pair of one-step blocks")
+    rows = list(requests)
+    if len(rows) < steps:
+        raise ValueError(f"the search-cost probe needs {steps} rows to search (a block's "
+                         f"steps), got {len(rows)}")
+    step()  # the workload's first step (a new shape, a cold cache) is nobody's
+    alone, beside, ran = [], [], []
+    rows = [rows[k % len(rows)] for k in range(pairs * steps)]
+    step_s = _block(step, steps) / steps
+    for pair in range(pairs):
+        mine = rows[pair * steps:(pair + 1) * steps]
+        if pair % 2:
+            beside_s, searched = _beside(step, steps, search, mine, step_s)
+            alone_s = _block(step, steps)
+        else:
+            alone_s = _block(step, steps)
+            beside_s, searched = _beside(step, steps, search, mine, step_s)
+        alone.append(alone_s)
+        beside.append(beside_s)
+        ran.append(searched)
+        step_s = alone_s / steps
+    report = search.report
+    interpreter = (report.interpreter_s_total / report.searches_run
+                   if report.searches_run else 0.0)
+    return {"search_s": cost_per_search(alone, beside, ran), "searches": int(sum(ran)),
+            "pairs": pairs, "steps": steps,
+            "alone_step_s": float(np.sum(alone)) / (pairs * steps),
+            "beside_step_s": float(np.sum(beside)) / (pairs * steps),
+            "interpreter_s": float(interpreter)}
+
+
+def _block(step: Callable[[], object], steps: int) -> float:
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - started
+
+
+def _beside(step: Callable[[], object], steps: int, search, rows: list[tuple[int, int]],
+            step_s: float) -> tuple[float, int]:
+    """A block with one search handed over per step (at the instants the steps should begin,
+    from the last block's step time) by a front-end thread; returns the block's time and how
+    many of its searches began before it ended. Waits for them all to end before returning,
+    so that the next block runs alone."""
+    for i, _ in rows:
+        search.forget(i)
+    first = time.monotonic() + 0.2 * step_s
+    search.start_at([(first + k * step_s, i, stages) for k, (i, stages) in enumerate(rows)])
+    started = time.perf_counter()
+    began = time.monotonic()
+    for _ in range(steps):
+        step()
+    took = time.perf_counter() - started
+    ended = time.monotonic()
+    for i, stages in rows:  # every search to its end (one the block outran begins now)
+        search.run_all(i, stages).result()
+    spans = [search.span(i) for i, _ in rows]
+    overlapping = sum(1 for span in spans if span is not None and span[0] < ended
+                      and span[1] > began)
+    return took, overlapping
+
+
+def measure_search_cost(trace, workers: int, step: Callable[[], object], threads: int | None
+                        ) -> dict | None:
+    """``engine_time_per_search`` on the arrangement of a real run of ``trace``: the calling
+    thread (the engine's) on a core of its own where the run keeps one (``EngineCore`` with
+    ``threads``), ``workers`` search workers and the front end off it, the trace's own staged
+    searches. None where the trace has no real search (nothing for its runs to pay)."""
+    from ragsim.realrun.cores import EngineCore
+    from ragsim.realrun.search import RealSearch
+
+    search, _ = RealSearch.for_trace(trace, workers)
+    if search is None:
+        return None
+    rows = [(i, max(1, len(trace.stages[i]) if trace.stages[i].is_valid else 1))
+            for i in range(trace.n_requests)]
+    try:
+        with EngineCore(threads) as core:
+            measured = engine_time_per_search(step, search, rows)
+    finally:
+        search.close()
+    measured["engine_core"] = core.as_dict()
+    return measured
