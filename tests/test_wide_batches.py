@@ -8,6 +8,7 @@ alpha in {0, 100} and beta in {1, 11} (bilinear, so exact for this linear T).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -56,8 +57,9 @@ def test_the_per_request_term_follows_the_wide_levels_by_rows():
 
 def test_the_wide_term_is_what_each_row_adds_to_the_measured_batch():
     """Batches timed as their tokens and pairs plus a planted 0.3 s (8 rows) and 0.5 s (16 rows)
-    per extra row: the fit gives those back, and predicts held-out batches built the same way
-    exactly (their predicted / measured summary: 1.0)."""
+    per extra row: the fit gives those back. On this varlen engine it keeps the levels' own
+    times too, and prices a held-out batch of their shape from them: 12 rows of 2 tokens half
+    way between the levels' times, 16 rows the second level's (predicted / measured: 1.0)."""
     from ragsim.profiles.profile import Batches
 
     base = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1)
@@ -66,13 +68,47 @@ def test_the_wide_term_is_what_each_row_adds_to_the_measured_batch():
                for n, e in planted.items()]
     held_rows = [12, 16]
     held = Batches([[0] * n for n in held_rows], [[2] * n for n in held_rows],
-                   [base.tokens_and_pairs_s([0] * n, [2] * n) + (0.4 if n == 12 else 0.5)
-                    * (n - 1) for n in held_rows])
+                   [(seconds[0] + seconds[1]) / 2, seconds[1]])
     fitted = with_wide_batches(base, list(planted), seconds, 2, held)
     assert fitted.wide.per_extra_request_s == pytest.approx([0.3, 0.5])
+    assert fitted.wide.seconds == pytest.approx(seconds)
+    # a pair's price from the grid: T(100, 2) - T(0, 2) = 0.1 s over 100 x 2 pairs
+    assert fitted.wide.pair_s == pytest.approx(0.0005)
     assert fitted.wide.heldout["median_ratio"] == pytest.approx(1.0)
     assert fitted.wide.heldout["points"] == 2
     assert fitted.per_extra_request_s == 0.1  # the 2-4 row fit is kept
+    # a padding engine (torch's) keeps the term alone
+    padded = with_wide_batches(replace(base, padding="left_masked"), list(planted), seconds, 2)
+    assert padded.wide.seconds is None and padded.wide.pair_s is None
+
+
+def test_a_wide_batch_is_priced_from_the_levels_times_and_its_pairs_past_theirs():
+    """Levels of 8 and 16 rows of 2 new tokens measured at 1.0 s and 1.8 s (16 and 32 tokens),
+    a query-key pair at 0.01 s, by hand:
+
+    * 10 rows, eight of 2 tokens and two of 4, one of those on 5 cached: 24 tokens, 1.0 +
+      8 x 0.05 = 1.4 s on the levels' line; its pairs 8 x 2 x 1 + 4 x 2 + 4 x (5 + 2) = 52
+      against a level's 24 of as many tokens (1 a token): 1.4 + 0.01 x 28 = 1.68 s;
+    * 40 rows of 2: 80 tokens, along the last two levels past the last, 1.8 + 48 x 0.05 =
+      4.2 s, its pairs a level's;
+    * 6 rows of 4 (fewer rows than the first level) and 8 rows of 1 (fewer tokens): the
+      per-request term, as before."""
+    wide = WideBatches([8.0, 16.0], [0.2, 0.4], 2, seconds=[1.0, 1.8], pair_s=0.01)
+    model = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1, wide=wide)
+    assert model.iteration_s([0] * 9 + [5], [2] * 8 + [4, 4]) == pytest.approx(1.68)
+    assert model.iteration_s([0] * 40, [2] * 40) == pytest.approx(4.2)
+    term = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1,
+                          wide=WideBatches([8.0, 16.0], [0.2, 0.4], 2))
+    for rows, tokens in ((6, 4), (8, 1)):
+        assert model.iteration_s([0] * rows, [tokens] * rows) == pytest.approx(
+            term.iteration_s([0] * rows, [tokens] * rows))
+    # never below the costliest row alone: one row of 11 on 100 cached costs T(100, 11)
+    cheap = replace(wide, seconds=[0.01, 0.02], pair_s=0.0)
+    costly = BatchedPrefill(linear_grid(), "none", per_extra_request_s=0.1, wide=cheap)
+    assert costly.iteration_s([100] + [0] * 7, [11] + [2] * 7) == pytest.approx(1.21)
+    # a padding engine never prices from levels it was given
+    masked = BatchedPrefill(linear_grid(), "left_masked", per_extra_request_s=0.1, wide=wide)
+    assert masked.iteration_s([0] * 40, [2] * 40) != pytest.approx(4.2)
 
 
 def test_levels_at_the_fitted_rows_replace_the_fitted_term_there():
@@ -146,6 +182,15 @@ def test_a_profile_file_keeps_its_wide_batches_and_scales_them(tmp_path):
     assert slower.batched_prefill.wide.per_extra_request_s == pytest.approx([0.002, 0.004])
     # a profile without them loads as before
     assert load_profile(str(_profile_with_wide(tmp_path, None))).batched_prefill.wide is None
+    # the levels' own times and a pair's price, kept, and scaled with the compute
+    timed = load_profile(str(_profile_with_wide(tmp_path, {**wide, "seconds": [0.1, 0.9],
+                                                           "pair_s": 1e-8})))
+    assert timed.batched_prefill.wide.seconds == [0.1, 0.9]
+    assert timed.batched_prefill.wide.pair_s == 1e-8
+    again = Profile.from_dict(timed.to_dict(), source="again")
+    assert again.batched_prefill.wide == timed.batched_prefill.wide
+    slower = timed.scaled_compute(2.0).batched_prefill.wide
+    assert slower.seconds == pytest.approx([0.2, 1.8]) and slower.pair_s == pytest.approx(2e-8)
     # rows over a cached prefix (the torch engine's levels) are kept as such
     cached = load_profile(str(_profile_with_wide(tmp_path, {**wide, "rows": [2, 3],
                                                             "row_cached_tokens": 512})))
@@ -168,6 +213,12 @@ W = "batched_prefill.wide"
     ({"rows": [8], "per_extra_request_s": [-0.1], "row_new_tokens": 256},
      W + ".per_extra_request_s"),
     ({"rows": [8], "per_extra_request_s": [0.1]}, W + ".row_new_tokens"),
+    ({"rows": [8, 16], "per_extra_request_s": [0.1, 0.2], "row_new_tokens": 256,
+      "seconds": [0.1], "pair_s": 1e-8}, W + ".seconds"),
+    ({"rows": [8], "per_extra_request_s": [0.1], "row_new_tokens": 256, "seconds": [0.0],
+      "pair_s": 1e-8}, W + ".seconds"),
+    ({"rows": [8], "per_extra_request_s": [0.1], "row_new_tokens": 256, "seconds": [0.1]},
+     W + ".pair_s"),
     ("wide", W),
 ])
 def test_a_malformed_wide_entry_names_the_file_and_field(tmp_path, wide, field):

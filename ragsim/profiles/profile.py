@@ -111,13 +111,56 @@ class WideBatches:
     the engine's batch limit, and replace the fitted term where they are measured.
 
     Past the last level the term stays there; below the first (and at one row) it is the
-    fitted one."""
+    fitted one.
+
+    Where the levels' own times are kept (``seconds``, with ``pair_s``: an engine that runs
+    each request over its own tokens, vLLM), a batch of at least the first level's rows and
+    tokens is priced from them instead (``levels_s``): the levels' time at the batch's new
+    tokens (linear between them, along the last two past the last), plus its query-key pairs
+    beyond a level's at ``pair_s`` a pair. Why: the term above is the level's time less the
+    grid's price of its tokens and pairs, and that price of many short rows is the
+    single request of all their tokens less the pairs they do not compute, priced at the
+    grid's rate per cached token, ``T(0, b) - (T(|a|, b) - T(0, b))`` at 3,072 tokens and a
+    prefix of -1,408: a difference of two large numbers. On six profiles of one machine
+    (2026-12-06, runs V, W and Y) that price of 64 rows of 256 tokens was 497 to 1,768 ms where
+    the batch measured 961 to 1,025 ms; the term made up the difference at the levels' shape
+    and missed it elsewhere (held-out wide batches 0.92-1.74x; overload steps 0.79x in run Y).
+    The levels' own times were stable across the same profiles (8 rows 127-158 ms, 64 rows
+    961-1,025 ms)."""
 
     rows: list[float]
     per_extra_request_s: list[float]
     row_new_tokens: int
     heldout: dict | None = None
     row_cached_tokens: int = 0
+    # the levels' measured times and the price of a query-key pair (None: the term alone)
+    seconds: list[float] | None = None
+    pair_s: float | None = None
+
+    def prices_levels(self, rows: int, new_tokens: float) -> bool:
+        """Whether ``levels_s`` prices a batch of ``rows`` rows and ``new_tokens`` new tokens:
+        the levels' times are kept and the batch is as wide as the first level, in rows and
+        in tokens."""
+        return (self.seconds is not None and self.pair_s is not None
+                and rows >= self.rows[0] and new_tokens >= self.rows[0] * self.row_new_tokens)
+
+    def levels_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]) -> float:
+        """The batch priced from the levels (see the class): their time at its new tokens, plus
+        ``pair_s`` for each query-key pair it computes beyond a level of as many tokens (its
+        rows' own causal pairs and their cached prefixes against the levels' rows'), never
+        below zero."""
+        xs = [r * self.row_new_tokens for r in self.rows]
+        ys = list(self.seconds)
+        n = float(sum(new_tokens))
+        if len(xs) == 1:
+            base = ys[0] * n / xs[0]  # one level: in proportion to its tokens
+        else:
+            i = min(max(bisect_right(xs, n) - 1, 0), len(xs) - 2)
+            base = ys[i] + (n - xs[i]) * (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+        row = float(self.row_new_tokens)
+        level_pairs = n * (self.row_cached_tokens + row / 2)  # each level row's, per token
+        pairs = sum(b * (a + b / 2) for a, b in zip(cached_tokens, new_tokens, strict=True))
+        return max(base + self.pair_s * (pairs - level_pairs), 0.0)
 
     def extra_s(self, rows: int, fitted_s: float) -> float:
         xs, ys = list(self.rows), list(self.per_extra_request_s)
@@ -132,9 +175,11 @@ class WideBatches:
         return ys[i] + w * (ys[i + 1] - ys[i])
 
     def to_dict(self) -> dict:
+        levels = ({} if self.seconds is None else
+                  {"seconds": list(self.seconds), "pair_s": self.pair_s})
         return {"rows": list(self.rows), "per_extra_request_s": list(self.per_extra_request_s),
                 "row_new_tokens": self.row_new_tokens, "row_cached_tokens": self.row_cached_tokens,
-                "heldout": self.heldout}
+                **levels, "heldout": self.heldout}
 
 
 @dataclass(frozen=True)
@@ -234,6 +279,9 @@ class BatchedPrefill:
         if self._padded_beyond_grid(new_tokens):
             return self._padded_rows_s(cached_tokens, new_tokens)
         rows = len(new_tokens)
+        if (self.wide is not None and self.padding == "none"
+                and self.wide.prices_levels(rows, sum(new_tokens))):
+            return max(self.wide.levels_s(cached_tokens, new_tokens), costliest)
         extra = (self.per_extra_request_s if self.wide is None
                  else self.wide.extra_s(rows, self.per_extra_request_s))
         return max(self.tokens_and_pairs_s(cached_tokens, new_tokens) + extra * (rows - 1),
@@ -304,9 +352,17 @@ class BatchedPrefill:
             term = (f"per extra request by row count: {levels} (fitted on random batches: "
                     f"{fitted}, not used)" if self.wide.rows[0] <= 2
                     else f"{fitted} (measured by row count: {levels})")
+        wide = ""
+        if self.wide is not None and self.wide.seconds is not None and self.padding == "none":
+            w = self.wide
+            wide = (f"; from {w.rows[0]:g} rows and {w.rows[0] * w.row_new_tokens:g} tokens, "
+                    f"the measured levels' time at the batch's tokens ("
+                    + ", ".join(f"{s * 1e3:.3g} ms at {r * w.row_new_tokens:g}" for r, s in
+                                zip(w.rows, w.seconds, strict=True))
+                    + f") + {w.pair_s * 1e9:.3g} ns a query-key pair past theirs")
         return (f"batched prefill: the prefill grid's time for one request with the batch's "
                 f"tokens and query-key pairs ({self.padding} padding), + {term}, at least "
-                f"the costliest request alone; {held}")
+                f"the costliest request alone{wide}; {held}")
 
     def to_dict(self) -> dict:
         out = {"model": BATCH_MODEL, "padding": self.padding,
@@ -493,6 +549,9 @@ class Profile:
         if self.batched_prefill.wide is not None:
             wide = data["batched_prefill"]["wide"]
             wide["per_extra_request_s"] = [e * factor for e in wide["per_extra_request_s"]]
+            if wide.get("seconds") is not None:
+                wide["seconds"] = [s * factor for s in wide["seconds"]]
+                wide["pair_s"] = wide["pair_s"] * factor
         data["overhead_s"] *= factor
         if self.mixed_steps is not None:
             data["mixed_steps"] = self.mixed_steps.scaled(factor).to_dict()
@@ -761,8 +820,19 @@ def _wide(data: object, source: str) -> WideBatches | None:
         raise ProfileError("must be an object or null", file=source, field=p + "heldout")
     cached = (int(_number(data, "row_cached_tokens", source, prefix=p))
               if "row_cached_tokens" in data else 0)  # optional: files before it had none
+    levels = {}
+    if data.get("seconds") is not None:  # optional: files before it kept the term alone
+        seconds = data["seconds"]
+        if not isinstance(seconds, list) or len(seconds) != len(rows) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0 for v in seconds):
+            raise ProfileError(f"must be a list of {len(rows)} finite numbers > 0 (one per "
+                               "level)", file=source, field=p + "seconds")
+        levels = {"seconds": [float(v) for v in seconds],
+                  "pair_s": _number(data, "pair_s", source, prefix=p)}
     return WideBatches([float(r) for r in rows], [float(e) for e in extras],
-                       int(_number(data, "row_new_tokens", source, prefix=p)), heldout, cached)
+                       int(_number(data, "row_new_tokens", source, prefix=p)), heldout, cached,
+                       **levels)
 
 
 def _transfers(data: object, source: str) -> Transfers:
@@ -820,6 +890,18 @@ class Batches(NamedTuple):
     seconds: list[float]
 
 
+def pair_price_s(grid: BilinearGrid, new_tokens: float) -> float:
+    """What one query-key pair costs, from ``grid``: a request of ``new_tokens`` new tokens
+    over its longest measured prefix against none, per pair the prefix adds (each cached token
+    adds ``new_tokens`` pairs; over the whole axis, so that one noisy cell moves it little).
+    Never below zero."""
+    longest = max(float(x) for x in grid.x_axis)
+    if longest <= 0 or new_tokens <= 0:
+        return 0.0
+    return max((grid.at(longest, new_tokens) - grid.at(0.0, new_tokens))
+               / (longest * new_tokens), 0.0)
+
+
 def with_wide_batches(model: BatchedPrefill, rows: Sequence[int], seconds: Sequence[float],
                       row_new_tokens: int, heldout: Batches | None = None, *,
                       row_cached_tokens: int = 0, batches: Batches | None = None
@@ -839,8 +921,14 @@ def with_wide_batches(model: BatchedPrefill, rows: Sequence[int], seconds: Seque
         base = model.tokens_and_pairs_s([float(row_cached_tokens)] * n,
                                         [float(row_new_tokens)] * n)
         extras.append(max((y - base) / (n - 1), 0.0))
+    levels = {}
+    if model.padding == "none" and min(rows) > FITTED_ROWS:
+        # wide levels on an engine that runs each request over its own tokens (vLLM's plan):
+        # such batches priced from the levels' times (``WideBatches.levels_s``)
+        levels = {"seconds": [float(y) for y in seconds],
+                  "pair_s": pair_price_s(model.grid, float(row_new_tokens))}
     wide = WideBatches([float(n) for n in rows], extras, int(row_new_tokens),
-                       row_cached_tokens=int(row_cached_tokens))
+                       row_cached_tokens=int(row_cached_tokens), **levels)
     widened = replace(model, wide=wide)
     if heldout is not None and heldout.seconds:
         summary = ratio_summary([widened.iteration_s(a, b) for a, b in
