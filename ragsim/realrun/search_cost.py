@@ -101,8 +101,8 @@ def _beside(step: Callable[[], object], steps: int, search, rows: list[tuple[int
             step_s: float) -> tuple[float, int]:
     """A block with one search handed over per step (at the instants the steps should begin,
     from the last block's step time) by a front-end thread; returns the block's time and how
-    many of its searches began before it ended. Waits for them all to end before returning,
-    so that the next block runs alone."""
+    many of its searches ran during it (their spans overlap it). Waits for them all to end
+    before returning, so that the next block runs alone."""
     for i, _ in rows:
         search.forget(i)
     first = time.monotonic() + 0.2 * step_s
