@@ -279,7 +279,7 @@ def test_a_searchs_span_is_its_time_on_a_free_worker(built):
         search._stage = held
         before = time.monotonic()
         first, second = search.run_all(0, 2), search.run_all(1, 2)
-        time.sleep(0.05)
+        time.sleep(0.02)
         gate.set()
         second.result(timeout=30)
         first.result(timeout=30)
@@ -468,7 +468,7 @@ def test_the_search_cost_probe_hands_one_search_per_step_to_the_pool_beside_the_
 
     def step() -> None:
         calls.append(time.monotonic())
-        time.sleep(0.02)
+        time.sleep(0.05)
 
     search = RealSearch(built["trace"], workers=1)
     try:
