@@ -245,7 +245,7 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
              f"({resolved.engine_loop_search_s * 1e3:.3f} ms a search), not measured")
         return resolved
     from ragsim.realrun.harness import RealRun
-    from ragsim.realrun.probe_runs import search_beside_engine
+    from ragsim.realrun.probe_runs import search_beside_engine, torch_decode_step
 
     wider, capacity_rps = _probe_trace(resolved, data, costs)
     # the threads the real runs' engine takes (``RealRun``: the profile's where not given)
@@ -261,7 +261,7 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
 
     probe = probes["search_beside_engine"] = search_beside_engine(
         wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run,
-        step=_torch_decode_step(costs, device, engine_threads, resolved.seed),
+        step=torch_decode_step(costs, device, engine_threads, resolved.seed),
         threads=engine_threads)
     _measure_step_spread(results, costs, probes, note)
     whose = ("requests past the ones validated" if probe["held_aside"]
@@ -271,35 +271,6 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
          + " of the simulated capacity: " + search_cost_words(probe)
          + "; the simulation charges it (engine_loop_search_s)")
     return resolved.replace(engine_loop_search_s=probe["search_s"])
-
-
-SEARCH_COST_TORCH_ROWS = 4  # the decode rows of the torch engine's search-cost probe
-SEARCH_COST_TORCH_CONTEXT_TOKENS = 256
-
-
-def _torch_decode_step(profile, device: str, threads: int | None, seed: int):
-    """One decode step of the reference engine's model (``SEARCH_COST_TORCH_ROWS`` rows of
-    ``SEARCH_COST_TORCH_CONTEXT_TOKENS``), undone after, so that it can be run again: the
-    search-cost probe's workload (``realrun/search_cost.py``), a model of the run's own."""
-    import numpy as np
-
-    from ragsim.profiles.torch_model import Row, TorchModel
-
-    model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
-                             threads=threads, seed=seed)
-    rng = np.random.default_rng(seed)
-    vocab = profile.model.vocab_size
-    state = model.prepare([Row(None, rng.integers(0, vocab, SEARCH_COST_TORCH_CONTEXT_TOKENS), 0)
-                           for _ in range(SEARCH_COST_TORCH_ROWS)])
-    model.forward(state)
-    ids = rng.integers(0, vocab, SEARCH_COST_TORCH_ROWS)
-
-    def step() -> None:
-        model.decode(state, ids)
-        model.undo_decode(state)
-        model.sync()
-
-    return step
 
 
 def search_cost_words(probe: dict) -> str:

@@ -20,6 +20,12 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ragsim.profiles.profile import Profile
+from ragsim.realrun.search_cost import (
+    SEARCH_COST_CONTEXT_TOKENS,
+    SEARCH_COST_ROWS,
+    charged_search_s,
+    measure_search_cost,
+)
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
 
@@ -81,10 +87,32 @@ def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, s
     interpreter_s, searches = interpreter_per_search(summaries)
     search_cost = None
     if step is not None and config.search_latency == "trace":
-        from ragsim.realrun.search_cost import measure_search_cost
-
         search_cost = measure_search_cost(probe, config.search_workers, step, threads)
-    search_s = interpreter_s if search_cost is None else search_cost["search_s"]
+    search_s = charged_search_s(interpreter_s, search_cost)
     return {"search_s": search_s, "searches": searches, "interpreter_s": interpreter_s,
             "search_cost": search_cost, "runs": runs, "requests": len(rows),
             "held_aside": held_aside}
+
+
+def torch_decode_step(profile: Profile, device: str, threads: int | None, seed: int
+                      ) -> Callable[[], None]:
+    """One decode step of the reference engine's model (``SEARCH_COST_ROWS`` rows of
+    ``SEARCH_COST_CONTEXT_TOKENS``, the workload vLLM's probe steps too), undone after so that
+    it can be run again: the torch engine's search-cost workload, on a model of its own."""
+    from ragsim.profiles.torch_model import Row, TorchModel
+
+    model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
+                             threads=threads, seed=seed)
+    rng = np.random.default_rng(seed)
+    vocab = profile.model.vocab_size
+    state = model.prepare([Row(None, rng.integers(0, vocab, SEARCH_COST_CONTEXT_TOKENS), 0)
+                           for _ in range(SEARCH_COST_ROWS)])
+    model.forward(state)
+    ids = rng.integers(0, vocab, SEARCH_COST_ROWS)
+
+    def step() -> None:
+        model.decode(state, ids)
+        model.undo_decode(state)
+        model.sync()
+
+    return step

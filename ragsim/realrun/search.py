@@ -277,6 +277,12 @@ def _search_worker_begins(faiss) -> None:
     off_engine_core()
 
 
+def search_stages(trace: Trace, i: int) -> int:
+    """How many stages request ``i``'s recorded search has (at least one): what a probe that
+    runs the trace's own searches outside a pipeline hands the pool."""
+    return max(1, len(trace.stages[i]) if trace.stages[i].is_valid else 1)
+
+
 # searches the hand-off probe times (a few seconds on two cores, once per validation)
 HANDOFF_PROBE_SEARCHES = 60
 HANDOFF_PROBE_GAP_S = 0.002  # between searches: each starts with idle workers, as at idle
@@ -313,7 +319,7 @@ def measure_handoff(trace: Trace, workers: int, searches: int = HANDOFF_PROBE_SE
 
     def searching(env: simpy.Environment):
         for i in range(count):
-            stages = max(1, len(trace.stages[i]) if trace.stages[i].is_valid else 1)
+            stages = search_stages(trace, i)
             started = time.monotonic()
             for stage in range(1, stages + 1):
                 yield env.when_done(search.run_stage(i, stage, stages))

@@ -33,6 +33,18 @@ import numpy as np
 # steps; ~4 s for vLLM's 7 ms decode steps on two cores
 SEARCH_COST_PAIRS = 24
 SEARCH_COST_STEPS = 8
+# the workload, the same on either engine: decode steps of this many rows, each over a prompt
+# of this many tokens (a search cost vLLM's 1-row steps 0.35 ms, 4-row 0.70 ms, 16-row 0.83 ms
+# and its prompt steps ~0.8 ms: four rows, a loaded run's usual decode batch, is not an end)
+SEARCH_COST_ROWS = 4
+SEARCH_COST_CONTEXT_TOKENS = 256
+
+
+def charged_search_s(interpreter_s: float, search_cost: dict | None) -> float:
+    """What the simulation charges a search beside a busy engine (``engine_loop_search_s``):
+    the timed cost where the probe ran (``measure_search_cost``), else the search threads'
+    interpreter time (a run without real search: 0)."""
+    return interpreter_s if search_cost is None else float(search_cost["search_s"])
 
 
 def cost_per_search(alone_s: Sequence[float], beside_s: Sequence[float],
@@ -128,13 +140,12 @@ def measure_search_cost(trace, workers: int, step: Callable[[], object], threads
     ``threads``), ``workers`` search workers and the front end off it, the trace's own staged
     searches. None where the trace has no real search (nothing for its runs to pay)."""
     from ragsim.realrun.cores import EngineCore
-    from ragsim.realrun.search import RealSearch
+    from ragsim.realrun.search import RealSearch, search_stages
 
     search, _ = RealSearch.for_trace(trace, workers)
     if search is None:
         return None
-    rows = [(i, max(1, len(trace.stages[i]) if trace.stages[i].is_valid else 1))
-            for i in range(trace.n_requests)]
+    rows = [(i, search_stages(trace, i)) for i in range(trace.n_requests)]
     try:
         with EngineCore(threads) as core:
             measured = engine_time_per_search(step, search, rows)

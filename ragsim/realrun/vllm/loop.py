@@ -49,6 +49,7 @@ from ragsim.realrun.probe_runs import (
     probe_configs,
     probe_rows,
 )
+from ragsim.realrun.search_cost import charged_search_s
 from ragsim.serving.config import SimConfig
 from ragsim.traces.schema import Trace
 
@@ -112,16 +113,18 @@ def quiet_intake_s(run, prompts: list[list[int]]) -> float:
     return float(np.median(took)) if took else 0.0
 
 
-SEARCH_COST_ROWS = 4  # the decode rows the search-cost probe steps
-SEARCH_COST_CONTEXT_TOKENS = 256  # each one's prompt
-
-
 def search_cost_beside(run, trace: Trace, workers: int) -> dict | None:
     """What a search beside ``run``'s busy engine costs it (``realrun/search_cost.py``), on
     that engine after its run: ``SEARCH_COST_ROWS`` requests of ``SEARCH_COST_CONTEXT_TOKENS``
     decoding, their steps the workload, the searches ``trace``'s (None: it has no real
     search); the requests are aborted after."""
-    from ragsim.realrun.search_cost import SEARCH_COST_PAIRS, SEARCH_COST_STEPS, measure_search_cost
+    from ragsim.realrun.search_cost import (
+        SEARCH_COST_CONTEXT_TOKENS,
+        SEARCH_COST_PAIRS,
+        SEARCH_COST_ROWS,
+        SEARCH_COST_STEPS,
+        measure_search_cost,
+    )
     from ragsim.realrun.vllm.engine import greedy
 
     llm = run.llm
@@ -183,7 +186,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
         release_engines()  # the probe run's engine, dropped: its memory back
     step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
-    search_s = interpreter_s if search_cost is None else search_cost["search_s"]
+    search_s = charged_search_s(interpreter_s, search_cost)
     return {"step_s": step_s, "request_s": max(0.0, request_s - quiet),
             "fitted_request_s": request_s, "quiet_intake_s": quiet,
             "search_s": search_s, "searches": searches,
