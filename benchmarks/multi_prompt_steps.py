@@ -22,37 +22,13 @@ machine only the ratios between the counts mean anything.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 
-def _mixed_step(timer, cached: list[int], new: list[int], rows: int, context: int,
-                decode_tokens: int) -> tuple[float, bool]:
-    """The step in which ``rows`` running requests of ``context`` tokens decode and prompts of
-    ``new`` tokens over ``cached`` ones prefill, timed from the prompts' hand-over."""
-    llm, running = timer.llm, []
-    for slot in range(rows):
-        held = timer.prefix(context, 10 + slot)
-        running.append(timer._add([*held, *timer._tokens(max(context - len(held), 1))],
-                                  decode_tokens))
-    timer._until_first_tokens(rows)
-    prompts = [[*timer.prefix(a, 1 + k), *timer._tokens(b)]
-               for k, (a, b) in enumerate(zip(cached, new, strict=True))]
-    started = time.perf_counter()
-    keys = [timer._add(prompt, 1) for prompt in prompts]
-    outputs = {out.request_id: out for out in llm.step()}
-    took = time.perf_counter() - started
-    whole = all(key in outputs and outputs[key].outputs and outputs[key].outputs[0].token_ids
-                for key in keys)
-    llm.abort_request(running)
-    timer._drain()
-    return took, whole
-
-
 def main() -> None:
     from ragsim.profiles.profile import load_profile
-    from ragsim.realrun.vllm.profile import MIXED_DECODE_TOKENS, VllmTimer
+    from ragsim.realrun.vllm.profile import VllmTimer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="cpu-vllm-mistral-7b-l2-h256")
@@ -75,16 +51,19 @@ def main() -> None:
             cases.append(([int(rng.choice([0, 256, 512, 1024, 1536])) for _ in range(prompts)],
                           [int(rng.integers(60, 320)) for _ in range(prompts)],
                           int(rng.choice([1, 2, 4, 8])), int(rng.integers(150, 400))))
-    for cached, _, rows, context in cases:  # every prefix before the timings
+    for cached, _, rows, context in cases:  # every prefix before the timings (mixed_step's)
         for k, a in enumerate(cached):
-            timer.prefix(a, 1 + k)
-        for slot in range(rows):
-            timer.prefix(context, 10 + slot)
+            timer.prefix(a, -k)
+        for slot in range(1, rows + 1):
+            timer.prefix(context, slot)
     times: list[list[float]] = [[] for _ in cases]
     for repeat in range(args.repeats + 1):  # the first round warms every shape up
         for k, (cached, new, rows, context) in enumerate(cases):
-            took, whole = _mixed_step(timer, cached, new, rows, context, MIXED_DECODE_TOKENS)
-            if repeat and whole:
+            try:
+                took = timer.mixed_step(list(zip(cached, new, strict=True)), [context] * rows)
+            except RuntimeError:  # not the step asked for (a prompt split, a row evicted)
+                continue
+            if repeat:
                 times[k].append(took)
     print("prompts | steps | price / measured (median) | each step: price, measured (ms)")
     for prompts in (1, 2, 3):
@@ -102,7 +81,8 @@ def main() -> None:
         from ragsim.traces.io import read_trace
 
         for key in ("search-cost-0", "search-cost-1", "search-cost-2", "search-cost-3"):
-            timer.llm.add_request(key, {"prompt_token_ids": timer._tokens(256)}, greedy(1000))
+            timer.llm.add_request(key, {"prompt_token_ids": rng.integers(0, timer.vocab, 256)
+                                        .tolist()}, greedy(1000))
         timer.llm.step()
         cost = measure_search_cost(read_trace(args.trace), 1, timer.llm.step, 1)
         print(f"a search beside 4-row decode steps: {cost['search_s'] * 1e3:.3f} ms of the "

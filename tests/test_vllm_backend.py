@@ -400,6 +400,30 @@ def test_a_profiled_mixed_step_is_one_vllm_step_of_the_chunk_and_the_running_dec
     assert not timer.llm.has_unfinished_requests()
 
 
+def test_a_mixed_step_of_several_prompts_is_one_step_and_a_split_one_is_refused():
+    """``VllmTimer.mixed_step`` with two prompts times the one step in which both prefill over
+    their own cached prefixes beside the running requests' decodes (the scheduler's output:
+    40 + 30 new tokens and one for each of two running rows, prefixes of 64 and 96 computed);
+    prompts the token budget cannot take in one step are refused, and the engine is left
+    empty either way."""
+    from ragsim.realrun.vllm.harness import _watch_scheduler
+    from ragsim.realrun.vllm.profile import VllmTimer
+
+    timer = VllmTimer.build(load_profile(PROFILE).model, block_tokens=BLOCK,
+                            kv_cache_bytes=2**27, max_model_len=512, max_batched_tokens=512)
+    prompts, contexts = [(64, 40), (96, 30)], [128, 160]
+    timer.mixed_step(prompts, contexts)  # its prefixes made, then watched
+    seen = _watch_scheduler(timer.llm)
+    took = timer.mixed_step(prompts, contexts)
+    steps = [(sum(out.num_scheduled_tokens.values()), len(out.num_scheduled_tokens),
+              sorted(r.num_computed_tokens for r in out.scheduled_new_reqs)) for out in seen]
+    assert (72, 4, [64, 96]) in steps and took > 0
+    assert not timer.llm.has_unfinished_requests()
+    with pytest.raises(RuntimeError, match="did not prefill its prompt"):
+        timer.mixed_step([(0, 300), (0, 300)], [128])  # 601 tokens over a budget of 512
+    assert not timer.llm.has_unfinished_requests()
+
+
 def test_vllms_first_decode_step_is_timed_right_after_the_prompts_step():
     """What ``VllmTimer.first_decode`` times first is vLLM's first step after the one that
     gave the rows their first tokens: a step of one token for each of them and no prompt

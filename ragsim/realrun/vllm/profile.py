@@ -162,37 +162,52 @@ class VllmTimer:
         return tokens
 
     def _mixed(self, cached: list[int], new: list[int]) -> float:
-        """One timed mixed step: ``cached[0]`` cached and ``new[0]`` new tokens of a prompt
-        prefilled in the step in which requests of ``cached[1:]`` tokens decode."""
+        """One timed mixed step of the profile's plan: ``cached[0]`` cached and ``new[0]`` new
+        tokens of a prompt prefilled in the step in which requests of ``cached[1:]`` tokens
+        decode (``mixed_step`` with one prompt)."""
+        return self.mixed_step([(cached[0], new[0])], cached[1:])
+
+    def mixed_step(self, prompts: list[tuple[int, int]], contexts: list[int],
+                   decode_tokens: int = MIXED_DECODE_TOKENS) -> float:
+        """One step timed as a run takes it: requests of ``contexts`` tokens running (each on
+        a cached prefix of its own, ``decode_tokens`` tokens allowed, aborted after), then
+        ``prompts`` (cached, new tokens each; prompt ``k`` on a prefix of its own) handed over,
+        and the one step in which vLLM's scheduler prefills them all and decodes the running
+        requests timed from the hand-over (their ``add_request``, as a prefill alone is
+        timed: ``_pass``). A step in which a prompt does not get its first token over its
+        whole cached prefix, or a running request does not decode, is refused: it is not the
+        step asked for."""
         llm, running = self.llm, []
         # every prefix before any request runs: one not made yet is made by a request of its
         # own, stepped to its end with whatever else the engine holds
-        prefixes = [self.prefix(context, slot) for slot, context in enumerate(cached[1:], 1)]
-        prefix = self.prefix(cached[0])
-        for held, context in zip(prefixes, cached[1:], strict=True):
-            fresh = self._tokens(max(context - len(held), 1))
-            running.append(self._add([*held, *fresh], MIXED_DECODE_TOKENS))
+        held = [self.prefix(context, slot) for slot, context in enumerate(contexts, 1)]
+        prefixes = [self.prefix(a, -k) for k, (a, _) in enumerate(prompts)]
+        for ids, context in zip(held, contexts, strict=True):
+            fresh = self._tokens(max(context - len(ids), 1))
+            running.append(self._add([*ids, *fresh], decode_tokens))
         # their prompts (mostly cached); where vLLM evicted some, the first to have a token
         # decode while the rest are set up, so the timed step must add one token to each
         before = self._until_first_tokens(len(running))
-        prompt = [*prefix, *self._tokens(max(new[0], 1))]
-        started = time.perf_counter()  # with its add_request, as the chunk alone (``_pass``)
-        chunk = self._add(prompt, 1)
+        handed = [[*prefix, *self._tokens(max(b, 1))]
+                  for prefix, (_, b) in zip(prefixes, prompts, strict=True)]
+        started = time.perf_counter()
+        chunks = [self._add(prompt, 1) for prompt in handed]
         outputs = {out.request_id: out for out in llm.step()}
         took = time.perf_counter() - started
-        got = outputs.get(chunk)
-        if got is None or not got.outputs or not got.outputs[0].token_ids \
-                or got.num_cached_tokens < len(prefix):
-            raise RuntimeError(f"a profiled mixed step did not prefill its prompt of "
-                               f"{new[0]} new tokens over {len(prefix)} cached ones in one "
-                               "step: give vLLM a larger token budget or more KV memory")
+        llm.abort_request(running)  # the engine left empty, whether the step is kept or not
+        self._drain()
+        for chunk, prefix, (_, b) in zip(chunks, prefixes, prompts, strict=True):
+            got = outputs.get(chunk)
+            if got is None or not got.outputs or not got.outputs[0].token_ids \
+                    or got.num_cached_tokens < len(prefix):
+                raise RuntimeError(f"a profiled mixed step did not prefill its prompt of {b} "
+                                   f"new tokens over {len(prefix)} cached ones in one step: "
+                                   "give vLLM a larger token budget or more KV memory")
         decoded = [key for key in running if key in outputs and
                    len(outputs[key].outputs[0].token_ids) == before.get(key, 0) + 1]
         if len(decoded) < len(running):
             raise RuntimeError(f"only {len(decoded)} of a profiled mixed step's "
                                f"{len(running)} running requests decoded in it")
-        llm.abort_request(running)
-        self._drain()
         return took
 
     # ------------------------------------------------------------------ the interface
