@@ -455,6 +455,23 @@ def test_a_search_costs_the_engine_what_its_blocks_beside_searches_took_more():
     assert cost_per_search([0.012], [0.010], [3]) == 0.0
 
 
+def test_the_search_costs_interval_is_the_ratio_estimators_over_the_pairs_by_hand():
+    """``cost_interval``, by hand: four pairs, blocks of 10 ms alone against 12, 11, 13 and 12
+    ms beside 2 searches each cost (48 - 40) / 8 = 1 ms a search; the pairs' residuals from it
+    are 0, -1, 1 and 0 ms, so the standard error is sqrt(2 x 4 / 3) / 8 = 0.2041 ms, and with
+    Student's t on 3 degrees of freedom (3.1824, from a table) the 95% interval is 1 -/+ 0.6497
+    ms. Below zero it stops at zero; one pair gives the cost itself; no search, nothing."""
+    from ragsim.realrun.search_cost import cost_interval
+
+    low, high = cost_interval([0.010] * 4, [0.012, 0.011, 0.013, 0.012], [2, 2, 2, 2])
+    assert low == pytest.approx(0.0003503, abs=2e-7)
+    assert high == pytest.approx(0.0016497, abs=2e-7)
+    low, _ = cost_interval([0.010] * 3, [0.0101, 0.0110, 0.0099], [1, 1, 1])
+    assert low == 0.0
+    assert cost_interval([0.010], [0.014], [4]) == (pytest.approx(0.001), pytest.approx(0.001))
+    assert cost_interval([0.010, 0.010], [0.014, 0.013], [0, 0]) == (0.0, 0.0)
+
+
 def test_the_search_cost_probe_hands_one_search_per_step_to_the_pool_beside_the_steps(built):
     """``engine_time_per_search`` on a real faiss index and a step that takes 50 ms (a sleep:
     the count, not the cost, is what this checks; the last search of a block is planned 40 ms
@@ -481,5 +498,6 @@ def test_the_search_cost_probe_hands_one_search_per_step_to_the_pool_beside_the_
     assert search.report.begun_at_arrival == 2 * 3  # each by the front end, as in a run
     assert measured["alone_step_s"] >= 0.05 and measured["beside_step_s"] >= 0.05
     assert measured["search_s"] >= 0 and measured["interpreter_s"] > 0
+    assert measured["search_s_low"] <= measured["search_s"] <= measured["search_s_high"]
     with pytest.raises(ValueError, match="needs 3 rows"):
         engine_time_per_search(step, search, rows[:2], pairs=1, steps=3)

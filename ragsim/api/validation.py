@@ -283,8 +283,11 @@ def search_cost_words(probe: dict) -> str:
         return (f"its search threads' interpreter time, {interpreter * 1e3:.3f} ms a search "
                 f"over {probe['searches']}, which a request searched beside a busy engine "
                 "costs it")
+    interval = (f" (95% over the blocks: {cost['search_s_low'] * 1e3:.3f}-"
+                f"{cost['search_s_high'] * 1e3:.3f})" if "search_s_low" in cost else "")
     return (f"a search beside its busy engine, {cost['search_s'] * 1e3:.3f} ms of the "
-            f"engine's steps a search ({cost['searches']} searches beside {cost['pairs']} "
+            f"engine's steps a search{interval} ({cost['searches']} searches beside "
+            f"{cost['pairs']} "
             f"blocks of {cost['steps']} steps, {cost['alone_step_s'] * 1e3:.2f} ms a step "
             f"alone, {cost['beside_step_s'] * 1e3:.2f} ms beside them; the search threads' "
             f"interpreter time was {interpreter * 1e3:.3f} ms a search)")

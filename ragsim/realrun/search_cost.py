@@ -58,6 +58,33 @@ def cost_per_search(alone_s: Sequence[float], beside_s: Sequence[float],
     return max(0.0, (float(sum(beside_s)) - float(sum(alone_s))) / ran)
 
 
+def cost_interval(alone_s: Sequence[float], beside_s: Sequence[float],
+                  searches: Sequence[int], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` interval on ``cost_per_search`` from the pairs' spread: the cost is a
+    ratio of sums (the blocks' extra time over the searches), so its standard error is the
+    ratio estimator's, ``sqrt(sum((d_i - c n_i)^2) P / (P - 1)) / sum(n_i)`` over the P pairs'
+    differences ``d_i`` and searches ``n_i``, with Student's t on P - 1 degrees of freedom.
+    Why: the probe's figure moved 0.33 to 0.89 ms on one engine between two sittings an hour
+    apart (runs Z and AA); its interval says whether such a move is the probe's noise or the
+    machine's. Never below zero, as the cost; (0, 0) where no search ran, and (c, c) from one
+    pair (no spread to read)."""
+    from scipy.stats import t
+
+    differences = np.asarray(beside_s, float) - np.asarray(alone_s, float)
+    counts = np.asarray(searches, float)
+    ran = float(counts.sum())
+    if not ran:
+        return 0.0, 0.0
+    cost = cost_per_search(alone_s, beside_s, searches)
+    pairs = len(differences)
+    if pairs < 2:
+        return cost, cost
+    raw = float(differences.sum()) / ran
+    spread = float(np.sum((differences - raw * counts) ** 2)) * pairs / (pairs - 1)
+    half = float(t.ppf(0.5 + level / 2, pairs - 1)) * np.sqrt(spread) / ran
+    return max(raw - half, 0.0), max(raw + half, 0.0)
+
+
 def engine_time_per_search(step: Callable[[], object], search, requests: Sequence[tuple[int, int]],
                            *, pairs: int = SEARCH_COST_PAIRS, steps: int = SEARCH_COST_STEPS
                            ) -> dict:
@@ -67,9 +94,10 @@ def engine_time_per_search(step: Callable[[], object], search, requests: Sequenc
     ``RealSearch``; cycled, each search begun afresh), handed over one per step by the
     front-end thread.
 
-    Returns ``search_s`` (``cost_per_search``), the searches it comes from, the blocks' mean
-    step times, and the searches' own interpreter time per search (what the search threads
-    held: ``interpreter_s``) for comparison."""
+    Returns ``search_s`` (``cost_per_search``) with its 95% interval over the pairs
+    (``search_s_low``, ``search_s_high``: ``cost_interval``), the searches it comes from, the
+    blocks' mean step times, and the searches' own interpreter time per search (what the
+    search threads held: ``interpreter_s``) for comparison."""
     if steps < 1 or pairs < 1:
         raise ValueError("the search-cost probe needs at least one pair of one-step blocks")
     rows = list(requests)
@@ -95,7 +123,9 @@ def engine_time_per_search(step: Callable[[], object], search, requests: Sequenc
     report = search.report
     interpreter = (report.interpreter_s_total / report.searches_run
                    if report.searches_run else 0.0)
+    low, high = cost_interval(alone, beside, ran)
     return {"search_s": cost_per_search(alone, beside, ran), "searches": int(sum(ran)),
+            "search_s_low": low, "search_s_high": high,  # its 95% interval over the pairs
             "pairs": pairs, "steps": steps,
             "alone_step_s": float(np.sum(alone)) / (pairs * steps),
             "beside_step_s": float(np.sum(beside)) / (pairs * steps),
