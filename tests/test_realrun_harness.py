@@ -137,6 +137,32 @@ def test_open_loop_real_run_writes_the_simulators_columns():
     assert real.columns["arrival_s"].tolist() == pytest.approx(sim.columns["arrival_s"].tolist())
 
 
+def test_each_torch_run_knows_the_step_sizes_its_process_had_run_before_it():
+    """What a step pays the first time stays paid for the process (``torch_model.
+    step_tokens_run``), as vLLM's engines' sizes do: a run starts after its warm-up (prompts of
+    32 and 16 tokens in one 48-token pass, then a decode step of their 2 rows), and a second
+    run in the same process after every step of the first too (prefills counted by their new
+    tokens, decode steps by their rows, as the simulator counts them), which validate's
+    simulation of it is told (``validation.warmed_like``)."""
+    from ragsim.validation import priced_step_table, warmed_like
+
+    trace = small_trace(n=8)
+    cfg = build_config({"trace": "mmlu", "system": "ragcache", "profile": PROFILE,
+                        "rate_rps": 20.0, "search_s": 0.002})
+    profile = load_profile(PROFILE)
+    first = run_real(trace, cfg, profile)
+    second = run_real(trace, cfg, profile)
+    first_warm, second_warm = first.engine_warm_step_tokens, second.engine_warm_step_tokens
+    assert {48, 2} <= set(first_warm)
+    assert first.summary["engine_warm_step_tokens"] == len(first_warm)
+    assert first.summary["engine_warm_step_token_counts"] == list(first_warm)
+    assert len(set(second_warm)) == len(second_warm)  # each count once, at its last run
+    steps = {int(row["step_tokens"]) for row in priced_step_table(first, profile)}
+    assert steps and steps <= set(second_warm)
+    assert warmed_like(profile, second).new_shapes.warm_step_tokens[-len(second_warm):] \
+        == tuple(second_warm)
+
+
 def test_batched_generation_gives_the_tokens_of_one_request_at_a_time():
     """All requests at once: prefills of mixed cached lengths share passes, and the decode
     batch changes at every join and leave (rows taken from the last step's cache, joiners

@@ -176,6 +176,30 @@ def cache_keyword(forward: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
+# every step token count a ``TorchModel`` of this process has run (a pass: its rows' new
+# tokens; a decode step: its rows, as the simulator counts a step), each once, the least
+# recently run first (a dict keeps insertion order; a count run again moves to the end). Why:
+# what a step pays the first time (the memory it faults in above the process's largest step,
+# the kernels chosen for a new size: ``Profile.new_shapes``) stays paid for the process, and a
+# validation runs its points in one process after its own profile and probes. On run AA's
+# torch points (2026-12-06) every run's first prefill of 2,023 tokens ran at its grid price
+# (1.00x, median of fifteen) where the simulation, told nothing, charged it 1.09x for growth.
+# ``realrun.vllm.shapes`` keeps vLLM's engines' counts the same way.
+_STEP_TOKENS: dict[int, None] = {}
+
+
+def _note_step(tokens: int) -> None:
+    if tokens > 0:
+        _STEP_TOKENS.pop(tokens, None)
+        _STEP_TOKENS[tokens] = None
+
+
+def step_tokens_run() -> tuple[int, ...]:
+    """Every step token count a ``TorchModel`` of this process has run so far, each once, in
+    the order of their last run (the least recently run first)."""
+    return tuple(_STEP_TOKENS)
+
+
 class TorchModel:
     """A model with random weights and its forward calls: prefill over cached KV, decode."""
 
@@ -327,6 +351,7 @@ class TorchModel:
             raise RuntimeError(f"the model did not write into the cache passed as "
                                f"{self.cache_kw!r}: its forward takes the cache by another "
                                "name (cache_keyword)")
+        _note_step(sum(batch.new_lengths))
         return out.logits[:, -1, :]
 
     def new_kv(self, batch: Batch) -> list[list[LayerKV]]:
@@ -358,6 +383,7 @@ class TorchModel:
                              position_ids=batch.next_positions, use_cache=True,
                              logits_to_keep=1, **{self.cache_kw: batch.cache})
         batch.next_positions = batch.next_positions + 1
+        _note_step(batch.rows)
         return out.logits[:, -1, :]
 
     @staticmethod

@@ -26,7 +26,7 @@ from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.decode_after_prompt import AfterPrompt
 from ragsim.profiles.new_shapes import NewShapeCharge
 from ragsim.profiles.profile import Profile
-from ragsim.profiles.torch_model import TorchModel
+from ragsim.profiles.torch_model import TorchModel, step_tokens_run
 from ragsim.realrun.answers.stage import real_answer_stage
 from ragsim.realrun.clock import WakeableClock
 from ragsim.realrun.cores import EngineCore
@@ -118,6 +118,9 @@ class RealRun(RealSearchDriving, Pipeline):
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
         if self.start is not None:
             self.start.wait()
+        # the step sizes this process had run before the clock started (its warm-up, probes,
+        # profile and earlier runs): their first-time price is paid (``Profile.warmed``)
+        warm = self._warm_steps = step_tokens_run()
         # the engine's thread on a core of its own while it serves, the run's others on the
         # rest, as its profile timed it (``realrun/cores.py``); not a fleet's replica, whose
         # engines share the process's threads
@@ -130,6 +133,10 @@ class RealRun(RealSearchDriving, Pipeline):
         core = EngineCore(self.threads if on_cpu else None, why_not=why_not)
         result = self.serve_on_engine_core(core)
         result.summary.update(self._real_fields())
+        result.engine_warm_step_tokens = warm
+        result.summary["engine_warm_step_tokens"] = len(warm)
+        # which, in order: a stored run's simulation can be run again as validate ran it
+        result.summary["engine_warm_step_token_counts"] = [int(t) for t in warm]
         if self.iterations is not None:  # for ``validate --replay-decisions``
             result.decisions = {"iterations": self.iterations.decisions,
                                 "submitted_s": self.submitted_s}
@@ -153,7 +160,9 @@ class RealRun(RealSearchDriving, Pipeline):
                   "allocator": memory_allocator()}
         if it is not None:
             fields.update(it.times.as_dict())
-            fields["cost_model_errors"] = cost_model_errors(it.log, self.profile)
+            # priced as the simulation of this run prices it: the sizes run before it warm
+            fields["cost_model_errors"] = cost_model_errors(it.log, self.profile.warmed(
+                getattr(self, "_warm_steps", ())))
             fields["engine_store_gpu_bytes"] = it.store.gpu_bytes
             fields["engine_store_host_bytes"] = it.store.host_bytes
             fields["token_ids"] = it.tokens.report.as_dict()
