@@ -30,8 +30,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 # the blocks timed: pairs of (steps alone, steps beside one search each), each block this many
-# steps; ~4 s for vLLM's 7 ms decode steps on two cores
-SEARCH_COST_PAIRS = 24
+# steps; ~11 s for vLLM's 7 ms decode steps on two cores. 96 pairs, not the 24 first used: at 24
+# the figure's 95% interval (``cost_interval``) was 0.32-1.10 ms around 0.71 (run AB,
+# 2026-12-06), as wide as everything four sittings' figures disagreed on (0.09-1.03 ms); four
+# times the pairs halve it
+SEARCH_COST_PAIRS = 96
 SEARCH_COST_STEPS = 8
 # the workload, the same on either engine: decode steps of this many rows, each over a prompt
 # of this many tokens (a search cost vLLM's 1-row steps 0.35 ms, 4-row 0.70 ms, 16-row 0.83 ms
