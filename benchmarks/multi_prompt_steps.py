@@ -76,20 +76,17 @@ def main() -> None:
             each.append(f"{price * 1e3:.1f}/{np.median(timed) * 1e3:.1f}")
         print(f"{prompts} | {len(ratios)} | {np.median(ratios):.3f} | {' '.join(each)}")
     if args.trace:
-        from ragsim.realrun.search_cost import measure_search_cost
-        from ragsim.realrun.vllm.engine import greedy
+        from ragsim.realrun.search_cost import SEARCH_COST_ROWS
+        from ragsim.realrun.vllm.loop import search_cost_on_engine
         from ragsim.traces.io import read_trace
 
-        for key in ("search-cost-0", "search-cost-1", "search-cost-2", "search-cost-3"):
-            timer.llm.add_request(key, {"prompt_token_ids": rng.integers(0, timer.vocab, 256)
-                                        .tolist()}, greedy(1000))
-        timer.llm.step()
-        cost = measure_search_cost(read_trace(args.trace), 1, timer.llm.step, 1)
-        print(f"a search beside 4-row decode steps: {cost['search_s'] * 1e3:.3f} ms of the "
-              f"engine's ({cost['alone_step_s'] * 1e3:.2f} ms a step alone, "
+        cost = search_cost_on_engine(timer.llm, timer.vocab, 8192, read_trace(args.trace), 1, 1)
+        print(f"a search beside {SEARCH_COST_ROWS}-row decode steps: "
+              f"{cost['search_s'] * 1e3:.3f} ms of the engine's (95%: "
+              f"{cost['search_s_low'] * 1e3:.3f}-{cost['search_s_high'] * 1e3:.3f}; "
+              f"{cost['alone_step_s'] * 1e3:.2f} ms a step alone, "
               f"{cost['beside_step_s'] * 1e3:.2f} beside, {cost['searches']} searches); the "
               f"search threads' interpreter time {cost['interpreter_s'] * 1e3:.3f} ms a search")
-
 
 if __name__ == "__main__":
     main()

@@ -490,10 +490,13 @@ def test_the_search_cost_probe_hands_one_search_per_step_to_the_pool_beside_the_
     search = RealSearch(built["trace"], workers=1)
     try:
         rows = [(i, 2) for i in range(3)]
-        measured = engine_time_per_search(step, search, rows, pairs=2, steps=3)
+        measured = engine_time_per_search(step, search, rows, pairs=2, steps=3,
+                                          renew=lambda: calls.append("renew"))
     finally:
         search.close()
-    assert len(calls) == 1 + 3 + 2 * 2 * 3  # the first step, a block to time, the pairs
+    assert len(calls) == 1 + 3 + 2 * (1 + 2 * 3)  # the first step, a block, the pairs
+    # the workload set back before each pair, never inside a timed block
+    assert [k for k, c in enumerate(calls) if c == "renew"] == [4, 4 + 7]
     assert measured["searches"] == 2 * 3 and search.report.searches_run == 2 * 3
     assert search.report.begun_at_arrival == 2 * 3  # each by the front end, as in a run
     assert measured["alone_step_s"] >= 0.05 and measured["beside_step_s"] >= 0.05

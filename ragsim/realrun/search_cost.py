@@ -89,13 +89,15 @@ def cost_interval(alone_s: Sequence[float], beside_s: Sequence[float],
 
 
 def engine_time_per_search(step: Callable[[], object], search, requests: Sequence[tuple[int, int]],
-                           *, pairs: int = SEARCH_COST_PAIRS, steps: int = SEARCH_COST_STEPS
-                           ) -> dict:
+                           *, pairs: int = SEARCH_COST_PAIRS, steps: int = SEARCH_COST_STEPS,
+                           renew: Callable[[], object] | None = None) -> dict:
     """Time ``pairs`` pairs of blocks of ``steps`` calls of ``step`` (one engine step each, on
     the calling thread, which should be the engine's core: ``cores.EngineCore``), one block
     alone and one beside searches of ``requests`` (``(row, stages)`` on ``search``, a
     ``RealSearch``; cycled, each search begun afresh), handed over one per step by the
-    front-end thread.
+    front-end thread. ``renew``, where given, is called before each pair, untimed: a workload
+    that drifts as it runs (vLLM's decode rows grow a token a step: over 96 pairs from 256
+    tokens to 1,800) is set back to its shape, so that every pair times the same steps.
 
     Returns ``search_s`` (``cost_per_search``) with its 95% interval over the pairs
     (``search_s_low``, ``search_s_high``: ``cost_interval``), the searches it comes from, the
@@ -112,6 +114,8 @@ def engine_time_per_search(step: Callable[[], object], search, requests: Sequenc
     rows = [rows[k % len(rows)] for k in range(pairs * steps)]
     step_s = _block(step, steps) / steps
     for pair in range(pairs):
+        if renew is not None:
+            renew()
         mine = rows[pair * steps:(pair + 1) * steps]
         if pair % 2:
             beside_s, searched = _beside(step, steps, search, mine, step_s)
@@ -166,12 +170,13 @@ def _beside(step: Callable[[], object], steps: int, search, rows: list[tuple[int
     return took, overlapping
 
 
-def measure_search_cost(trace, workers: int, step: Callable[[], object], threads: int | None
-                        ) -> dict | None:
+def measure_search_cost(trace, workers: int, step: Callable[[], object], threads: int | None,
+                        renew: Callable[[], object] | None = None) -> dict | None:
     """``engine_time_per_search`` on the arrangement of a real run of ``trace``: the calling
     thread (the engine's) on a core of its own where the run keeps one (``EngineCore`` with
     ``threads``), ``workers`` search workers and the front end off it, the trace's own staged
-    searches. None where the trace has no real search (nothing for its runs to pay)."""
+    searches (``renew``: ``engine_time_per_search``'s). None where the trace has no real search
+    (nothing for its runs to pay)."""
     from ragsim.realrun.cores import EngineCore
     from ragsim.realrun.search import RealSearch, search_stages
 
@@ -181,7 +186,7 @@ def measure_search_cost(trace, workers: int, step: Callable[[], object], threads
     rows = [(i, search_stages(trace, i)) for i in range(trace.n_requests)]
     try:
         with EngineCore(threads) as core:
-            measured = engine_time_per_search(step, search, rows)
+            measured = engine_time_per_search(step, search, rows, renew=renew)
     finally:
         search.close()
     measured["engine_core"] = core.as_dict()

@@ -36,6 +36,7 @@ the steps (``serving.connector_costs``): a profile of vLLM times the engine with
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -115,34 +116,54 @@ def quiet_intake_s(run, prompts: list[list[int]]) -> float:
 
 def search_cost_beside(run, trace: Trace, workers: int) -> dict | None:
     """What a search beside ``run``'s busy engine costs it (``realrun/search_cost.py``), on
-    that engine after its run: ``SEARCH_COST_ROWS`` requests of ``SEARCH_COST_CONTEXT_TOKENS``
-    decoding, their steps the workload, the searches ``trace``'s (None: it has no real
-    search); the requests are aborted after."""
+    that engine after its run (``search_cost_on_engine``)."""
+    return search_cost_on_engine(run.llm, run.profile.model.vocab_size,
+                                 run.settings.max_model_len, trace, workers, run.settings.threads)
+
+
+def search_cost_on_engine(llm, vocab_size: int, max_model_len: int, trace: Trace, workers: int,
+                          threads: int | None) -> dict | None:
+    """What a search beside vLLM engine ``llm`` costs it (``realrun/search_cost.py``):
+    ``SEARCH_COST_ROWS`` requests of ``SEARCH_COST_CONTEXT_TOKENS`` decoding, their steps the
+    workload, begun afresh before each pair of blocks (the same prompts, their KV cached after
+    the first time) so that every pair times rows of about that context; the searches
+    ``trace``'s (None: it has no real search). The requests are aborted after."""
     from ragsim.realrun.search_cost import (
         SEARCH_COST_CONTEXT_TOKENS,
-        SEARCH_COST_PAIRS,
         SEARCH_COST_ROWS,
         SEARCH_COST_STEPS,
         measure_search_cost,
     )
     from ragsim.realrun.vllm.engine import greedy
 
-    llm = run.llm
-    steps = 2 * SEARCH_COST_PAIRS * SEARCH_COST_STEPS + SEARCH_COST_STEPS + 8
-    room = run.settings.max_model_len - SEARCH_COST_CONTEXT_TOKENS - 1
     rng = np.random.default_rng(0)
-    vocab = run.profile.model.vocab_size
-    keys = [f"search-cost-{k}" for k in range(SEARCH_COST_ROWS)]
-    for key in keys:
-        prompt = rng.integers(1, vocab, size=SEARCH_COST_CONTEXT_TOKENS).tolist()
-        llm.add_request(key, {"prompt_token_ids": prompt}, greedy(max(1, min(steps, room))))
-    try:
-        llm.step()  # their prompts: the probe times their decode steps
-        return measure_search_cost(trace, workers, llm.step, run.settings.threads)
-    finally:
-        llm.abort_request(keys)
+    prompts = [rng.integers(1, vocab_size, size=SEARCH_COST_CONTEXT_TOKENS).tolist()
+               for _ in range(SEARCH_COST_ROWS)]
+    # the first step, a block, then a pair's two blocks, with room to spare
+    tokens = max(1, min(3 * SEARCH_COST_STEPS + 8,
+                        max_model_len - SEARCH_COST_CONTEXT_TOKENS - 1))
+    keys: list[str] = []
+    renewals = itertools.count()
+
+    def stop() -> None:
+        if keys:
+            llm.abort_request(keys)
         while llm.has_unfinished_requests():
             llm.step()
+
+    def renew() -> None:
+        stop()
+        n = next(renewals)
+        keys[:] = [f"search-cost-{n}-{k}" for k in range(SEARCH_COST_ROWS)]
+        for key, prompt in zip(keys, prompts, strict=True):
+            llm.add_request(key, {"prompt_token_ids": prompt}, greedy(tokens))
+        llm.step()  # their prompts: the probe times their decode steps
+
+    renew()
+    try:
+        return measure_search_cost(trace, workers, llm.step, threads, renew=renew)
+    finally:
+        stop()
 
 
 def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
