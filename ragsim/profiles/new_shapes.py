@@ -188,6 +188,27 @@ class NewShapeCharge:
         return extra
 
 
+class StepSizesRun:
+    """The step token counts one kind of engine has run in this process, each once, the least
+    recently run first (a dict keeps insertion order; a count run again moves to the end): what
+    a process has paid a step's first-time price for stays paid, which a run records before
+    its clock starts (``engine_warm_step_tokens``; ``Profile.warmed``). One per engine kind:
+    the torch engine's (``torch_model``) and vLLM's (``realrun.vllm.shapes``)."""
+
+    def __init__(self) -> None:
+        self._order: dict[int, None] = {}
+
+    def note(self, tokens: int) -> None:
+        """A step of ``tokens`` tokens ran (nothing for an empty one)."""
+        if tokens > 0:
+            self._order.pop(tokens, None)
+            self._order[tokens] = None
+
+    def counts(self) -> tuple[int, ...]:
+        """Every count run so far, in the order of their last run."""
+        return tuple(self._order)
+
+
 def new_shapes_from_dict(data: object, *, source: str) -> NewShapes:
     where = "new_shapes"
     _check_model(data, where, NEW_SHAPES_MODEL, source)

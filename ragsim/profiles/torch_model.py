@@ -24,6 +24,7 @@ from typing import Any
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.decode_layout import decode_buffer_shape, grown_tokens
 from ragsim.profiles.models import ModelSpec
+from ragsim.profiles.new_shapes import StepSizesRun
 
 LayerKV = tuple[Any, Any]  # (keys, values), each [kv_heads, tokens, head_dim]
 
@@ -177,27 +178,21 @@ def cache_keyword(forward: Any) -> str:
 
 
 # every step token count a ``TorchModel`` of this process has run (a pass: its rows' new
-# tokens; a decode step: its rows, as the simulator counts a step), each once, the least
-# recently run first (a dict keeps insertion order; a count run again moves to the end). Why:
+# tokens; a decode step: its rows, as the simulator counts a step). Why:
 # what a step pays the first time (the memory it faults in above the process's largest step,
 # the kernels chosen for a new size: ``Profile.new_shapes``) stays paid for the process, and a
 # validation runs its points in one process after its own profile and probes. On run AA's
 # torch points (2026-12-06) every run's first prefill of 2,023 tokens ran at its grid price
 # (1.00x, median of fifteen) where the simulation, told nothing, charged it 1.09x for growth.
 # ``realrun.vllm.shapes`` keeps vLLM's engines' counts the same way.
-_STEP_TOKENS: dict[int, None] = {}
-
-
-def _note_step(tokens: int) -> None:
-    if tokens > 0:
-        _STEP_TOKENS.pop(tokens, None)
-        _STEP_TOKENS[tokens] = None
+_STEPS_RUN = StepSizesRun()
+_note_step = _STEPS_RUN.note
 
 
 def step_tokens_run() -> tuple[int, ...]:
     """Every step token count a ``TorchModel`` of this process has run so far, each once, in
     the order of their last run (the least recently run first)."""
-    return tuple(_STEP_TOKENS)
+    return _STEPS_RUN.counts()
 
 
 class TorchModel:

@@ -17,9 +17,10 @@ the bound (``NewShapes.built_capacity_counts``) tell which counts are still buil
 
 from __future__ import annotations
 
-# every count run, oldest last run first (a dict keeps insertion order; a count run again
-# moves to the end)
-_STEP_TOKENS: dict[int, None] = {}
+from ragsim.profiles.new_shapes import StepSizesRun
+
+# every count run, oldest last run first
+_STEPS_RUN = StepSizesRun()
 
 
 def watch_step_tokens(llm) -> bool:
@@ -34,9 +35,7 @@ def watch_step_tokens(llm) -> bool:
     def noted(*args, **kwargs):
         out = schedule(*args, **kwargs)
         tokens = int(getattr(out, "total_num_scheduled_tokens", 0) or 0)
-        if tokens > 0:
-            _STEP_TOKENS.pop(tokens, None)
-            _STEP_TOKENS[tokens] = None
+        _STEPS_RUN.note(tokens)
         return out
 
     scheduler.schedule = noted
@@ -46,7 +45,7 @@ def watch_step_tokens(llm) -> bool:
 def step_tokens_run() -> tuple[int, ...]:
     """Every step token count a watched engine of this process has run so far, each once, in
     the order of their last run (the least recently run first)."""
-    return tuple(_STEP_TOKENS)
+    return _STEPS_RUN.counts()
 
 
 __all__ = ["step_tokens_run", "watch_step_tokens"]
