@@ -11,6 +11,7 @@ from the replicas run one by one; a simulation compared with itself has no error
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -193,6 +194,14 @@ def test_validate_compares_the_ensemble_and_keeps_the_noise_free_run_beside_it(t
     assert all(row["single_ttft_mean_error"] == 0 for row in rows)
     joined = pd.read_parquet(tmp_path / "v" / "load-90" / "requests.parquet")
     assert (joined["ttft_s_sim"] != joined["ttft_s_real"]).any()
+    # the noise-free run is written beside the average: here it is the 'real' side itself
+    noise_free = pd.read_parquet(tmp_path / "v" / "load-90" / "sim-noise-free" /
+                                 "requests.parquet").set_index("request_id")
+    real = pd.read_parquet(tmp_path / "v" / "load-90" / "real" / "requests.parquet"
+                           ).set_index("request_id")
+    pd.testing.assert_series_equal(noise_free["ttft_s"], real["ttft_s"])
+    assert json.loads((tmp_path / "v" / "load-90" / "sim-noise-free" / "summary.json"
+                       ).read_text()).get("sim_replicas") in (None, 1)
     # the point's configuration is the noise-free run's: simulated again, it is that run
     from ragsim.serving.config import load_config_file
 

@@ -425,11 +425,14 @@ def _ensemble_spread(resolved, costs, replicas: int, note: Note, probes: dict
 
 
 def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
-                steps: list[list[dict] | None] | None = None) -> None:
+                steps: list[list[dict] | None] | None = None, noise_free=None) -> None:
     """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
     runs), each real run's steps against their prices where priced (``steps.parquet``), the
     joined per-request comparison (over repeated runs: their per-request average), the plots,
-    the configuration and ``validation.json``."""
+    the configuration and ``validation.json``. ``noise_free``: with ``--sim-replicas``, where
+    ``sim`` is the replicas' per-request average, the noise-free run beside it
+    (``sim-noise-free``): its times are steps' times, which an average's are not, so whoever
+    reads batches and step starts reads them there."""
     import pandas as pd
 
     from ragsim import validation as v
@@ -447,6 +450,9 @@ def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
                              lambda tmp, frame=frame: frame.to_parquet(tmp, index=False))
     save_run_result(folder / "sim", pd.DataFrame(sim.columns), sim.summary,
                     flag=label("out_dir"))
+    if noise_free is not None:
+        save_run_result(folder / "sim-noise-free", pd.DataFrame(noise_free.columns),
+                        noise_free.summary, flag=label("out_dir"))
     if len(reals) > 1:
         from ragsim.engine_spread import pooled_join
 
@@ -613,7 +619,8 @@ class ValidationSetup:
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             report["probes"] = self.probes
-            _write_pair(folder, reals, ensemble or sim, report, backend, steps)
+            _write_pair(folder, reals, ensemble or sim, report, backend, steps,
+                        noise_free=sim if ensemble is not None else None)
             return report
 
         config = self.config
