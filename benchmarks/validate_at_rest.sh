@@ -155,7 +155,7 @@ lines = ["| engine / system | load | rate (req/s) | engine busy, real / sim | TT
          "error (the draws' sigma, step-to-step correlation) | 95% interval over the real runs (runs, real mean's cv; this and the next "
          "three columns: the report's, the ensemble's with replicas) | "
          "hit agreement | cost model (steps' prices / outside steps) / decisions | "
-         "search error | "
+         "search error (the mean error at the search term's 95% ends) | "
          "iteration time pred/meas | machine speed | largest component | "
          "1% price error moves the mean by (* unstable) | "
          "steps measured / priced (the size missed most: its ratio) |", "|" + "---|" * 17]
@@ -201,6 +201,10 @@ for name in names:
         replicas = (f"{pct(row['ttft_mean_error'])} / {share(row['ttft_p90_abs_error'])} / "
                     f"{pct(row['throughput_error'])} (sigma {row['step_time_sigma']:.3f}, "
                     f"rho {row.get('step_time_correlation', 0.0):.2f})") if ensemble else "-"
+        term = report.get("search_term")
+        searched = "" if not term else (
+            " (" + " to ".join(pct((1 + head["ttft_mean_error"]) * term["ttft_mean_ratio"][end] - 1)
+                               for end in ("low", "high")) + ")")
         interval = ("-" if runs < 2 else
                     f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(
@@ -209,7 +213,7 @@ for name in names:
             f"{pct(head['throughput_error'])} | {replicas} | "
             f"{interval} | {row['hit_agreement']:.3f} | {pct(row['cost_model_error'])} "
             f"({pct(row.get('step_price_error'))} / {pct(row.get('outside_steps_error'))}) / "
-            f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])} | "
+            f"{pct(row['decision_error'])} | {pct(row['search_mean_error'])}{searched} | "
             f"{'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if speed is None else f'x{speed:.2f}'}{kinds} | "
             f"{row['dominant_component']} | {elasticity} | {steps} |")

@@ -496,6 +496,44 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
             "span": span, "unstable": span > UNSTABLE_SPAN or not ordered}
 
 
+def search_term_range(trace: Trace, config: SimConfig, profile: Profile, sim,
+                      search_cost: dict | None) -> dict | None:
+    """What the search term's own uncertainty does to the point: the simulation (``sim``, run
+    with ``profile`` and ``config``'s ``engine_loop_search_s``) rerun with that term at each
+    end of its probe's 95% interval (``realrun.search_cost.cost_interval``:
+    ``search_s_low``, ``search_s_high``). Why: the term is measured once a validation, on
+    block pairs whose spread puts +-22% on it (run AC, 96 pairs), and a loaded point's mean
+    answers it through the queue; a point's error means less by as much as this moves it.
+    ``ttft_mean_s`` and ``throughput_rps`` at the low end, as charged and at the high end;
+    ``ttft_mean_ratio`` and ``throughput_ratio``: each end's over as charged (multiply a
+    point's ``1 + error`` by them for the error at that end). None where the configuration
+    does not charge the probe's figure (set in a file, or no interval measured) or a run has
+    no finite positive mean TTFT."""
+    from ragsim.backends import runner
+
+    if not search_cost or "search_s_low" not in search_cost:
+        return None
+    charged = float(config.engine_loop_search_s)
+    if not math.isclose(charged, float(search_cost["search_s"]), rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    ends = {"low": float(search_cost["search_s_low"]), "high": float(search_cost["search_s_high"])}
+    runs = {end: runner("sim")(trace, config.replace(engine_loop_search_s=seconds), profile,
+                               None).summary for end, seconds in ends.items()}
+    summaries = {"low": runs["low"], "as_charged": sim.summary, "high": runs["high"]}
+    means = {end: summary.get("ttft_mean_s") for end, summary in summaries.items()}
+    if not all(isinstance(x, int | float) and math.isfinite(x) and x > 0
+               for x in means.values()):
+        return None
+    rates = {end: summary.get("throughput_rps") for end, summary in summaries.items()}
+    known = all(isinstance(x, int | float) and math.isfinite(x) and x > 0
+                for x in rates.values())
+    return {"search_s": charged, "search_s_low": ends["low"], "search_s_high": ends["high"],
+            "ttft_mean_s": means, "throughput_rps": rates,
+            "ttft_mean_ratio": {end: means[end] / means["as_charged"] for end in ends},
+            "throughput_ratio": ({end: rates[end] / rates["as_charged"] for end in ends}
+                                 if known else None)}
+
+
 def _errors(real_throughput_rps: float, sim, joined: pd.DataFrame, *, sequential: bool,
             overload: bool) -> dict:
     ttft_sim, ttft_real = joined["ttft_s_sim"].to_numpy(), joined["ttft_s_real"].to_numpy()
@@ -1078,10 +1116,23 @@ def load_row(report: dict) -> dict:
             "adjusted_throughput_error": (report.get("speed_adjusted") or {}).get(
                 "throughput_error"),
             "interrupted": bool(report.get("interrupted", False)),
+            # the mean error at each end of the search term's 95% interval (search_term_range)
+            **search_term_columns(report.get("search_term")),
             **repeat_columns(report.get("repeats")),
             **ensemble_columns(report.get("sim_ensemble")),
             **{f"{name}_passed": passed for name, passed in marks.items()},
             **miss_columns(report.get("diagnosis") or [])}
+
+
+def search_term_columns(term: dict | None) -> dict:
+    """A load row's search term's interval and the TTFT mean error at each end of it (NaN
+    where the term was not measured with an interval: ``search_term_range``)."""
+    if not term:
+        return {"search_s_low": math.nan, "search_s_high": math.nan,
+                "ttft_mean_error_search_low": math.nan, "ttft_mean_error_search_high": math.nan}
+    return {"search_s_low": term["search_s_low"], "search_s_high": term["search_s_high"],
+            "ttft_mean_error_search_low": term["ttft_mean_error"]["low"],
+            "ttft_mean_error_search_high": term["ttft_mean_error"]["high"]}
 
 
 def repeat_columns(repeats: dict | None) -> dict:

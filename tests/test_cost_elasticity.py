@@ -152,3 +152,65 @@ def test_the_reading_flags_means_out_of_the_prices_order():
     out_of_order = not means["cheaper"] <= means["as_priced"] <= means["dearer"]
     assert out_of_order, means  # the case this test is about
     assert loaded["unstable"] is True
+
+
+# ------------------------------------------------------------ the search term's interval
+def search_point(n_requests: int, **flags):
+    config = build_config({"trace": "mmlu", "system": "ragcache", "n_requests": n_requests,
+                           "profile": PROFILE, "search_s": SEARCH_S, "speculate": False,
+                           "host_cache_bytes": 0, "engine_loop_search_s": 0.002, **flags})
+    trace = resolve_trace(config.trace, seed=config.seed, n_requests=config.n_requests)
+    profile = load_profile(PROFILE)
+    return trace, config, profile, v.run_sim(trace, config, profile)
+
+
+PROBED = {"search_s": 0.002, "search_s_low": 0.001, "search_s_high": 0.003}
+
+
+def test_in_a_burst_every_request_but_the_first_pays_each_end_of_the_search_term():
+    """All requests at once with a fixed search: the first search ends alone and its request's
+    step begins on an idle engine; every later request's first chunk joins a step begun as the
+    one before ended, so it pays the term (``EngineLoop``). The last request ends (N - 1) x
+    (the term's change) later, so the makespan N / throughput moves by exactly that."""
+    n = 60
+    trace, config, profile, sim = search_point(n, arrival="poisson", rate_rps=1e6)
+    found = v.search_term_range(trace, config, profile, sim, PROBED)
+    makespan = {end: n / rate for end, rate in found["throughput_rps"].items()}
+    assert makespan["high"] - makespan["as_charged"] == pytest.approx((n - 1) * 0.001, rel=1e-6)
+    assert makespan["as_charged"] - makespan["low"] == pytest.approx((n - 1) * 0.001, rel=1e-6)
+    assert found["ttft_mean_s"]["low"] < found["ttft_mean_s"]["as_charged"] \
+        < found["ttft_mean_s"]["high"]
+    assert found["ttft_mean_ratio"]["high"] == pytest.approx(
+        found["ttft_mean_s"]["high"] / sim.summary["ttft_mean_s"])
+
+
+def test_one_request_at_a_time_searches_beside_an_idle_engine_and_the_term_moves_nothing():
+    trace, config, profile, sim = search_point(40, arrival="sequential")
+    found = v.search_term_range(trace, config, profile, sim, PROBED)
+    assert found["ttft_mean_ratio"] == {"low": 1.0, "high": 1.0}
+    assert found["throughput_ratio"] == {"low": 1.0, "high": 1.0}
+
+
+def test_no_range_where_the_simulation_does_not_charge_the_probes_figure():
+    trace, config, profile, sim = search_point(10, arrival="sequential")
+    assert v.search_term_range(trace, config, profile, sim, None) is None
+    assert v.search_term_range(trace, config, profile, sim, {"search_s": 0.002}) is None
+    # a configuration file set the term: the probe's interval is not this term's
+    assert v.search_term_range(trace, config, profile, sim, {**PROBED, "search_s": 0.005}) \
+        is None
+    assert math.isnan(v.search_term_columns(None)["ttft_mean_error_search_low"])
+
+
+def test_the_points_errors_at_the_terms_ends_by_hand():
+    from ragsim.api.validation import _search_term
+
+    found = {"search_s_low": 0.001, "search_s_high": 0.003,
+             "ttft_mean_ratio": {"low": 0.9, "high": 1.2},
+             "throughput_ratio": {"low": 1.01, "high": 0.98}}
+    term = _search_term(found, {"ttft_mean_error": 0.10, "throughput_error": -0.05})
+    # 1.10 x 0.9 = 0.99 and 1.10 x 1.2 = 1.32; 0.95 x 1.01 = 0.9595 and 0.95 x 0.98 = 0.931
+    assert term["ttft_mean_error"] == pytest.approx({"low": -0.01, "high": 0.32})
+    assert term["throughput_error"] == pytest.approx({"low": -0.0405, "high": -0.069})
+    columns = v.search_term_columns(term)
+    assert columns["ttft_mean_error_search_high"] == pytest.approx(0.32)
+    assert columns["search_s_low"] == 0.001

@@ -424,6 +424,20 @@ def _ensemble_spread(resolved, costs, replicas: int, note: Note, probes: dict
             float(correlation))
 
 
+def _search_term(found: dict | None, report: dict) -> dict | None:
+    """``validation.search_term_range`` with the point's own errors at each end of the search
+    term's interval (``ttft_mean_error``, ``throughput_error``: the report's, moved by each
+    end's ratio to the simulation as charged)."""
+    if found is None:
+        return None
+    errors = {"ttft_mean_error": {end: (1.0 + report["ttft_mean_error"]) * ratio - 1.0
+                                  for end, ratio in found["ttft_mean_ratio"].items()}}
+    if found["throughput_ratio"] is not None:
+        errors["throughput_error"] = {end: (1.0 + report["throughput_error"]) * ratio - 1.0
+                                      for end, ratio in found["throughput_ratio"].items()}
+    return {**found, **errors}
+
+
 def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
                 steps: list[list[dict] | None] | None = None, noise_free=None) -> None:
     """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
@@ -548,6 +562,15 @@ class ValidationSetup:
     # what validate measured before the runs for the simulation's configuration, as measured
     # (``search_handoff``, ``engine_loop``): in every point's report and in loads.json
     probes: dict = field(default_factory=dict)
+
+    def search_cost(self) -> dict | None:
+        """The search-cost probe's measurement (``realrun/search_cost.py``), whichever probe
+        took it: vLLM's engine loop or the torch run's search beside its engine."""
+        for name in ("engine_loop", "search_beside_engine"):
+            cost = (self.probes.get(name) or {}).get("search_cost")
+            if cost:
+                return cost
+        return None
     # simulations per point, averaged per request (``ragsim.sim_ensemble``; 1: the noise-free
     # run alone), each step's time drawn with this spread
     sim_replicas: int = 1
@@ -616,6 +639,8 @@ class ValidationSetup:
                                single=sim if ensemble is not None else None,
                                profile_misses=heldout_misses(costs.obtained,
                                                              biased_by=PROFILE_BIAS))
+            report["search_term"] = _search_term(
+                v.search_term_range(data, cfg, sim_costs, sim, self.search_cost()), report)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             report["probes"] = self.probes

@@ -245,6 +245,12 @@ def _print_report(r: dict) -> None:
         table.add_row("a 1% error of every step's price moves the mean by",
                       f"{elasticity['elasticity']:.1f}%",
                       "unstable" if elasticity.get("unstable") else "", "")
+    term = r.get("search_term")
+    if term is not None:
+        table.add_row(f"TTFT mean error at the search term's 95% ends "
+                      f"({term['search_s_low'] * 1e3:.2f}-{term['search_s_high'] * 1e3:.2f} ms)",
+                      f"{_pct(term['ttft_mean_error']['low'])} to "
+                      f"{_pct(term['ttft_mean_error']['high'])}", "", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
@@ -424,6 +430,16 @@ def _print_loads(combined: dict) -> None:
             + (" (unstable: x0.95 / x1.05 span over 2x or out of order)"
                if row.get("ttft_cost_unstable") else "") for row in answering),
             highlight=False)
+    searched = [row for row in combined["loads"]
+                if row.get("ttft_mean_error_search_low") == row.get("ttft_mean_error_search_low")
+                and row.get("ttft_mean_error_search_low") is not None]  # NaN: not measured
+    if searched:
+        out.print("TTFT mean error at the search term's 95% interval "
+                  f"({searched[0]['search_s_low'] * 1e3:.2f}-"
+                  f"{searched[0]['search_s_high'] * 1e3:.2f} ms a search): " + "; ".join(
+                      f"{row['load']} {_pct(row['ttft_mean_error_search_low'])} to "
+                      f"{_pct(row['ttft_mean_error_search_high'])}" for row in searched),
+                  highlight=False)
     for row in combined["loads"]:
         if row.get("miss_causes"):
             out.print(f"[red]missed[/] at {row['load']}: {row['miss_causes']}. [bold]next:[/] "
