@@ -253,7 +253,8 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     capsys.readouterr()
     monkeypatch.setenv("COLUMNS", "200")  # one row a line (the console reads it when printing)
     _print_report(report)  # as validate prints it without --json
-    assert "steps' prices / outside the steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "steps' prices / outside the steps" in printed
     ran = (out / "config.toml").read_text()
     assert 'search_latency = "trace"' in ran
     # the hand-off measured before the runs (said in a note without --json) and added once to
@@ -277,6 +278,14 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert cost["engine_core"]["core"] == report["real"]["engine_core"]["core"]
     assert beside["search_s"] == cost["search_s"] >= 0
     assert report["sim"]["config"]["engine_loop_search_s"] == beside["search_s"]
+    # the point's mean error at each end of that figure's interval (the simulation rerun)
+    term = report["search_term"]
+    assert (term["search_s_low"], term["search_s_high"]) == (cost["search_s_low"],
+                                                             cost["search_s_high"])
+    assert term["ttft_mean_s"]["as_charged"] == report["sim_ensemble"]["single_run"][
+        "ttft_mean_s"]
+    assert term["ttft_mean_s"]["low"] <= term["ttft_mean_s"]["high"]
+    assert "search term's 95% ends" in printed
     # the same probe runs' steps about their prices: the spread and correlation the
     # simulated replicas drew each step's time with (never the judged runs' steps)
     spread = report["probes"]["step_spread"]
