@@ -252,16 +252,19 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
     engine_threads = threads if threads is not None else (costs.obtained.get("threads") or None)
 
     results: list = []
+    engines: list = []
 
     def run(trace, config, profile):  # each on a fresh engine, as the validation's runs are
-        result = RealRun(trace, config, profile, device=device, threads=threads,
-                         model_seed=resolved.seed, speed_probes=False).run()
+        real = RealRun(trace, config, profile, device=device, threads=threads,
+                       model_seed=resolved.seed, speed_probes=False)
+        engines[:] = [real.model]  # the last run's, which the search-cost probe steps
+        result = real.run()
         results.append(result)
         return result
 
     probe = probes["search_beside_engine"] = search_beside_engine(
         wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run,
-        step=torch_decode_step(costs, device, engine_threads, resolved.seed),
+        engine_step=lambda: torch_decode_step(engines[-1], resolved.seed),
         threads=engine_threads)
     _measure_step_spread(results, costs, probes, note)
     whose = ("requests past the ones validated" if probe["held_aside"]

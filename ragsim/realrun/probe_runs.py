@@ -64,13 +64,14 @@ def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
 def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
                          capacity_rps: float,
                          run: Callable[[Trace, SimConfig, Profile], object],
-                         step: Callable[[], object] | None = None,
+                         engine_step: Callable[[], Callable[[], object]] | None = None,
                          threads: int | None = None) -> dict:
     """What a search beside a busy engine costs it in real runs of ``config`` (``run``: one
     real run on a fresh engine, returning its ``RunResult``), on the trace's requests past the
     ``served`` ones, at each of ``LOOP_PROBE_LOADS`` x ``capacity_rps``: the search threads'
-    interpreter time per search there (``interpreter_s``) and, given ``step`` (one step of
-    the engine's, on ``threads``), the engine's steps timed beside the trace's searches
+    interpreter time per search there (``interpreter_s``) and, given ``engine_step`` (called
+    after the runs: one step of the last run's engine, on ``threads``, as vLLM's probe steps
+    its run's engine after the run), the engine's steps timed beside the trace's searches
     (``search_cost``: ``realrun/search_cost.py``), which is ``search_s`` where measured (what
     ``EngineLoop.search_s`` charges), else the interpreter time. Also the searches and each
     run's own figure."""
@@ -86,25 +87,23 @@ def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, s
                      "search_interpreter_mean_s": search.get("interpreter_mean_s")})
     interpreter_s, searches = interpreter_per_search(summaries)
     search_cost = None
-    if step is not None and config.search_latency == "trace":
-        search_cost = measure_search_cost(probe, config.search_workers, step, threads)
+    if engine_step is not None and config.search_latency == "trace":
+        search_cost = measure_search_cost(probe, config.search_workers, engine_step(), threads)
     search_s = charged_search_s(interpreter_s, search_cost)
     return {"search_s": search_s, "searches": searches, "interpreter_s": interpreter_s,
             "search_cost": search_cost, "runs": runs, "requests": len(rows),
             "held_aside": held_aside}
 
 
-def torch_decode_step(profile: Profile, device: str, threads: int | None, seed: int
-                      ) -> Callable[[], None]:
-    """One decode step of the reference engine's model (``SEARCH_COST_ROWS`` rows of
-    ``SEARCH_COST_CONTEXT_TOKENS``, the workload vLLM's probe steps too), undone after so that
-    it can be run again: the torch engine's search-cost workload, on a model of its own."""
-    from ragsim.profiles.torch_model import Row, TorchModel
+def torch_decode_step(model, seed: int) -> Callable[[], None]:
+    """One decode step of the reference engine's ``model`` (a ``TorchModel``, a run's:
+    ``SEARCH_COST_ROWS`` rows of ``SEARCH_COST_CONTEXT_TOKENS``, the workload vLLM's probe
+    steps too), undone after so that it can be run again: the torch engine's search-cost
+    workload, on the engine that served the probe runs (its own rows, apart from any run's)."""
+    from ragsim.profiles.torch_model import Row
 
-    model = TorchModel.build(profile.model, device=device, dtype=profile.model.dtype,
-                             threads=threads, seed=seed)
     rng = np.random.default_rng(seed)
-    vocab = profile.model.vocab_size
+    vocab = model.spec.vocab_size
     state = model.prepare([Row(None, rng.integers(0, vocab, SEARCH_COST_CONTEXT_TOKENS), 0)
                            for _ in range(SEARCH_COST_ROWS)])
     model.forward(state)
