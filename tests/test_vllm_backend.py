@@ -515,6 +515,13 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(probed_text_
     # with the search threads' interpreter time beside
     assert loop["search_cost"]["searches"] > 0 and loop["interpreter_s"] > 0
     assert loop["search_s"] == loop["search_cost"]["search_s"]
+    # each point at both ends of that figure's 95% interval, in its report and its row
+    term = report["search_term"]
+    assert (term["search_s_low"], term["search_s_high"]) == (
+        loop["search_cost"]["search_s_low"], loop["search_cost"]["search_s_high"])
+    assert [row["ttft_mean_error_search_high"] for row in combined["loads"]] == [
+        json.loads((out / f"load-{load}" / "validation.json").read_text())["search_term"][
+            "ttft_mean_error"]["high"] for load in ("over", "50")]
     # the same probe runs' steps about their prices (what --sim-replicas would draw with)
     spread = combined["probes"]["step_spread"]
     assert 0 < spread["sigma"] < 1 and 0 <= spread["correlation"] <= 0.95
