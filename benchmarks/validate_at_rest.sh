@@ -204,7 +204,8 @@ for name in names:
         term = report.get("search_term")
         searched = "" if not term else (
             " (" + " to ".join(pct((1 + head["ttft_mean_error"]) * term["ttft_mean_ratio"][end] - 1)
-                               for end in ("low", "high")) + ")")
+                               for end in ("low", "high"))
+            + ("" if term.get("ordered", True) else ", out of order") + ")")
         interval = ("-" if runs < 2 else
                     f"{pct(low)} to {pct(high)} ({runs}, {row['real_ttft_mean_cv']:.0%})")
         lines.append(

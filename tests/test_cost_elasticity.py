@@ -180,6 +180,7 @@ def test_in_a_burst_every_request_but_the_first_pays_each_end_of_the_search_term
     assert makespan["as_charged"] - makespan["low"] == pytest.approx((n - 1) * 0.001, rel=1e-6)
     assert found["ttft_mean_s"]["low"] < found["ttft_mean_s"]["as_charged"] \
         < found["ttft_mean_s"]["high"]
+    assert found["ordered"] is True
     assert found["ttft_mean_ratio"]["high"] == pytest.approx(
         found["ttft_mean_s"]["high"] / sim.summary["ttft_mean_s"])
 
@@ -188,6 +189,7 @@ def test_one_request_at_a_time_searches_beside_an_idle_engine_and_the_term_moves
     trace, config, profile, sim = search_point(40, arrival="sequential")
     found = v.search_term_range(trace, config, profile, sim, PROBED)
     assert found["ttft_mean_ratio"] == {"low": 1.0, "high": 1.0}
+    assert found["ordered"] is True  # equal means are in order
     assert found["throughput_ratio"] == {"low": 1.0, "high": 1.0}
 
 
@@ -206,7 +208,7 @@ def test_the_points_errors_at_the_terms_ends_by_hand():
 
     found = {"search_s_low": 0.001, "search_s_high": 0.003,
              "ttft_mean_ratio": {"low": 0.9, "high": 1.2},
-             "throughput_ratio": {"low": 1.01, "high": 0.98}}
+             "throughput_ratio": {"low": 1.01, "high": 0.98}, "ordered": True}
     term = _search_term(found, {"ttft_mean_error": 0.10, "throughput_error": -0.05})
     # 1.10 x 0.9 = 0.99 and 1.10 x 1.2 = 1.32; 0.95 x 1.01 = 0.9595 and 0.95 x 0.98 = 0.931
     assert term["ttft_mean_error"] == pytest.approx({"low": -0.01, "high": 0.32})
@@ -214,3 +216,4 @@ def test_the_points_errors_at_the_terms_ends_by_hand():
     columns = v.search_term_columns(term)
     assert columns["ttft_mean_error_search_high"] == pytest.approx(0.32)
     assert columns["search_s_low"] == 0.001
+    assert columns["ttft_mean_search_ordered"] is True

@@ -250,7 +250,8 @@ def _print_report(r: dict) -> None:
         table.add_row(f"TTFT mean error at the search term's 95% ends "
                       f"({term['search_s_low'] * 1e3:.2f}-{term['search_s_high'] * 1e3:.2f} ms)",
                       f"{_pct(term['ttft_mean_error']['low'])} to "
-                      f"{_pct(term['ttft_mean_error']['high'])}", "", "")
+                      f"{_pct(term['ttft_mean_error']['high'])}",
+                      "" if term["ordered"] else "out of order", "")
     if r.get("iteration_time_ratio") is not None:
         table.add_row("iteration time, predicted / measured",
                       f"{r['iteration_time_ratio']:.3f}", "", "")
@@ -438,7 +439,10 @@ def _print_loads(combined: dict) -> None:
                   f"({searched[0]['search_s_low'] * 1e3:.2f}-"
                   f"{searched[0]['search_s_high'] * 1e3:.2f} ms a search): " + "; ".join(
                       f"{row['load']} {_pct(row['ttft_mean_error_search_low'])} to "
-                      f"{_pct(row['ttft_mean_error_search_high'])}" for row in searched),
+                      f"{_pct(row['ttft_mean_error_search_high'])}"
+                      + ("" if row.get("ttft_mean_search_ordered") is not False else
+                         " (out of order: the point's batches reshuffle)")
+                      for row in searched),
                   highlight=False)
     for row in combined["loads"]:
         if row.get("miss_causes"):
