@@ -565,15 +565,6 @@ class ValidationSetup:
     # what validate measured before the runs for the simulation's configuration, as measured
     # (``search_handoff``, ``engine_loop``): in every point's report and in loads.json
     probes: dict = field(default_factory=dict)
-
-    def search_cost(self) -> dict | None:
-        """The search-cost probe's measurement (``realrun/search_cost.py``), whichever probe
-        took it: vLLM's engine loop or the torch run's search beside its engine."""
-        for name in ("engine_loop", "search_beside_engine"):
-            cost = (self.probes.get(name) or {}).get("search_cost")
-            if cost:
-                return cost
-        return None
     # simulations per point, averaged per request (``ragsim.sim_ensemble``; 1: the noise-free
     # run alone), each step's time drawn with this spread
     sim_replicas: int = 1
@@ -584,6 +575,15 @@ class ValidationSetup:
         """Real runs of the point at ``load`` (None: the single point of a run without
         ``--loads``)."""
         return self.repeats.get(load, self.repeats.get(None, 1))
+
+    def search_cost(self) -> dict | None:
+        """The search-cost probe's measurement (``realrun/search_cost.py``), whichever probe
+        took it: vLLM's engine loop or the torch run's search beside its engine."""
+        for name in ("engine_loop", "search_beside_engine"):
+            cost = (self.probes.get(name) or {}).get("search_cost")
+            if cost:
+                return cost
+        return None
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
