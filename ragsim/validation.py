@@ -459,6 +459,12 @@ def speed_adjusted_sim(trace: Trace, config: SimConfig, profile: Profile, *reals
 ELASTICITY_PRICE_STEP = 0.05
 
 
+def all_positive(values) -> bool:
+    """Every one of a run's readings a finite positive number (a run with no request ended
+    reads None or NaN, and a ratio of it says nothing)."""
+    return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values)
+
+
 def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> dict | None:
     """How strongly the point's mean TTFT answers the cost model: the simulation (``sim``, run
     with ``profile``) rerun with every step's price x(1 -+ ``ELASTICITY_PRICE_STEP``)
@@ -482,7 +488,7 @@ def cost_elasticity(trace: Trace, config: SimConfig, profile: Profile, sim) -> d
     means = [runner("sim")(trace, config, profile.scaled_compute(factor), None
                            ).summary.get("ttft_mean_s") for factor in (1 - step, 1 + step)]
     values = [base, *means]
-    if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values):
+    if not all_positive(values):
         return None
     elasticity = (math.log(means[1]) - math.log(means[0])) / (math.log(1 + step)
                                                               - math.log(1 - step))
@@ -524,12 +530,10 @@ def search_term_range(trace: Trace, config: SimConfig, profile: Profile, sim,
                                None).summary for end, seconds in ends.items()}
     summaries = {"low": runs["low"], "as_charged": sim.summary, "high": runs["high"]}
     means = {end: summary.get("ttft_mean_s") for end, summary in summaries.items()}
-    if not all(isinstance(x, int | float) and math.isfinite(x) and x > 0
-               for x in means.values()):
+    if not all_positive(means.values()):
         return None
     rates = {end: summary.get("throughput_rps") for end, summary in summaries.items()}
-    known = all(isinstance(x, int | float) and math.isfinite(x) and x > 0
-                for x in rates.values())
+    known = all_positive(rates.values())
     return {"search_s": charged, "search_s_low": ends["low"], "search_s_high": ends["high"],
             "ttft_mean_s": means, "throughput_rps": rates,
             "ttft_mean_ratio": {end: means[end] / means["as_charged"] for end in ends},
