@@ -186,7 +186,6 @@ def cache_keyword(forward: Any) -> str:
 # (1.00x, median of fifteen) where the simulation, told nothing, charged it 1.09x for growth.
 # ``realrun.vllm.shapes`` keeps vLLM's engines' counts the same way.
 _STEPS_RUN = StepSizesRun()
-_note_step = _STEPS_RUN.note
 
 
 def step_tokens_run() -> tuple[int, ...]:
@@ -346,7 +345,7 @@ class TorchModel:
             raise RuntimeError(f"the model did not write into the cache passed as "
                                f"{self.cache_kw!r}: its forward takes the cache by another "
                                "name (cache_keyword)")
-        _note_step(sum(batch.new_lengths))
+        _STEPS_RUN.note(sum(batch.new_lengths))
         return out.logits[:, -1, :]
 
     def new_kv(self, batch: Batch) -> list[list[LayerKV]]:
@@ -378,7 +377,7 @@ class TorchModel:
                              position_ids=batch.next_positions, use_cache=True,
                              logits_to_keep=1, **{self.cache_kw: batch.cache})
         batch.next_positions = batch.next_positions + 1
-        _note_step(batch.rows)
+        _STEPS_RUN.note(batch.rows)
         return out.logits[:, -1, :]
 
     @staticmethod
