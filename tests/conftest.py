@@ -19,23 +19,27 @@ def mooncake_sample(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def quick_profile(tmp_path_factory) -> Path:
-    """A quick CPU profile of a scaled-down Mistral-7B, measured once per session by
-    ``ragsim profile`` (a few minutes on two cores): the profiler's tests check it, and the
-    real-engine validation runs on it (a profile measured on the machine that runs the engine,
-    minutes before). What ``ragsim profile`` printed is kept next to it."""
+def measure_quick_profile(out: Path) -> Path:
+    """``ragsim profile --quick`` of a scaled-down Mistral-7B on one CPU thread into ``out`` (a
+    few minutes on two cores); what it printed is kept next to it (``printed.txt``)."""
     from typer.testing import CliRunner
 
     from ragsim.cli import app
 
-    out = tmp_path_factory.mktemp("profile") / "cpu.json"
     result = CliRunner().invoke(app, ["profile", "--model", "mistral-7b", "--layers", "2",
                                       "--hidden", "256", "--device", "cpu", "--quick",
                                       "--threads", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     (out.parent / "printed.txt").write_text(result.output)
     return out
+
+
+@pytest.fixture(scope="session")
+def quick_profile(tmp_path_factory) -> Path:
+    """A quick CPU profile (``measure_quick_profile``), measured once per session: the
+    profiler's tests check it, and the real-engine validation runs on it (a profile measured on
+    the machine that runs the engine, minutes before)."""
+    return measure_quick_profile(tmp_path_factory.mktemp("profile") / "cpu.json")
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,16 @@ back in and dropped), with a profile measured minutes earlier in this session (`
 * **Raw TTFT errors within the targets plus a stated noise margin.** The targets are 10%
   (mean) and 25% (p90 of per-request |error|). The errors checked are the raw ones (the
   simulation priced by the profile as measured); the machine-speed probe is printed beside them
-  and only decides whether an attempt is measured again (a run during which the machine's speed
-  moved by more than 10%: at most ``ATTEMPTS``), never what passes. The margins
+  and only decides whether something is measured again, never what passes: a run during which
+  the machine's speed moved by more than 10% (at most ``ATTEMPTS`` runs), and a profile the
+  machine no longer runs at (steady, but more than ``STALE_PROFILE`` from it: the profile was
+  measured under a neighbour's load that has since gone, or the other way round), which is
+  measured afresh once and shared with the tests after it. CI's run of 2026-12-06 met one: the
+  session's profile measured some ten minutes before, vllm steady at x0.76-0.81 of it, raw mean
+  error +27.4%, iterations predicted 1.25x their time; at rest (2026-12-07 00:51) the three read
+  x0.90-0.94 and +2.6%, +5.9%, +6.4%; with the session's profile made stale by hand (its
+  compute priced 1.4x) sglang re-measured it and read +4.1%, and vllm after it, on the fresh
+  one, +6.4%. The margins
   (``MEAN_MARGIN``, ``P90_MARGIN``) were measured on this project's shared 2-core machine with
   other engineers' jobs running (2026-12-02 17:23-17:32 UTC, load average 2.4 rising to 5.6;
   the machine 1.3-1.7x slower than when the profile was measured minutes before, each system's
@@ -46,6 +54,9 @@ TARGET_P90_ABS_ERROR = 0.25
 MEAN_MARGIN = 0.15
 P90_MARGIN = 0.25
 ATTEMPTS = 3
+# the machine's steady speed against the profile beyond which the profile is measured again:
+# at rest the probe reads x0.90-0.94 (module docstring), a stale profile x0.76-0.81
+STALE_PROFILE = 0.15
 REQUESTS = 200
 
 
@@ -80,20 +91,45 @@ def validate_once(quick_profile, trace_dir, out, system) -> dict:
     return report
 
 
+@pytest.fixture(scope="module")
+def current_profile(quick_profile, tmp_path_factory) -> dict:
+    """The profile the validations run on: the session's, until one finds the machine no
+    longer runs at it and measures it afresh (``fresh``: how many times); the tests after it
+    start from the fresh one."""
+    return {"path": quick_profile, "fresh": 0, "factory": tmp_path_factory}
+
+
+def stale(speed: dict | None) -> bool:
+    return bool(speed and speed["steady"] and abs(speed["factor"] - 1) > STALE_PROFILE)
+
+
+@pytest.mark.timeout(1500)  # the session's profile, a fresh one and up to three runs
 @pytest.mark.parametrize("system", ["ragcache", "sglang", "vllm"])
-def test_sequential_validation_on_this_cpu(quick_profile, trace_dir, tmp_path, system):
+def test_sequential_validation_on_this_cpu(current_profile, trace_dir, tmp_path, system):
+    from conftest import measure_quick_profile
+
+    remeasured = False
     for attempt in range(ATTEMPTS):
-        report = validate_once(quick_profile, trace_dir, tmp_path / f"try{attempt}", system)
+        report = validate_once(current_profile["path"], trace_dir, tmp_path / f"try{attempt}",
+                               system)
         assert report["requests"] == REQUESTS and report["requests_dropped"] == 0
         assert report["backend"] == "torch" and report["real"]["backend"] == "torch"
         assert report["hit_agreement"] == 1.0  # every attempt: decisions never depend on time
-        if report["machine_speed"]["steady"]:
+        speed = report["machine_speed"]
+        if stale(speed) and not remeasured and attempt + 1 < ATTEMPTS:
+            remeasured = True
+            current_profile["fresh"] += 1
+            current_profile["path"] = measure_quick_profile(
+                current_profile["factory"].mktemp("fresh_profile") / "cpu.json")
+            continue
+        if speed["steady"]:
             break
     if system != "vllm":  # vllm: no cache; the others must have reused and moved KV
         assert report["real"]["token_hit_rate"] > 0
         moves = report["real"]["engine_moves"]
         assert moves.get("swap_out", 0) > 0 and moves.get("swap_in", 0) > 0
-    said = {"attempts": attempt + 1, "machine_speed": report["machine_speed"],
+    said = {"attempts": attempt + 1, "profile_remeasured": remeasured,
+            "machine_speed": report["machine_speed"],
             "raw": (report["ttft_mean_error"], report["ttft_p90_abs_error"]),
             "iteration_time_ratio": report["iteration_time_ratio"]}
     print(f"{system}: raw TTFT mean error {report['ttft_mean_error']:+.1%}, p90 |error| "
