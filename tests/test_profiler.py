@@ -19,6 +19,7 @@ from ragsim.profiles.models import BUILTIN_MODELS, scaled_down
 from ragsim.profiles.profile import BatchedPrefill, load_profile
 from ragsim.profiles.profiler import (
     AFTER_NEW_PHASE,
+    BATCH_COPY_PHASE,
     DECODE_ROUNDS,
     FIRST_DECODE_PHASE,
     GROWTH_PHASE,
@@ -290,7 +291,8 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path):
 class _Recorded:
     """The torch engine, each timed call written into ``log`` as it starts."""
 
-    TIMED = ("decode", "copy", "sample", "sweeps", "blend_selection", "first_decode")
+    TIMED = ("decode", "copy", "sample", "sweeps", "blend_selection", "first_decode",
+             "batch_copy")
 
     def __init__(self, engine, log: list) -> None:
         self._engine, self._log = engine, log
@@ -321,6 +323,7 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     run_profile(spec, name="t", device="cpu", dtype="fp32", plan=plan, out=tmp_path / "p.json",
                 engine=engine, progress=lambda *report: log.append(("report", *report)))
     phase_of = {"decode": ("decode",), "first_decode": (FIRST_DECODE_PHASE,),
+                "batch_copy": (BATCH_COPY_PHASE,),
                 "copy": ("transfers",),
                 "sample": ("step overhead",), "sweeps": ("prefill grid, batches, held-out "
                                                          "points", NEW_SHAPES_PHASE,
@@ -338,7 +341,8 @@ def test_every_phase_is_reported_before_its_work(tmp_path):
     assert list(dict.fromkeys(reported)) == [
         "decode", "transfers", "step overhead",
         "prefill grid, batches, held-out points", NEW_SHAPES_PHASE, AFTER_NEW_PHASE,
-        IDLE_PHASE, FIRST_DECODE_PHASE, GROWTH_PHASE, "blend selection pass"]
+        IDLE_PHASE, FIRST_DECODE_PHASE, BATCH_COPY_PHASE, GROWTH_PHASE,
+        "blend selection pass"]
     finals = {phase: (done, total) for _, phase, done, total in
               (e for e in log if e[0] == "report")}
     assert all(done == total for done, total in finals.values())  # each ended at its total

@@ -247,7 +247,7 @@ def profiles_show(name: str,
             out.print(table)
     out.print(p.batched_prefill.describe(), highlight=False)
     for term in (p.mixed_steps, p.step_overhead, p.new_shapes, p.idle_start,
-                 p.decode_after_prompt):
+                 p.decode_after_prompt, p.batch_copy):
         if term is not None:
             out.print(term.describe(), highlight=False)
     for line in iteration_ratio_lines(p.obtained.get("validation", {})):

@@ -50,6 +50,7 @@ from typing import NamedTuple
 
 from ragsim.atomic import write_text_atomically
 from ragsim.errors import ProfileError
+from ragsim.profiles.batch_copy import BatchCopy, batch_copy_from_dict
 from ragsim.profiles.decode_after_prompt import (
     DecodeAfterPrompt,
     decode_after_prompt_from_dict,
@@ -81,7 +82,7 @@ _TOP_KEYS = ("format", "version", "name", "hardware", "model", "dtype", "tensor_
 # optional: measured mixed prefill+decode steps and the per-step overhead outside the timed
 # passes (ragsim.profiles.steps; None: mixed steps priced additively, no overhead term)
 _OPTIONAL_KEYS = ("blend_selection_s_per_token", "mixed_steps", "step_overhead", "new_shapes",
-                  "idle_start", "decode_padding", "decode_after_prompt")
+                  "idle_start", "decode_padding", "decode_after_prompt", "batch_copy")
 
 
 # the most rows of the batches the per-request term is fitted on (the profiler's random
@@ -449,6 +450,8 @@ class Profile:
     # over its own context (a paged engine; the step priced at the rows' mean), or
     # "common_end", one batch padded to a common end (the torch engine; priced there)
     decode_padding: str = "none"
+    # what a change of that padded batch costs to write (``batch_copy.py``; None: not measured)
+    batch_copy: BatchCopy | None = None
 
     # -- the questions a simulator asks ----------------------------------------------------
     def prefill_s(self, cached_tokens: float, new_tokens: float) -> float:
@@ -479,6 +482,11 @@ class Profile:
         its price (``idle_start``: a cold start; ``inf``: no step before it); 0 for a profile
         without the term."""
         return 0.0 if self.idle_start is None else self.idle_start.seconds(idle_s)
+
+    def batch_copy_s(self, row_tokens: float) -> float:
+        """What a decode step that changes its padded batch pays to write ``row_tokens`` of
+        it (``batch_copy``), before its forward pass; 0 for a profile without the term."""
+        return 0.0 if self.batch_copy is None else self.batch_copy.seconds(row_tokens)
 
     def step_overhead_s(self, rows: int) -> float:
         """What a step of ``rows`` rows spends outside its timed pass (sampling, handing each
@@ -617,6 +625,7 @@ class Profile:
                else {"decode_after_prompt": self.decode_after_prompt.to_dict()}),
             **({} if self.decode_padding == "none"
                else {"decode_padding": self.decode_padding}),
+            **({} if self.batch_copy is None else {"batch_copy": self.batch_copy.to_dict()}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -691,6 +700,8 @@ class Profile:
                 None if data.get("decode_after_prompt") is None
                 else decode_after_prompt_from_dict(data["decode_after_prompt"], source=source)),
             decode_padding=_decode_padding(data, source),
+            batch_copy=(None if data.get("batch_copy") is None
+                        else batch_copy_from_dict(data["batch_copy"], source=source)),
         )
 
 

@@ -48,6 +48,7 @@ from ragsim.atomic import write_text_atomically
 from ragsim.errors import RagsimInputError
 from ragsim.profiles.after_new_shapes import fit_after_new_shapes
 from ragsim.profiles.allocator import memory_allocator
+from ragsim.profiles.batch_copy import fit_batch_copy
 from ragsim.profiles.decode_after_prompt import (
     DECODE_POSITIONS,
     DECODE_SETTLE_STEPS,
@@ -285,6 +286,9 @@ class ProfilerState:
     # CacheBlend's selection pass per reused token (TorchEngine.blend_selection; None: not
     # measured, or not measurable on this engine)
     blend_selection_s_per_token: float | None = None
+    # the engine's padded decode batch built from joiners: [rows, tokens, seconds] each (None:
+    # not measured yet; []: the engine keeps no padded batch)
+    batch_copy: list[list[float]] | None = None
 
 
 class TorchEngine:
@@ -428,7 +432,8 @@ class TorchEngine:
         runs a batch after its requests' prefill: ``rows`` prompts of ``context`` tokens
         prefilled (untimed), then ``FIRST_DECODE_STEPS`` decode steps timed one by one. The
         first builds the padded batch from the prompts' KV (``joiners_decode_cache``, the
-        engine's own rebuild) and runs the forward path on it; the next ones are the decode
+        engine's own rebuild), untimed: the profile prices that write apart (``batch_copy``,
+        timed by ``batch_copy``), and runs the forward path on it; the next ones are the decode
         path, as the grid's cells time it; each hands its tokens back (``greedy``), as the
         engine does. ``steady_s`` is the median of the ``STEADY_FROM``-th on, ``t_k`` the k-th
         step (``decode_after_prompt.py``)."""
@@ -439,9 +444,9 @@ class TorchEngine:
             ids = model.greedy(prefilled.logits)
             lengths = [context] * rows
             times = []
+            cache, _, end = joiners_decode_cache(model, prefilled.new_kv, lengths)
             self._sync()
             start = time.perf_counter()
-            cache, _, end = joiners_decode_cache(model, prefilled.new_kv, lengths)
             batch = decode_step_batch(model, cache, lengths, end, ids)
             ids = model.greedy(model.forward(batch))
             self._sync()
@@ -453,6 +458,27 @@ class TorchEngine:
                 times.append(time.perf_counter() - start)
             del prefilled, batch, cache
             out.append(positions_row(rows, context, times))
+        return out
+
+    def batch_copy(self, rows: int, tokens: int, repeats: int) -> list[list[float]]:
+        """``[rows, tokens, seconds]`` per repeat (after one untimed): the engine's padded
+        decode batch built from ``rows`` joiners of ``tokens`` tokens each
+        (``joiners_decode_cache``, as the engine's rebuild calls it), the write a changed
+        batch pays before its forward pass (``batch_copy.py``). The joiners share one prompt's
+        KV: the write reads each row's own, so where it comes from does not matter."""
+        model = self.model
+        kv = model.prefill([Row(None, self._tokens(tokens), 0)]).new_kv[0]
+        kvs, lengths = [kv] * rows, [tokens] * rows
+        out = []
+        for i in range(repeats + 1):
+            self._sync()
+            start = time.perf_counter()
+            built = joiners_decode_cache(model, kvs, lengths)
+            self._sync()
+            seconds = time.perf_counter() - start
+            del built
+            if i:
+                out.append([float(rows), float(tokens), seconds])
         return out
 
     def sample(self, rows: int, warmup: int, repetitions: int) -> Measurement:
@@ -734,6 +760,20 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
                 save()
             report(FIRST_DECODE_PHASE, i + 1, len(first_cells))
 
+    # the write a changed padded decode batch pays (the torch engine's; none for a paged one)
+    time_batch_copy = getattr(engine, "batch_copy", None)
+    copy_cells = batch_copy_cells(plan, spec.kv_bytes_per_token, kv_capacity_bytes) \
+        if time_batch_copy is not None else []
+    _starting(report, BATCH_COPY_PHASE, len(copy_cells))
+    if state.batch_copy is None:
+        state.batch_copy = []
+    done = {(int(row[0]), int(row[1])) for row in state.batch_copy}
+    for i, (rows, tokens) in enumerate(copy_cells):
+        if (rows, tokens) not in done:
+            state.batch_copy += time_batch_copy(rows, tokens, BATCH_COPY_REPEATS)
+            save()
+        report(BATCH_COPY_PHASE, i + 1, len(copy_cells))
+
     # the last phase that steps an engine of vLLM's: the twin it builds, once freed, takes
     # the process's distributed state down with it, and the profile's engine cannot step after
     _starting(report, GROWTH_PHASE, 1)
@@ -904,6 +944,23 @@ def _engine_growth(engine: TimingEngine, plan: ProfilePlan) -> list[list[float]]
         again = twin.sweeps([([0] * rows, new)], 0, GROWTH_AGAIN).passes[0].median_s
         rows_out.append([float(tokens), first, again])
     return rows_out  # the twin goes with this frame
+
+
+BATCH_COPY_PHASE = "a changed decode batch's write"
+BATCH_COPY_ROWS = (1, 4, 16, 64)  # the joiners' counts, up to the plan's largest decode batch
+BATCH_COPY_REPEATS = 3
+
+
+def batch_copy_cells(plan: ProfilePlan, kv_bytes_per_token: int, kv_capacity_bytes: int
+                     ) -> list[tuple[int, int]]:
+    """(rows, tokens) the engine's batch write is timed at: ``BATCH_COPY_ROWS`` up to the
+    plan's largest decode batch, by each of its decode contexts, where the joiners' KV and the
+    batch both fit in half the memory (from 1 row to thousands of times more row-tokens: the
+    term is a latency and a rate, ``batch_copy.py``)."""
+    most = max(plan.batch_sizes)
+    rows = sorted({r for r in BATCH_COPY_ROWS if r <= most} | {most})
+    return [(r, int(t)) for r in rows for t in plan.context_tokens
+            if 2 * (r + 1) * int(t) * kv_bytes_per_token <= kv_capacity_bytes // 2]
 
 
 IDLE_PHASE = "a step after the engine sat idle"
@@ -1291,6 +1348,7 @@ def _assemble(spec: ModelSpec, name: str, device: str, dtype: str, plan: Profile
                             device_to_host_bytes_per_s=copies["d2h"][1],
                             device_to_host_latency_s=copies["d2h"][0]),
         blend_selection_s_per_token=state.blend_selection_s_per_token,
+        batch_copy=fit_batch_copy(state.batch_copy) if state.batch_copy else None,
     ), plan, state, threads)
 
 

@@ -214,6 +214,7 @@ class TorchIterations:
         self._decode_order: list[Job] = []  # rows of the decode batch
         self._decode_batch = None
         self._row_storage: list | None = None  # per layer [keys, values]: the batch's rows
+        self._written_row_tokens = 0  # the last rebuild's or reshape's rows x tokens written
         # where the batch's rows end and when it is rebuilt: the rule the simulator prices
         # the same steps by (``profiles.decode_layout``, a profile's decode_padding)
         self.layout = PaddedDecodeBatch()
@@ -504,6 +505,7 @@ class TorchIterations:
             self._running[job].kv = None  # its KV lives in the batch from now on
         self._row_storage = storage
         self.times.decode_rebuilds += 1
+        self._written_row_tokens = len(order) * longest  # every row, to the common end
         return self._new_decode_batch(cache, order, longest)
 
     def _kept_and_joined(self, old: Batch, old_order: list[Job], old_storage: list | None,
@@ -568,6 +570,7 @@ class TorchIterations:
                 f"rows) does not match the batch's buffers (end {end}, "
                 f"{storage[0][0].shape[0]} rows) for {len(members)} rows")
         rows = list(order)
+        moved = 0
         for row in sorted((r for r, j in enumerate(order) if j not in members), reverse=True):
             last = len(rows) - 1
             if row != last:  # the last row moves into the hole
@@ -575,6 +578,7 @@ class TorchIterations:
                     for buffer in pair:
                         buffer[row, :, :end].copy_(buffer[last, :, :end])
                 rows[row] = rows[last]
+                moved += 1
             rows.pop()
         for job in joined:
             row, length = len(rows), self._running[job].tokens
@@ -588,6 +592,7 @@ class TorchIterations:
         for layer, (keys, values) in enumerate(storage):
             cache.layers[layer].adopt(keys[:n], values[:n], end)
         self.times.decode_reshapes += 1
+        self._written_row_tokens = (moved + len(joined)) * end  # rows moved, rows joined
         return self._new_decode_batch(cache, rows, end)
 
     def _new_decode_batch(self, cache: Any, order: list[Job], end: int
@@ -612,7 +617,22 @@ class TorchIterations:
         else:
             rebuild_started = perf_counter()
             batch, order = self._rebuild(jobs) if rebuild else self._reshape(jobs)
-            self.times.decode_rebuild_s += perf_counter() - rebuild_started
+            self.model.sync()
+            copy_s = perf_counter() - rebuild_started
+            self.times.decode_rebuild_s += copy_s
+            # what the step spent laying out its batch, apart from its forward pass (the
+            # profile's ``batch_copy`` prices it; a run's ``steps.parquet`` keeps
+            # ``batch_change``, ``batch_copy_s`` and ``batch_row_tokens`` to check it by)
+            self.decisions[-1].update(batch_change="rebuild" if rebuild else "reshape",
+                                      batch_copy_s=copy_s,
+                                      batch_row_tokens=self._written_row_tokens)
+            # the simulator prices the rows its layout says: a rebuild's exactly these, a
+            # change in place's at most one moved row per leaver more (it knows no row order)
+            said, wrote = self.layout.written_row_tokens, self._written_row_tokens
+            if said != wrote if rebuild else said < wrote:
+                raise RuntimeError(f"the decode batch wrote {wrote} "
+                                   f"row-tokens, its layout says {said}: the layout's rule is "
+                                   "not the engine's (a bug, never data)")
             logits = self.model.forward(batch)
         self.layout.advance()
         # the step computed every row over the batch's common end, as its cache holds it

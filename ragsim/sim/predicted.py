@@ -9,7 +9,9 @@ Host hits are copied host->GPU at the profile's measured bandwidth, before the p
 begins after the engine sat idle pays the profile's cold start for the pause
 (``profile.idle_start``; the first step of a run, with no step before it, the longest pause's).
 A decode step after a step with prompts pays the profile's ``decode_after_prompt`` extra for
-its position after it and that step's size (a batch's first steps after a join).
+its position after it and that step's size (a batch's first steps after a join). A decode step
+that changes a padded batch first writes its rows (``profile.batch_copy``: the rows x tokens the
+layout's rule says it writes).
 After a GPU failure the engine restarts (``gpu_recovery_s``) and copies the system prompt back.
 The engine's serving loop (``EngineLoop``: a configuration's ``engine_loop_step_s``,
 ``engine_loop_request_s`` and ``engine_loop_search_s``) adds its time to the steps: each step
@@ -191,11 +193,13 @@ class PredictedIterations:
         return self.layout.end_tokens
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        context = mean_context_tokens
+        context, written = mean_context_tokens, 0
         if self.layout is not None:
             context = self._padded_context(jobs)
+            written = self.layout.written_row_tokens  # a changed batch's rows, written first
             self.layout.advance()
         duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
+        duration += self.profile.batch_copy_s(written)
         duration += self._cold_start_s() + self._loop_s() + self.after_prompt.charge(None)
         if self.noise is not None:
             duration *= self.noise.factor()
@@ -215,8 +219,10 @@ class PredictedIterations:
         first step's end plus i tokens, which the grid prices as a batch whose contexts sum to
         ``batch_size`` times that end (exact: integers)."""
         profile = self.profile
+        written = 0
         if self.layout is not None:
             context_sum_tokens = batch_size * self._padded_context(jobs)
+            written = self.layout.written_row_tokens
         grid = profile.decode
         counted = grid.extrapolated_queries
         durations = grid.at_steps(batch_size, context_sum_tokens, steps)
@@ -227,6 +233,7 @@ class PredictedIterations:
             # pay a cold start, and each its position after the last prompt step (recorded
             # when the run ends)
             durations[0] += self.new_shape(batch_size) + self._cold_start_s() + self._loop_s()
+            durations[0] += profile.batch_copy_s(written)  # a changed batch: its first step
             durations = [d + extra for d, extra in
                          zip(durations, self.after_prompt.due(steps), strict=True)]
             if self.loop is not None and self.loop.step_s:  # each later step follows one
