@@ -75,7 +75,8 @@ def priced_s(decision: dict, profile: Profile, overlap_swap: bool = False,
                                                 decision.get("padded_context_tokens"))
         # the rows a changed padded batch wrote, as the engine counted them (``batch_copy``)
         return decode_step_s(profile, decision["size"], context, new_shape) + extra \
-            + profile.batch_copy_s(decision.get("batch_row_tokens") or 0)
+            + profile.batch_copy_s(decision.get("batch_rows") or 0,
+                                   decision.get("batch_row_tokens") or 0)
     jobs = decision["jobs"]
     if decision["kind"] == "mixed":  # as ``PredictedIterations.mixed``
         compute = mixed_step_s(profile, [j[2] for j in jobs], [j[3] for j in jobs],
@@ -262,9 +263,10 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             "cold_start_s": cold,
             "after_prompts": position == 1, "decodes_after_prompts": position,
             # a torch decode step that changed its padded batch: how, the time it took apart
-            # from the forward pass, and the rows x tokens it wrote (``TorchIterations``)
+            # from the forward pass, and the rows and row-tokens it wrote (``TorchIterations``)
             "batch_change": decision.get("batch_change"),
             "batch_copy_s": decision.get("batch_copy_s"),
+            "batch_rows": decision.get("batch_rows"),
             "batch_row_tokens": decision.get("batch_row_tokens")})
         last_end = decision["end_s"]
     return rows

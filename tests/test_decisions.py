@@ -177,7 +177,7 @@ def test_each_step_is_one_row_with_its_shape_and_price():
     them, the measured time and the price with the cold start of the idle time before it."""
     steps = [{"kind": "decode", "start_s": 0.0, "end_s": 0.05, "size": 3, "context_tokens": 9,
               "padded_context_tokens": 12, "jobs": [], "batch_change": "rebuild",
-              "batch_copy_s": 0.004, "batch_row_tokens": 36},
+              "batch_copy_s": 0.004, "batch_rows": 3, "batch_row_tokens": 36},
              {"kind": "prefill", "start_s": 1.0, "end_s": 1.2, "size": None,
               "jobs": [(1, 0, 0, 100, 0), (2, 1, 50, 200, 4096)]},
              {"kind": "mixed", "start_s": 2.0, "end_s": 2.5, "size": 2,
@@ -193,8 +193,9 @@ def test_each_step_is_one_row_with_its_shape_and_price():
     assert [r["step_tokens"] for r in rows] == [3, 300, 5002]
     assert [r["swap_in_bytes"] for r in rows] == [0, 4096, 0]
     assert [r["padded_context_tokens"] for r in rows] == [12, None, None]
-    assert [(r["batch_change"], r["batch_copy_s"], r["batch_row_tokens"]) for r in rows] == [
-        ("rebuild", 0.004, 36), (None, None, None), (None, None, None)]
+    assert [(r["batch_change"], r["batch_copy_s"], r["batch_rows"], r["batch_row_tokens"])
+            for r in rows] == [("rebuild", 0.004, 3, 36), (None, None, None, None),
+                               (None, None, None, None)]
     assert [r["measured_s"] for r in rows] == pytest.approx([0.05, 0.2, 0.5])
     # idle before each: none before the first, then 0.95 and 0.8 s
     assert [r["cold_start_s"] for r in rows] == pytest.approx([0.03, 0.0095, 0.008])

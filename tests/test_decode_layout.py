@@ -118,8 +118,8 @@ def test_a_short_request_decodes_at_the_end_a_long_one_left():
     assert [d["padded_context_tokens"] for d in decodes] == [95, 96]
     # what each step wrote into its batch (KV frame: the prompts' 94 and 58 tokens): the
     # first built both rows to 94; the second moved the short row into the long one's, to 95
-    assert [(d.get("batch_change"), d.get("batch_row_tokens")) for d in decodes] == [
-        ("rebuild", 2 * 94), ("reshape", 1 * 95)]
+    assert [(d.get("batch_change"), d.get("batch_rows"), d.get("batch_row_tokens"))
+            for d in decodes] == [("rebuild", 2, 2 * 94), ("reshape", 1, 1 * 95)]
     assert all(0 < d["batch_copy_s"] < d["end_s"] - d["start_s"] for d in decodes)
 
 
@@ -130,8 +130,8 @@ def test_a_batch_that_emptied_is_rebuilt_around_its_joiner():
     assert [d["context_tokens"] for d in decodes] == [95, 59, 60]
     assert [d["padded_context_tokens"] for d in decodes] == [95, 59, 60]
     # each first step builds its own row; the short one's second step changes nothing
-    assert [(d.get("batch_change"), d.get("batch_row_tokens")) for d in decodes] == [
-        ("rebuild", 94), ("rebuild", 58), (None, None)]
+    assert [(d.get("batch_change"), d.get("batch_rows"), d.get("batch_row_tokens"))
+            for d in decodes] == [("rebuild", 1, 94), ("rebuild", 1, 58), (None, None, None)]
     assert "batch_copy_s" not in decodes[2]
 
 

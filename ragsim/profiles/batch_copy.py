@@ -11,10 +11,14 @@ one row and 1.55x at ~190 rows, and without their writes 1.00x and 0.77x. At ove
 took 5.0 s of the 6.5 s its decode steps ran, against 1.85 s priced; a write cost about 0.8 ms
 for a row and 230-260 ns a row-token (2 KiB) from a few thousand row-tokens up.
 
-``BatchCopy`` is that cost, ``latency_s + row_tokens * s_per_row_token``, fitted by least
-squares (both terms >= 0, weighted by 1/time so that small and large writes count alike) to
-the engine's own rebuild (``torch_model.joiners_decode_cache``) timed by the profiler at a few
-rows x tokens (``TorchEngine.batch_copy``). The simulator follows the batch by the engine's
+``BatchCopy`` is that cost, ``latency_s + rows * s_per_row + row_tokens * s_per_row_token``,
+fitted by least squares (every term >= 0, weighted by 1/time so that small and large writes
+count alike) to the engine's own rebuild (``torch_model.joiners_decode_cache``) timed by the
+profiler at a few rows x tokens (``TorchEngine.batch_copy``). A row costs apart from its tokens
+(the write loops over rows and layers): the profiler's first timings of it (2026-12-07, the
+same model) put 64 rows of 128 tokens at 4.1-4.3 ms and 4 rows of 2,048 (as many row-tokens)
+at 1.7-2.5 ms; fitted on row-tokens alone their median error was 18% (at most 59%), with a
+term per row 9% (at most 34%). The simulator follows the batch by the engine's
 rule (``PaddedDecodeBatch.written_row_tokens``) and charges it to every decode step that
 changes the batch; the replay of a real run charges the rows the engine recorded writing
 (``batch_row_tokens``). A paged engine (vLLM) writes no batch: its profiles have no term.
@@ -29,28 +33,32 @@ import numpy as np
 
 from ragsim.errors import ProfileError
 
-BATCH_COPY_MODEL = "latency_plus_row_tokens_written"
+BATCH_COPY_MODEL = "latency_plus_rows_and_row_tokens_written"
 
 
 @dataclass(frozen=True)
 class BatchCopy:
     latency_s: float
+    s_per_row: float
     s_per_row_token: float
     fit: dict = field(default_factory=dict)  # what it was fitted to: the timings, the errors
 
-    def seconds(self, row_tokens: float) -> float:
-        """A change of the batch that writes ``row_tokens`` (rows x tokens each); 0 for none."""
-        if row_tokens <= 0:
+    def seconds(self, rows: int, row_tokens: float) -> float:
+        """A change of the batch that writes ``rows`` rows, ``row_tokens`` in all (each row to
+        the batch's end); 0 for none."""
+        if rows <= 0:
             return 0.0
-        return self.latency_s + row_tokens * self.s_per_row_token
+        return self.latency_s + rows * self.s_per_row + row_tokens * self.s_per_row_token
 
     def describe(self) -> str:
         return (f"a changed decode batch's write: {self.latency_s * 1e3:.3g} ms + "
-                f"{self.s_per_row_token * 1e9:.3g} ns a row-token")
+                f"{self.s_per_row * 1e6:.3g} us a row + {self.s_per_row_token * 1e9:.3g} ns a "
+                "row-token")
 
     def to_dict(self) -> dict:
         return {"model": BATCH_COPY_MODEL, "latency_s": self.latency_s,
-                "s_per_row_token": self.s_per_row_token, "fit": self.fit}
+                "s_per_row": self.s_per_row, "s_per_row_token": self.s_per_row_token,
+                "fit": self.fit}
 
 
 def batch_copy_from_dict(data: object, *, source: str) -> BatchCopy:
@@ -61,7 +69,7 @@ def batch_copy_from_dict(data: object, *, source: str) -> BatchCopy:
         raise ProfileError(f"model must be {BATCH_COPY_MODEL!r}, got {data.get('model')!r}",
                            file=source, field=f"{where}.model")
     values = {}
-    for key in ("latency_s", "s_per_row_token"):
+    for key in ("latency_s", "s_per_row", "s_per_row_token"):
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not math.isfinite(value) or value < 0:
@@ -71,25 +79,26 @@ def batch_copy_from_dict(data: object, *, source: str) -> BatchCopy:
     fit = data.get("fit", {})
     if not isinstance(fit, dict):
         raise ProfileError("must be an object", file=source, field=f"{where}.fit")
-    return BatchCopy(values["latency_s"], values["s_per_row_token"], fit)
+    return BatchCopy(values["latency_s"], values["s_per_row"], values["s_per_row_token"], fit)
 
 
 def fit_batch_copy(rows: list[list[float]]) -> BatchCopy:
     """``BatchCopy`` from ``[rows, tokens, seconds]`` timings of the engine's rebuild (one per
-    repeat): least squares of seconds on (1, rows x tokens), both coefficients >= 0, weighted
-    by 1/seconds (relative errors, so the one-row writes are not drowned by the large)."""
+    repeat): least squares of seconds on (1, rows, rows x tokens), every coefficient >= 0,
+    weighted by 1/seconds (relative errors, so the one-row writes are not drowned by the
+    large)."""
     from scipy.optimize import nnls
 
+    counts = np.array([r[0] for r in rows], dtype=np.float64)
     row_tokens = np.array([r[0] * r[1] for r in rows], dtype=np.float64)
     seconds = np.array([r[2] for r in rows], dtype=np.float64)
     weights = 1.0 / seconds
-    design = np.column_stack([np.ones(len(rows)), row_tokens])
-    (latency, per_row_token), _ = nnls(design * weights[:, None], seconds * weights)
-    predicted = latency + per_row_token * row_tokens
-    errors = np.abs(predicted / seconds - 1)
-    return BatchCopy(float(latency), float(per_row_token), {
-        "statistic": "least squares of each timing on (1, rows x tokens), both terms >= 0, "
-                     "weighted by 1 / seconds",
+    design = np.column_stack([np.ones(len(rows)), counts, row_tokens])
+    (latency, per_row, per_row_token), _ = nnls(design * weights[:, None], seconds * weights)
+    errors = np.abs(design @ [latency, per_row, per_row_token] / seconds - 1)
+    return BatchCopy(float(latency), float(per_row), float(per_row_token), {
+        "statistic": "least squares of each timing on (1, rows, rows x tokens), every term "
+                     ">= 0, weighted by 1 / seconds",
         "timings": [[int(r[0]), int(r[1]), float(r[2])] for r in rows],
         "median_abs_rel_error": float(np.median(errors)),
         "max_abs_rel_error": float(np.max(errors))})

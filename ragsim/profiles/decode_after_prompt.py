@@ -14,7 +14,9 @@ steps, by an amount that fades step by step and grows with the prompt step's siz
   positions at idle, +1.4, +1.0, +0.8 ms at 50% load, where an earlier term charged the 1st
   position only: the loaded points' decode steps ran 1.21-1.29x their prices.
 * the torch engine: the step after a prefill copies the joiner's KV into the padded decode
-  batch (or rebuilds it) and runs the masked forward path.
+  batch (or rebuilds it) and runs the masked forward path. The write is priced apart
+  (``batch_copy``, by the rows it writes), so the profiler times this step from its forward
+  pass on.
 
 ``DecodeAfterPrompt`` is that extra, in seconds, by the prompt step's new tokens and the decode
 step's position after it (1: right after), measured by the profiler on the engine itself

@@ -82,6 +82,7 @@ class PaddedDecodeBatch:
         self.end_tokens = 0
         self.buffer_rows = 0
         self.buffer_tokens = 0
+        self.written_rows = 0
         self.written_row_tokens = 0
 
     @property
@@ -97,13 +98,13 @@ class PaddedDecodeBatch:
     def plan(self, members: Collection[Hashable], tokens: Callable[[Hashable], int]) -> bool:
         """Lays out a step of ``members`` (``tokens(m)``: a joining request's tokens now; the
         rows that ran the last step are followed here) and says whether the batch is rebuilt
-        for it. ``end_tokens`` is then the step's padded length, ``written_row_tokens`` the
-        rows x tokens the change writes into the batch (``batch_copy``: a rebuild writes every
-        row to the new end; a change in place the joiners and, for each row that left, the
-        last row moved into its place, counted here as if it were never the last: the engine
-        counts the moves it made); 0 when the rows are the last step's."""
+        for it. ``end_tokens`` is then the step's padded length, ``written_rows`` the rows the
+        change writes into the batch and ``written_row_tokens`` their tokens (``batch_copy``: a
+        rebuild writes every row to the new end; a change in place the joiners and, for each
+        row that left, the last row moved into its place, counted here as if it were never the
+        last: the engine counts the moves it made); 0 when the rows are the last step's."""
         offsets, steps = self._offsets, self._steps
-        self.written_row_tokens = 0
+        self.written_rows = self.written_row_tokens = 0
         if self.unchanged(members):
             return False
         now = {m: offsets[m] + steps if m in offsets else tokens(m) for m in members}
@@ -115,11 +116,12 @@ class PaddedDecodeBatch:
         if rebuild:
             self.end_tokens = longest
             self.buffer_rows, self.buffer_tokens = decode_buffer_shape(len(now), longest)
-            self.written_row_tokens = len(now) * longest
+            self.written_rows = len(now)
         else:
             joined = sum(1 for m in now if m not in offsets)
             left = sum(1 for m in offsets if m not in now)
-            self.written_row_tokens = (joined + left) * self.end_tokens
+            self.written_rows = joined + left
+        self.written_row_tokens = self.written_rows * self.end_tokens
         self._offsets = {m: t - steps for m, t in now.items()}
         return rebuild
 

@@ -483,10 +483,11 @@ class Profile:
         without the term."""
         return 0.0 if self.idle_start is None else self.idle_start.seconds(idle_s)
 
-    def batch_copy_s(self, row_tokens: float) -> float:
-        """What a decode step that changes its padded batch pays to write ``row_tokens`` of
-        it (``batch_copy``), before its forward pass; 0 for a profile without the term."""
-        return 0.0 if self.batch_copy is None else self.batch_copy.seconds(row_tokens)
+    def batch_copy_s(self, rows: int, row_tokens: float) -> float:
+        """What a decode step that changes its padded batch pays to write ``rows`` rows of it,
+        ``row_tokens`` in all (``batch_copy``), before its forward pass; 0 for a profile
+        without the term."""
+        return 0.0 if self.batch_copy is None else self.batch_copy.seconds(rows, row_tokens)
 
     def step_overhead_s(self, rows: int) -> float:
         """What a step of ``rows`` rows spends outside its timed pass (sampling, handing each

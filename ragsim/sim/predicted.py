@@ -186,6 +186,12 @@ class PredictedIterations:
         self._last_end_s = self.env.now
         return PrefillTiming(duration_s=duration, compute_s=compute, copy_s=copy)
 
+    def _batch_write_s(self) -> float:
+        """What the step just laid out pays to write its batch's changed rows
+        (``profile.batch_copy``; 0 where the batch did not change)."""
+        layout = self.layout
+        return self.profile.batch_copy_s(layout.written_rows, layout.written_row_tokens)
+
     def _padded_context(self, jobs: set[Job]) -> float:
         """The padded batch laid out for ``jobs`` (a joiner's context is its ``context_tokens``:
         it joins at its first step): the batch's common end."""
@@ -193,13 +199,12 @@ class PredictedIterations:
         return self.layout.end_tokens
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        context, written = mean_context_tokens, 0
+        context, write = mean_context_tokens, 0.0
         if self.layout is not None:
             context = self._padded_context(jobs)
-            written = self.layout.written_row_tokens  # a changed batch's rows, written first
+            write = self._batch_write_s()  # a changed batch's rows, written first
             self.layout.advance()
-        duration = decode_step_s(self.profile, len(jobs), context, self.new_shape)
-        duration += self.profile.batch_copy_s(written)
+        duration = decode_step_s(self.profile, len(jobs), context, self.new_shape) + write
         duration += self._cold_start_s() + self._loop_s() + self.after_prompt.charge(None)
         if self.noise is not None:
             duration *= self.noise.factor()
@@ -219,10 +224,10 @@ class PredictedIterations:
         first step's end plus i tokens, which the grid prices as a batch whose contexts sum to
         ``batch_size`` times that end (exact: integers)."""
         profile = self.profile
-        written = 0
+        write = 0.0
         if self.layout is not None:
             context_sum_tokens = batch_size * self._padded_context(jobs)
-            written = self.layout.written_row_tokens
+            write = self._batch_write_s()
         grid = profile.decode
         counted = grid.extrapolated_queries
         durations = grid.at_steps(batch_size, context_sum_tokens, steps)
@@ -233,7 +238,7 @@ class PredictedIterations:
             # pay a cold start, and each its position after the last prompt step (recorded
             # when the run ends)
             durations[0] += self.new_shape(batch_size) + self._cold_start_s() + self._loop_s()
-            durations[0] += profile.batch_copy_s(written)  # a changed batch: its first step
+            durations[0] += write  # a changed batch: its first step writes it
             durations = [d + extra for d, extra in
                          zip(durations, self.after_prompt.due(steps), strict=True)]
             if self.loop is not None and self.loop.step_s:  # each later step follows one
