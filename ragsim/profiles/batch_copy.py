@@ -7,9 +7,10 @@ rows are padded), a change in place writes the joiners and the rows moved into a
 Only then does it run its forward pass, which the decode grid prices. Nothing priced the writes:
 on the project's 2-core CPU (2026-12-07, run AG in docs/validation.md: 2 layers x 256 hidden,
 fp32, one thread, the held-out trace) the engine's changed decode steps ran 1.09x their price at
-one row and 1.55x at ~190 rows, and without their writes 1.00x and 0.77x. At overload the writes
-took 5.0 s of the 6.5 s its decode steps ran, against 1.85 s priced; a write cost about 0.8 ms
-for a row and 230-260 ns a row-token (2 KiB) from a few thousand row-tokens up.
+one row and 1.16-1.44x at 4-60 rows, and without their writes 0.98-1.00x and 0.84-1.11x; a write
+cost about 0.8 ms for a row and 230-260 ns a row-token (2 KiB) from a few thousand row-tokens
+up. (A process's first write of a new, much larger batch pays more, once: 0.95-3.74 s for the
+first 256 rows at overload, its memory growing; this term does not price that.)
 
 ``BatchCopy`` is that cost, ``latency_s + rows * s_per_row + row_tokens * s_per_row_token``,
 fitted by least squares (every term >= 0, weighted by 1/time so that small and large writes

@@ -625,6 +625,20 @@ def with_torch_row_levels(plan: ProfilePlan) -> ProfilePlan:
                    held_out_wide=plan.held_out_wide or TORCH_HELD_OUT_ROWS)
 
 
+def _time_cells(rows: list[list[float]], cells: list[tuple[int, int]],
+                measure: Callable[[int, int], list[list[float]]], phase: str,
+                report: Progress, save: Callable[[], None]) -> None:
+    """Each (a, b) cell not in ``rows`` yet (a row's first two numbers: a resumed profile
+    keeps what it measured) timed by ``measure``, its rows appended and saved; the phase's
+    progress reported after each cell."""
+    done = {(int(row[0]), int(row[1])) for row in rows}
+    for i, (a, b) in enumerate(cells):
+        if (a, b) not in done:
+            rows += measure(a, b)
+            save()
+        report(phase, i + 1, len(cells))
+
+
 def _starting(report: Progress, phase: str, total: int) -> None:
     """Say a phase has begun before its first (possibly minute-long) step: a display that
     heard of a phase only when a step ended showed nothing for over a minute of a quick
@@ -753,12 +767,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     if state.first_decode is None:
         state.first_decode = []
     if first_decode is not None:
-        done = {(int(row[0]), int(row[1])) for row in state.first_decode}
-        for i, (rows, context) in enumerate(first_cells):
-            if (rows, context) not in done:
-                state.first_decode += first_decode(rows, context, FIRST_DECODE_REPEATS)
-                save()
-            report(FIRST_DECODE_PHASE, i + 1, len(first_cells))
+        _time_cells(state.first_decode, first_cells,
+                    lambda rows, context: first_decode(rows, context, FIRST_DECODE_REPEATS),
+                    FIRST_DECODE_PHASE, report, save)
 
     # the write a changed padded decode batch pays (the torch engine's; none for a paged one)
     time_batch_copy = getattr(engine, "batch_copy", None)
@@ -767,12 +778,9 @@ def run_profile(spec: ModelSpec, *, name: str, device: str, dtype: str, plan: Pr
     _starting(report, BATCH_COPY_PHASE, len(copy_cells))
     if state.batch_copy is None:
         state.batch_copy = []
-    done = {(int(row[0]), int(row[1])) for row in state.batch_copy}
-    for i, (rows, tokens) in enumerate(copy_cells):
-        if (rows, tokens) not in done:
-            state.batch_copy += time_batch_copy(rows, tokens, BATCH_COPY_REPEATS)
-            save()
-        report(BATCH_COPY_PHASE, i + 1, len(copy_cells))
+    _time_cells(state.batch_copy, copy_cells,
+                lambda rows, tokens: time_batch_copy(rows, tokens, BATCH_COPY_REPEATS),
+                BATCH_COPY_PHASE, report, save)
 
     # the last phase that steps an engine of vLLM's: the twin it builds, once freed, takes
     # the process's distributed state down with it, and the profile's engine cannot step after
