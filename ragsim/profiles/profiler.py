@@ -962,9 +962,11 @@ BATCH_COPY_REPEATS = 3
 def batch_copy_cells(plan: ProfilePlan, kv_bytes_per_token: int, kv_capacity_bytes: int
                      ) -> list[tuple[int, int]]:
     """(rows, tokens) the engine's batch write is timed at: ``BATCH_COPY_ROWS`` up to the
-    plan's largest decode batch, by each of its decode contexts, where the joiners' KV and the
-    batch both fit in half the memory (from 1 row to thousands of times more row-tokens: the
-    term is a latency and a rate, ``batch_copy.py``)."""
+    plan's largest decode batch, by each of its decode contexts, where twice the KV of one
+    more row than the batch holds fits in half the memory (the batch's buffer keeps room for a
+    quarter more rows and 64 more tokens, and the joiners' prompt is held beside it): from 1
+    row to thousands of times more row-tokens, as the term has a latency, a row's and a
+    row-token's part (``batch_copy.py``)."""
     most = max(plan.batch_sizes)
     rows = sorted({r for r in BATCH_COPY_ROWS if r <= most} | {most})
     return [(r, int(t)) for r in rows for t in plan.context_tokens

@@ -214,8 +214,8 @@ class TorchIterations:
         self._decode_order: list[Job] = []  # rows of the decode batch
         self._decode_batch = None
         self._row_storage: list | None = None  # per layer [keys, values]: the batch's rows
-        # the last rebuild's or reshape's rows written, and their tokens
-        self._written_rows = self._written_row_tokens = 0
+        # the rows the last rebuild or reshape wrote (each to the batch's common end)
+        self._written_rows = 0
         # where the batch's rows end and when it is rebuilt: the rule the simulator prices
         # the same steps by (``profiles.decode_layout``, a profile's decode_padding)
         self.layout = PaddedDecodeBatch()
@@ -507,7 +507,6 @@ class TorchIterations:
         self._row_storage = storage
         self.times.decode_rebuilds += 1
         self._written_rows = len(order)  # every row, to the common end
-        self._written_row_tokens = len(order) * longest
         return self._new_decode_batch(cache, order, longest)
 
     def _kept_and_joined(self, old: Batch, old_order: list[Job], old_storage: list | None,
@@ -595,7 +594,6 @@ class TorchIterations:
             cache.layers[layer].adopt(keys[:n], values[:n], end)
         self.times.decode_reshapes += 1
         self._written_rows = moved + len(joined)  # rows moved, rows joined
-        self._written_row_tokens = self._written_rows * end
         return self._new_decode_batch(cache, rows, end)
 
     def _new_decode_batch(self, cache: Any, order: list[Job], end: int
@@ -626,12 +624,14 @@ class TorchIterations:
             # what the step spent laying out its batch, apart from its forward pass (the
             # profile's ``batch_copy`` prices it; a run's ``steps.parquet`` keeps
             # ``batch_change``, ``batch_copy_s`` and ``batch_row_tokens`` to check it by)
+            # each row written to the batch's end, which the layout holds until ``advance``
+            wrote = self._written_rows
             self.decisions[-1].update(batch_change="rebuild" if rebuild else "reshape",
-                                      batch_copy_s=copy_s, batch_rows=self._written_rows,
-                                      batch_row_tokens=self._written_row_tokens)
+                                      batch_copy_s=copy_s, batch_rows=wrote,
+                                      batch_row_tokens=wrote * self.layout.end_tokens)
             # the simulator prices the rows its layout says: a rebuild's exactly these, a
             # change in place's at most one moved row per leaver more (it knows no row order)
-            said, wrote = self.layout.written_rows, self._written_rows
+            said = self.layout.written_rows
             if said != wrote if rebuild else said < wrote:
                 raise RuntimeError(f"the decode batch wrote {wrote} rows, its layout says "
                                    f"{said}: the layout's rule is "
