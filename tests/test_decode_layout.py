@@ -142,7 +142,7 @@ def linear_decode(padding: str) -> Profile:
     contexts = data["decode"]["context_tokens"]
     data["decode"]["seconds"] = [[1e-3 + 1e-5 * c for c in contexts]
                                  for _ in data["decode"]["batch_sizes"]]
-    for key in ("step_overhead", "new_shapes", "idle_start"):
+    for key in ("step_overhead", "new_shapes", "idle_start", "decode_after_prompt", "batch_copy"):
         data.pop(key, None)
     data["decode_padding"] = padding
     return Profile.from_dict(data, source="test")
