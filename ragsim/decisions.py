@@ -255,6 +255,10 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             else 0,
             "new_tokens": int(sum(new)), "longest_new_tokens": int(max(new, default=0)),
             "longest_cached_tokens": int(max((job[2] for job in jobs), default=0)),
+            # each prompt row's shape, in the step's order: a step's price is a function of
+            # them, so a step can be timed again apart from its run (benchmarks/run_batches.py)
+            "row_cached_tokens": [int(job[2]) for job in jobs],
+            "row_new_tokens": [int(job[3]) for job in jobs],
             "swap_in_bytes": int(sum(job[4] for job in jobs)),
             "step_tokens": step_tokens(decision),
             "context_tokens": decision.get("context_tokens"),

@@ -190,6 +190,8 @@ def test_each_step_is_one_row_with_its_shape_and_price():
     assert [r["new_tokens"] for r in rows] == [0, 300, 5000]
     assert [r["longest_new_tokens"] for r in rows] == [0, 200, 5000]
     assert [r["longest_cached_tokens"] for r in rows] == [0, 50, 0]
+    assert [(r["row_cached_tokens"], r["row_new_tokens"]) for r in rows] == [
+        ([], []), ([0, 50], [100, 200]), ([0], [5000])]
     assert [r["step_tokens"] for r in rows] == [3, 300, 5002]
     assert [r["swap_in_bytes"] for r in rows] == [0, 4096, 0]
     assert [r["padded_context_tokens"] for r in rows] == [12, None, None]
