@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from ragsim.api.loading import load_profile, load_trace
-from ragsim.engine_spread import p90_abs_error_floor, pooled_join
+from ragsim.engine_spread import p90_abs_error_floor, pooled_join, pooled_throughput_error
 from ragsim.profiles.grid import BilinearGrid
 from ragsim.profiles.repeat_spread import step_time_sigma
 from ragsim.serving.config import SimConfig, load_config_file
@@ -171,8 +171,8 @@ def main() -> None:
         name, _, value = item.partition("=")
         overrides[name] = json.loads(value) if value[:1] in "-0123456789.[{tf\"" else value
     print("| point | real mean (ms) | floor | one real run | variant | sim mean (ms) | "
-          "mean error | p90 abs error | one replica |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "mean error | p90 abs error | one replica | throughput error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for point in args.points:
         run = load_config_file(point / "config.toml")
         # the noise-free run (a point stored while config.toml kept an ensemble's replica 0
@@ -214,7 +214,8 @@ def main() -> None:
                 write_requests(args.requests_out, point, label, sim)
             mean_error, p90 = errors_of(reals, sim)
             print(f"{head} | {label} | {sim.summary['ttft_mean_s'] * 1e3:.1f} | "
-                  f"{mean_error:+.1%} | {p90:.1%} | {'-' if one is None else f'{one:.1%}'} |")
+                  f"{mean_error:+.1%} | {p90:.1%} | {'-' if one is None else f'{one:.1%}'} | "
+                  f"{pooled_throughput_error(reals, sim.summary)[1]:+.1%} |")
         print(f"<!-- {point}: profile {how}; overrides {overrides or 'none'}; terms from "
               f"{args.term_from or 'none'} -->")
     if by_run:

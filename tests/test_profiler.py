@@ -539,24 +539,35 @@ def test_scaled_down_keeps_the_architecture_family():
     assert result.exit_code == 2 and "--hidden" in result.output
 
 
-def test_padded_batch_past_the_grid_is_priced_row_by_row():
+@pytest.mark.parametrize("fixed_s", [0.0, 5e-3])
+def test_padded_batch_past_the_grid_is_priced_row_by_row(fixed_s):
     """A padded batch whose equivalent single request (rows x longest new) lies past the grid:
-    on a cost whose rows share nothing (no fixed part), each row costs a request of the padded
-    shape, which the model prices on the grid; the equivalent request, extrapolated to three
-    times the grid's new tokens, is far off (an overloaded CPU run's 8-row batches ran 14x it)."""
-    cost = _linear_cost(0.0, 4e-5, 1e-8, 0.0)
-    xs, ys = [0, 1, 128, 512, 1024, 2048], [16, 64, 256, 512, 1024]
+    each row costs a request of the padded shape, which the model prices on the grid, less the
+    step's fixed cost for every row after the first (the one-token step on the grid, paid
+    once), plus the per-request term; on a cost written from the physics (a fixed part, tokens,
+    pairs and rows) that is the cost itself, to the one-token step's own tokens and pairs. The
+    equivalent request, extrapolated to three times the grid's new tokens, is far off (an
+    overloaded CPU run's 8-row batches ran 14x it); a fixed part counted once a row is off by
+    (rows - 1) times it (run AJ: a RAG burst's eight rows priced 9-10% high)."""
+    cost = _linear_cost(fixed_s, 4e-5, 1e-8, 2e-4)
+    xs, ys = [0, 1, 128, 512, 1024, 2048], [1, 16, 64, 256, 512, 1024]
     grid = BilinearGrid("t", "cached_tokens", "new_tokens", [float(x) for x in xs],
                         [float(y) for y in ys], [[cost([a], [b]) for b in ys] for a in xs])
-    model = BatchedPrefill(grid, "left_masked")
+    model = BatchedPrefill(grid, "left_masked", per_extra_request_s=2e-4)
     # longest rows on the grid's points, so interpolation adds nothing
     for cached, new in [([0, 0, 0], [900, 800, 1024]), ([512, 0, 128, 0], [700, 1024, 300, 50])]:
-        # by hand: rows x cost of one masked request of the padded shape (>= 1 cached token)
-        by_hand = len(new) * cost([max(max(cached), 1)], [max(new)])
+        rows, column = len(new), max(max(cached), 1)  # masked: at least 1 cached token
+        # by hand: rows x one masked request of the padded shape, the one-token step's cost
+        # taken back from every row after the first, the per-request term added for each
+        by_hand = rows * cost([column], [max(new)]) - (rows - 1) * (cost([column], [1]) - 2e-4)
         assert model.iteration_s(cached, new) == pytest.approx(by_hand, rel=1e-9)
         assert model.iteration_s(cached, new) == pytest.approx(cost(cached, new), rel=2e-3)
         extrapolated = model.equivalent_s(cached, new)
         assert abs(extrapolated - cost(cached, new)) / cost(cached, new) > 0.2
+    if fixed_s:  # the fixed part once a row, as before: (rows - 1) x 5 ms too much
+        cached, new = [512, 0, 128, 0], [700, 1024, 300, 50]
+        once_a_row = len(new) * cost([512], [max(new)])
+        assert once_a_row - cost(cached, new) == pytest.approx(3 * fixed_s, rel=1e-9)
 
 
 def test_mixed_rows_reach_the_decode_axis_fourfold():

@@ -327,15 +327,25 @@ class BatchedPrefill:
     def _padded_rows_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
                        ) -> float:
         """Every row of a padded batch as a request of the padded shape (the longest cached and
-        new lengths; on the masked path where the batch is masked). Used past the grid, where
-        the equivalent request cannot be priced: an overloaded CPU run's 8-row batches of
-        ~3,000 tokens took 14x what the extrapolated equivalent request predicted, and about
-        this (each row costs what it computes; weight reads shared by rows are negligible next
-        to attention at these lengths)."""
+        new lengths; on the masked path where the batch is masked), the step's fixed cost paid
+        once and each row after the first its per-request term, as a batch on the grid pays
+        them. Used past the grid, where the equivalent request cannot be priced: an overloaded
+        CPU run's 8-row batches of ~3,000 tokens took 14x what the extrapolated equivalent
+        request predicted, and about this (each row costs what it computes).
+
+        The fixed cost is the grid's one-token step on the rows' column, ``T(a, 1)``: every
+        grid point pays it once (the weights read, the step's own overhead). Counted once a
+        row, as this did before 2026-12-07, it priced a RAG burst's eight rows of 150-700 new
+        tokens 9-10% above the engine's time, timed again apart from the runs
+        (``benchmarks/run_batches.py``, docs/validation.md, run AJ)."""
         longest_cached, longest_new = max(cached_tokens), max(new_tokens)
         if self.padding == "left_masked" and masked(cached_tokens, new_tokens):
             longest_cached = max(longest_cached, self._first_masked_column())
-        return len(new_tokens) * self.grid.at(longest_cached, longest_new)
+        rows = len(new_tokens)
+        fixed = min(self.grid.at(longest_cached, 1.0), self.grid.at(longest_cached, longest_new))
+        extra = (self.per_extra_request_s if self.wide is None
+                 else self.wide.extra_s(rows, self.per_extra_request_s))
+        return rows * self.grid.at(longest_cached, longest_new) + (rows - 1) * (extra - fixed)
 
     def describe(self) -> str:
         """One line for people (``ragsim profiles show``)."""
