@@ -55,7 +55,7 @@
 # with both sides' spread (one run against the others) and the draws it was made with.
 #
 # TORCH=0 leaves the torch engine's rows out; VLLM_SYSTEMS (default "vllm-apc ragcache vllm")
-# names the vLLM systems run, in order.
+# names the vLLM systems run, in order (VLLM_SYSTEMS="": none, torch's alone; run AK).
 #
 # Targets (issue 27): |TTFT mean error| <= 10%, p90 |error| <= 25% at idle, 50% and 90%;
 # |throughput error| <= 10% at overload. Took 32 minutes on two cores with 3,90=15,50=15 runs
@@ -120,7 +120,7 @@ if [ -x "$VPY" ]; then
   # speed moves 5-10% in ten minutes (run T), the second and third systems' points otherwise
   # run 5-20 minutes after the profile that prices them
   VPROFILE=(--profile-now)
-  for system in ${VLLM_SYSTEMS:-vllm-apc ragcache vllm}; do
+  for system in ${VLLM_SYSTEMS-vllm-apc ragcache vllm}; do
     echo "== vLLM engine: $system =="
     load "vllm $system before"
     "$VPY" -m ragsim validate --backend vllm --trace "$TRACE" --system "$system" \
