@@ -283,10 +283,8 @@ class BatchedPrefill:
         if (self.wide is not None and self.padding == "none"
                 and self.wide.prices_levels(rows, sum(new_tokens))):
             return max(self.wide.levels_s(cached_tokens, new_tokens), costliest)
-        extra = (self.per_extra_request_s if self.wide is None
-                 else self.wide.extra_s(rows, self.per_extra_request_s))
-        return max(self.tokens_and_pairs_s(cached_tokens, new_tokens) + extra * (rows - 1),
-                   costliest)
+        return max(self.tokens_and_pairs_s(cached_tokens, new_tokens)
+                   + self._per_request_s(rows) * (rows - 1), costliest)
 
     def tokens_and_pairs_s(self, cached_tokens: Sequence[float], new_tokens: Sequence[float]
                            ) -> float:
@@ -343,9 +341,14 @@ class BatchedPrefill:
             longest_cached = max(longest_cached, self._first_masked_column())
         rows = len(new_tokens)
         fixed = min(self.grid.at(longest_cached, 1.0), self.grid.at(longest_cached, longest_new))
-        extra = (self.per_extra_request_s if self.wide is None
-                 else self.wide.extra_s(rows, self.per_extra_request_s))
-        return rows * self.grid.at(longest_cached, longest_new) + (rows - 1) * (extra - fixed)
+        return rows * self.grid.at(longest_cached, longest_new) + (rows - 1) * (
+            self._per_request_s(rows) - fixed)
+
+    def _per_request_s(self, rows: int) -> float:
+        """What each request after the first adds to a batch of ``rows``: the fitted term, or
+        where the profile measured levels by row count, that count's."""
+        return (self.per_extra_request_s if self.wide is None
+                else self.wide.extra_s(rows, self.per_extra_request_s))
 
     def describe(self) -> str:
         """One line for people (``ragsim profiles show``)."""
