@@ -43,7 +43,7 @@ FIELD_OF_OPTION = {
     "reorder_window": "reorder_window_s", "reorder_window_start": "reorder_window_start",
     "speculate": "speculate", "max_batch_size": "max_batch_size",
     "max_prefill_bs": "max_prefill_bs", "max_batched_tokens": "max_batched_tokens",
-    "scheduler": "scheduler", "top_k": "top_k", "search_workers": "search_workers",
+    "scheduler": "scheduler", "padded_join": "padded_join", "top_k": "top_k", "search_workers": "search_workers",
     "search_s": "search_s", "search_stages": "search_stages", "stage_source": "stage_source",
     "stage_converge_p": "stage_converge_p", "stage_keeps_d1_p": "stage_keeps_d1_p",
     "stage_other_found_p": "stage_other_found_p", "search_latency": "search_latency",

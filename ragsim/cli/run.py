@@ -191,6 +191,9 @@ def run(
     scheduler: Annotated[str | None, _opt(
         SCHEDULER, "prefill-first (vLLM v0.3) or mixed (chunked prefill: decodes and prompt "
         "chunks share each step's token budget; vLLM >= 0.4, SGLang).")] = None,
+    padded_join: Annotated[str | None, _opt(
+        SCHEDULER, "Padded engines (torch's profiles): if-cheaper (a prompt joins a batch "
+        "only if priced cheaper than apart) or always.")] = None,
     # retrieval
     top_k: Annotated[int | None, _opt(RETRIEVAL, "Use only the first K retrieved documents.")
                      ] = None,

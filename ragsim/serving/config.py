@@ -19,6 +19,7 @@ import tomli_w
 
 from ragsim import limits
 from ragsim.cache.answers.keys import NAME_RULE, valid_name
+from ragsim.cache.padded_batches import PADDED_JOINS
 from ragsim.cache.policies import POLICY_NAMES
 from ragsim.cache.reorder import DEFAULT_SCAN_LIMIT, DEFAULT_WINDOW_S, ORDERS, WINDOW_STARTS
 from ragsim.cache.reuse import parse_reuse
@@ -171,6 +172,12 @@ class SimConfig:
     # prefill, SGLang's mixed chunks: every step decodes the running requests and fills the
     # rest of max_batched_tokens with prefill chunks; a long prompt spans several steps)
     scheduler: str = "prefill-first"
+    # which waiting prompt joins a prefill batch on an engine that pads a batch to its longest
+    # prompt (a profile whose batched prefill pads: the torch engine's): "if-cheaper" (only a
+    # prompt the profile prices cheaper together than in a step of its own,
+    # ragsim/cache/padded_batches.py) or "always" (fill the step, as before 2026-12-07). A
+    # varlen engine's profile (vLLM's, the GPU profiles) batches every prompt either way.
+    padded_join: str = "if-cheaper"
     # faults
     fail_gpu_at_s: tuple[float, ...] = ()
     gpu_failure_rate_per_h: float = 0.0
@@ -488,6 +495,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.search_time_scale > 0, "search_time_scale", "must be > 0", source)
     _check(c.scheduler in SCHEDULERS, "scheduler", f"must be one of {', '.join(SCHEDULERS)}",
            source)
+    _check(c.padded_join in PADDED_JOINS, "padded_join",
+           f"must be one of {', '.join(PADDED_JOINS)}", source)
     _check(c.retrieval in RETRIEVALS, "retrieval", f"must be one of {', '.join(RETRIEVALS)}",
            source)
     for name in ("search_workers", "search_stages", "max_batch_size", "max_prefill_bs",

@@ -78,6 +78,8 @@ cdef class Engine:
     cdef public object iterations_decode
     cdef public object iterations_mixed
     cdef public object prefills_over_budget
+    cdef public object padded_apart
+    cdef public object padded_price_s
     cdef public object iterations_prefill
     cdef public object kv
     cdef public object lost_bytes

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple, Protocol
 
 import simpy
 
+from ragsim.cache.padded_batches import PassPrice, joining_is_cheaper
 from ragsim.cache.reorder import RequestPool
 from ragsim.cache.reuse import engine_reuse, own_hit_tokens
 from ragsim.cache.tree import KnowledgeTree
@@ -186,7 +187,8 @@ class Engine:
                  hooks: EngineHooks, iterations: Iterations, kv_bytes_per_token: int,
                  max_batch_size: int, max_prefill_bs: int, max_batched_tokens: int,
                  prefix_block_tokens: int, gpu_recovery_s: float,
-                 batch_kv_sharing: bool = False, scheduler: str = "prefill-first") -> None:
+                 batch_kv_sharing: bool = False, scheduler: str = "prefill-first",
+                 padded_price_s: PassPrice | None = None) -> None:
         self.env = env
         self._timeout_at = exact_timeouts(env)
         self.tree = tree
@@ -201,6 +203,9 @@ class Engine:
         self.gpu_recovery_s = gpu_recovery_s
         self.batch_kv_sharing = batch_kv_sharing
         self.mixed = scheduler == "mixed"
+        # an engine that pads its batches: the pass prices a prompt joins a batch by
+        # (``padded_batches.joining_is_cheaper``); None: every prompt that fits joins
+        self.padded_price_s = padded_price_s
         if self.mixed and not hasattr(iterations, "mixed"):
             raise ValueError("the mixed scheduler is modelled by the simulator only: this "
                              "engine runs prefill-first iterations")
@@ -234,6 +239,8 @@ class Engine:
         # prefill-first: requests whose new tokens alone exceed max_batched_tokens; each ran
         # alone in its iteration (the budget cannot split a prompt), said in the summary
         self.prefills_over_budget = 0
+        # prompts a padded batch left for a step of their own (cheaper apart than joined)
+        self.padded_apart = 0
         self.busy_s = 0.0
         self.swap_in_s = 0.0
         self.scheduler_s = 0.0  # wall time spent choosing batches
@@ -414,11 +421,17 @@ class Engine:
                     self.hooks.cannot_fit(job)
                     continue
                 break
-            _, compute = self._lengths(job)
+            cached, compute = self._lengths(job)
             if compute > budget and not chunked:
                 if batch:
                     break
                 self.prefills_over_budget += 1  # larger than the budget: it runs alone
+            if (batch and self.padded_price_s is not None and not chunked
+                    and not joining_is_cheaper(self.padded_price_s,
+                                               [j.alpha for j in batch], [j.beta for j in batch],
+                                               cached, compute)):
+                self.padded_apart += 1  # heads the next batch instead
+                break
             pool.take(key, now)
             self._start(job)
             # the policy core's time for this job: ordering, lookup, admission, eviction

@@ -22,7 +22,8 @@ from ragsim.traces.schema import Trace
 
 # the engines' counters the summary reads, summed over the replicas
 _ENGINE = ("scheduler_decisions", "scheduler_s", "iterations_prefill", "iterations_decode",
-           "iterations_mixed", "swap_in_s", "gpu_failures", "lost_bytes", "prefills_over_budget")
+           "iterations_mixed", "swap_in_s", "gpu_failures", "lost_bytes", "prefills_over_budget",
+           "padded_apart")
 _TREE = ("swap_in_bytes", "swap_out_bytes", "replica_bytes", "evictions_gpu",
          "evictions_host", "gpu_capacity_bytes")
 _POOL = ("reordered", "overdue_served")

@@ -126,7 +126,7 @@ class Pipeline(EngineHooks):
             max_prefill_bs=config.max_prefill_bs, max_batched_tokens=config.max_batched_tokens,
             prefix_block_tokens=config.prefix_block_tokens,
             gpu_recovery_s=config.gpu_recovery_s, batch_kv_sharing=config.batch_kv_sharing,
-            scheduler=config.scheduler)
+            scheduler=config.scheduler, padded_price_s=padded_price(config, profile))
         self.workers = SearchWorkers(self.env, config.search_workers)
         if requests_of is None:
             self._request_tables(trace, config)
@@ -740,6 +740,14 @@ class SearchWorkers:
         if self.free and self._waiting:
             self.free -= 1
             self._waiting.popleft().succeed()
+
+
+def padded_price(config: SimConfig, profile: Profile):
+    """The pass prices a padded engine's batcher decides joins by (``config.padded_join``), or
+    None: a varlen engine (its profile's batched prefill pads nothing) or ``always``."""
+    if config.padded_join != "if-cheaper" or profile.batched_prefill.padding == "none":
+        return None
+    return profile.prefill_pass_s
 
 
 def trace_has_retrieval(trace: Trace) -> bool:
