@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragsim.profiles.models import resolve_model, scaled_down
+from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.profile import load_profile
 from ragsim.profiles.profiler import TorchEngine
 
@@ -64,8 +64,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("point", type=Path, help="a validation point's folder (OUT/S/load-over)")
     parser.add_argument("--profile", required=True, help="the profile the point was priced on")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--per-class", type=int, default=24, help="steps timed per row class")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -74,15 +72,18 @@ def main() -> None:
     args = parser.parse_args()
 
     profile = load_profile(args.profile)
-    spec = scaled_down(resolve_model("mistral-7b"), layers=args.layers,
-                       hidden=args.hidden).with_dtype("fp32")
-    if spec.name != profile.model.name:
-        raise SystemExit(f"--layers/--hidden give {spec.name}; the profile is of "
-                         f"{profile.model.name}")
+    # the profile's own model (its spec is the one it was measured on), on the allocator it
+    # was measured on: re-timed on another, every ratio would read the allocator's difference
+    spec = profile.model
+    measured_on = profile.obtained.get("allocator")
+    here = memory_allocator()
+    if measured_on not in (None, "unknown", here):
+        raise SystemExit(f"the profile was measured on {measured_on}, this process runs on "
+                         f"{here}: run it as the profile was (LD_PRELOAD=...)")
     chosen = sample(prefill_steps(args.point), args.per_class, args.seed)
     passes = [([int(c) for c in cached], [int(n) for n in new]) for cached, new in
               zip(chosen["row_cached_tokens"], chosen["row_new_tokens"], strict=True)]
-    engine = TorchEngine(spec, "cpu", "fp32", 1, args.seed)
+    engine = TorchEngine(spec, "cpu", profile.dtype, 1, args.seed)
     timed = engine.sweeps(passes, 1, args.repetitions)
     chosen = chosen.assign(
         retimed_s=[m.median_s for m in timed.passes],
