@@ -103,3 +103,30 @@ def test_the_real_torch_engine_keeps_the_long_prompt_apart_too():
 def test_an_unknown_rule_is_refused_by_name():
     with pytest.raises(ConfigError, match="padded_join"):
         config("sometimes")
+
+
+def test_a_prompt_left_apart_waits_no_longer_than_the_reordering_window():
+    """Cache-aware order prefers short prompts on a cached document; the long uncached one,
+    passed over by the order and kept out of their padded batches, still gets a step of its
+    own once the window has run out, as any request would."""
+    window_s = 0.1
+    b = TraceBuilder("padded-window")
+    b.add(0, 0.0, 10, 1, [1], [400])  # caches document 1 for the short prompts
+    for row in range(1, 16):  # a queue of short prompts on document 1
+        b.add(row, 0.03, 12, 1, [1], [400])
+    long_row = 16
+    b.add(long_row, 0.031, 10, 1, [2], [LONG_TOKENS])
+    for row in range(17, 417):  # and more of them every millisecond
+        b.add(row, 0.032 + 0.001 * (row - 17), 12, 1, [1], [400])
+    trace = b.build({"name": "padded-window"})
+    profile = load_profile(TORCH_PROFILE)
+    run = run_simulation(trace, config("if-cheaper", reorder=True, order="cache-aware",
+                                       reorder_window_s=window_s), profile)
+    starts = np.asarray(run.columns["prefill_start_s"])
+    wait_s = starts[long_row] - run.columns["search_end_s"][long_row]
+    # the window ends during a step of short prompts: at most one such step after it
+    step_s = profile.prefill_pass_s([400] * 8, [12] * 8)
+    assert run.summary["reordered_decisions"] > 0
+    assert window_s <= wait_s <= window_s + 2 * step_s
+    assert run.summary["prompts_padded_apart"] >= 1
+    assert np.sum(starts == starts[long_row]) == 1  # its step holds it alone
