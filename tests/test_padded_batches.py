@@ -130,3 +130,15 @@ def test_a_prompt_left_apart_waits_no_longer_than_the_reordering_window():
     assert window_s <= wait_s <= window_s + 2 * step_s
     assert run.summary["prompts_padded_apart"] >= 1
     assert np.sum(starts == starts[long_row]) == 1  # its step holds it alone
+
+
+def test_a_join_weighed_past_the_grid_is_not_counted_as_the_runs_extrapolation():
+    """The batcher prices batches that may never run; a run's ``cost_extrapolations`` counts
+    the steps it priced outside the measured region, not the batcher's questions."""
+    profile = load_profile(TORCH_PROFILE)
+    rows = [0] * 8, [4 * int(max(profile.prefill.y_axis))] * 8  # far past the grid
+    before = profile.extrapolated_queries
+    quoted = profile.prefill_pass_quote_s(*rows)
+    assert profile.extrapolated_queries == before
+    assert quoted == profile.prefill_pass_s(*rows)
+    assert profile.extrapolated_queries > before  # the same pass, priced as a step, counts

@@ -14,8 +14,9 @@ engine's own prices, so a step joins what it would run faster together and nothi
 A varlen engine (vLLM: every request its own tokens) never pays for another row's length, and
 does not use the rule (the pipeline passes no price).
 
-The prices are the cost profile's pass prices (``Profile.prefill_pass_s``): the simulator and
-the real harness decide on the same numbers, so the same state gives the same batch in both.
+The prices are the cost profile's pass prices (``Profile.prefill_pass_quote_s``: the pass
+price, not counted as a run's extrapolation): the simulator and the real harness decide on the
+same numbers, so the same state gives the same batch in both.
 """
 
 from __future__ import annotations

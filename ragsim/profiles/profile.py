@@ -490,6 +490,18 @@ class Profile:
             return self.prefill.at(cached_tokens[0], new_tokens[0])
         return self.batched_prefill.iteration_s(list(cached_tokens), list(new_tokens))
 
+    def prefill_pass_quote_s(self, cached_tokens: Sequence[float],
+                             new_tokens: Sequence[float]) -> float:
+        """``prefill_pass_s`` asked by a decision about a pass that may never run (a padded
+        batcher weighing a join: ``cache/padded_batches.py``): not counted among the grids'
+        extrapolations, which say how often a run's priced steps left the measured region."""
+        grid = self.prefill
+        before = grid.extrapolated_queries
+        try:
+            return self.prefill_pass_s(cached_tokens, new_tokens)
+        finally:
+            grid.extrapolated_queries = before
+
     def idle_start_s(self, idle_s: float) -> float:
         """What a step begun ``idle_s`` seconds after its engine's last step ended pays beyond
         its price (``idle_start``: a cold start; ``inf``: no step before it); 0 for a profile

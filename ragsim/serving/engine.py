@@ -239,7 +239,7 @@ class Engine:
         # prefill-first: requests whose new tokens alone exceed max_batched_tokens; each ran
         # alone in its iteration (the budget cannot split a prompt), said in the summary
         self.prefills_over_budget = 0
-        # prompts a padded batch left for a step of their own (cheaper apart than joined)
+        # times a padded batch left the next prompt for a later step (cheaper apart than joined)
         self.padded_apart = 0
         self.busy_s = 0.0
         self.swap_in_s = 0.0

@@ -747,7 +747,7 @@ def padded_price(config: SimConfig, profile: Profile):
     None: a varlen engine (its profile's batched prefill pads nothing) or ``always``."""
     if config.padded_join != "if-cheaper" or profile.batched_prefill.padding == "none":
         return None
-    return profile.prefill_pass_s
+    return profile.prefill_pass_quote_s
 
 
 def trace_has_retrieval(trace: Trace) -> bool:

@@ -167,7 +167,8 @@ def summarize(sim: Pipeline, cols: dict[str, np.ndarray], elapsed_s: float,
         "iterations_prefill": int(engine.iterations_prefill),
         "iterations_decode": int(engine.iterations_decode),
         "iterations_mixed": int(engine.iterations_mixed),
-        # prompts a padded engine's batch left for a later step (config padded_join)
+        # times a padded engine's batch left the next prompt for a later step (config
+        # padded_join; a prompt passed over again under reordering counts each time)
         "prompts_padded_apart": int(engine.padded_apart),
         "gpu_busy_fraction": engine.busy_s / simulated_s if simulated_s > 0 else 0.0,
         "swap_in_s": float(engine.swap_in_s),
