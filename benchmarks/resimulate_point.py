@@ -29,8 +29,11 @@ with the real runs' own (docs/validation.md, "Run V, request by request").
 A vLLM run records the step sizes its engine process had run before it began
 (``engine_warm_step_token_counts``), which validate's simulation charges no first-time price
 for; a run stored before that field existed is simulated with every size warm, and said so
-(its noise-free errors then differ from the stored report's). docs/validation.md quotes its
-tables (runs Q and R).
+(its noise-free errors then differ from the stored report's). Each real run is simulated from
+its own engine's starting state and the simulations averaged as the runs are
+(``validation.run_sim_like_runs``; before 2026-12-07 the first run's state stood for all, so a
+point stored before then reads other noise-free errors here than in its report).
+docs/validation.md quotes its tables (runs Q and R).
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ from ragsim.serving.pipeline import RunResult
 from ragsim.sim_ensemble import p90_abs_error_one_run
 from ragsim.validation import (
     joined_to_reals,
-    run_sim,
     run_sim_ensemble,
+    run_sim_like_runs,
     ttft_errors,
     warmed_like,
 )
@@ -193,16 +196,19 @@ def main() -> None:
             measured["sigma"] if measured else step_time_sigma(profile))
         correlation = args.correlation if args.correlation is not None else (
             measured["correlation"] if measured else 0.0)
-        profile, how = warmed_as_run(profile, reals[0])
+        # each real run's engine began in its own state (vLLM's repeats share a process):
+        # one simulation per state, averaged as the runs are (validation.run_sim_like_runs)
+        states = [warmed_as_run(profile, real)[0] for real in reals]
+        how = warmed_as_run(profile, reals[0])[1]
         pooled = pooled_join(reals, reals[0].columns)[2]
         real_ttft = np.array([frame["ttft_s_real"].to_numpy(float) for frame in pooled])
         head = (f"| {point} | {real_ttft.mean(axis=1).mean() * 1e3:.1f} | "
                 f"{p90_abs_error_floor(real_ttft):.1%} | {p90_abs_error_one_run(real_ttft):.1%}")
-        variants = [("noise-free", run_sim(trace, config, profile), None)]
+        variants = [("noise-free", run_sim_like_runs(trace, config, states)[0], None)]
         if args.sim_replicas > 1:
             if not sigma:
                 raise SystemExit("the profile keeps no repeated timings: give --sigma")
-            ensemble = run_sim_ensemble(trace, config, profile, args.sim_replicas, sigma,
+            ensemble = run_sim_ensemble(trace, config, states, args.sim_replicas, sigma,
                                         correlation)
             variants.append((f"{args.sim_replicas} replicas, sigma {sigma:.3f}, "
                              f"rho {correlation:.2f}", ensemble,

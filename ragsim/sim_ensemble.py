@@ -37,24 +37,21 @@ AVERAGED_SUFFIX = "_s"
 REPLICA_SD_COLUMN = "ttft_replica_sd_s"
 
 
-def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
-                    correlation: float = 0.0) -> RunResult:
-    """One result of ``runs`` (replicas of one configuration that differ in their step-time
-    draws): each request's time columns averaged over the replicas it completed in (replica
-    0's values where it completed in none), its other columns (status, hits, ids) replica 0's,
-    and each request's TTFT standard deviation over the replicas (``REPLICA_SD_COLUMN``);
-    the summary's numbers averaged over the replicas, with ``sim_replicas``,
-    ``step_time_sigma`` and ``step_time_correlation`` added. ``config``: the configuration the
-    replicas were drawn from (the noise-free one, which a point's ``config.toml`` keeps;
-    default replica 0's)."""
+def averaged_result(runs: Sequence[RunResult], config=None) -> RunResult:
+    """One result of ``runs`` (simulations of one point's requests): each request's time
+    columns averaged over the runs it completed in (run 0's values where it completed in none),
+    its other columns (status, hits, ids) run 0's, and the summary's numbers averaged over the
+    runs. ``config``: the configuration the result is said to be of (default run 0's). A run
+    given twice weighs twice: the noise-free simulation of a point whose real runs began in
+    different engine states is one simulation per real run (``validation.run_sim_like_runs``)."""
     if not runs:
-        raise ValueError("an ensemble needs at least one run")
+        raise ValueError("an average needs at least one run")
     first = runs[0]
     ids = np.asarray(first.columns["request_id"])
     for run in runs[1:]:
         if not np.array_equal(np.asarray(run.columns["request_id"]), ids):
-            raise ValueError("the replicas' requests differ: not one configuration")
-    done = np.array([np.asarray(run.columns["status"]) == "completed" for run in runs])
+            raise ValueError("the runs' requests differ: not one point")
+    done = _completed(runs)
     anywhere = done.any(axis=0)
     columns = dict(first.columns)
     for name, values in first.columns.items():
@@ -72,17 +69,40 @@ def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
         known = [run.summary.get(key) for run in runs]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in known):
             summary[key] = float(np.mean(known))
-    # each request's spread over the replicas it completed in: the average's own error
-    ttft = np.where(done, np.array([np.asarray(run.columns["ttft_s"], float) for run in runs]),
-                    np.nan)
-    spread = np.full(len(ids), np.nan)
-    several = done.sum(axis=0) >= 2
-    spread[several] = np.nanstd(ttft[:, several], axis=0, ddof=1)
-    columns[REPLICA_SD_COLUMN] = spread
-    summary.update(sim_replicas=len(runs), step_time_sigma=float(sigma),
-                   step_time_correlation=float(correlation))
     return RunResult(config=first.config if config is None else config, columns=columns,
                      summary=summary)
+
+
+def _completed(runs: Sequence[RunResult]) -> np.ndarray:
+    """runs x requests: whether each run completed each request."""
+    return np.array([np.asarray(run.columns["status"]) == "completed" for run in runs])
+
+
+def ensemble_result(runs: Sequence[RunResult], sigma: float, config=None,
+                    correlation: float = 0.0) -> RunResult:
+    """One result of ``runs`` (replicas of one configuration that differ in their step-time
+    draws), averaged per request (``averaged_result``), with each request's TTFT standard
+    deviation over the replicas (``REPLICA_SD_COLUMN``) and ``sim_replicas``,
+    ``step_time_sigma`` and ``step_time_correlation`` in its summary. ``config``: the
+    configuration the replicas were drawn from (the noise-free one, which a point's
+    ``config.toml`` keeps; default replica 0's)."""
+    if not runs:
+        raise ValueError("an ensemble needs at least one run")
+    try:
+        result = averaged_result(runs, config)
+    except ValueError as error:
+        raise ValueError("the replicas' requests differ: not one configuration") from error
+    # each request's spread over the replicas it completed in: the average's own error
+    done = _completed(runs)
+    ttft = np.where(done, np.array([np.asarray(run.columns["ttft_s"], float) for run in runs]),
+                    np.nan)
+    spread = np.full(done.shape[1], np.nan)
+    several = done.sum(axis=0) >= 2
+    spread[several] = np.nanstd(ttft[:, several], axis=0, ddof=1)
+    result.columns[REPLICA_SD_COLUMN] = spread
+    result.summary.update(sim_replicas=len(runs), step_time_sigma=float(sigma),
+                          step_time_correlation=float(correlation))
+    return result
 
 
 def p90_abs_error_one_run(ttft_s: np.ndarray) -> float:
@@ -99,4 +119,4 @@ def p90_abs_error_one_run(ttft_s: np.ndarray) -> float:
     return float(np.mean(each))
 
 
-__all__ = ["REPLICA_SD_COLUMN", "ensemble_result", "p90_abs_error_one_run"]
+__all__ = ["REPLICA_SD_COLUMN", "averaged_result", "ensemble_result", "p90_abs_error_one_run"]

@@ -841,22 +841,66 @@ def run_sim(trace: Trace, config: SimConfig, profile: Profile):
     return runner("sim")(trace, config, profile, None)
 
 
-def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile, replicas: int,
-                     sigma: float, correlation: float = 0.0):
+def run_sim_ensemble(trace: Trace, config: SimConfig, profile: Profile | Sequence[Profile],
+                     replicas: int, sigma: float, correlation: float = 0.0):
     """``replicas`` simulations of the point, each step's time drawn around its price with
     ``sigma`` and ``correlation`` (``serving.step_noise``; ``step_noise_seed``
     0..replicas-1), averaged per request (``ragsim.sim_ensemble``): an estimate of each
-    request's expected TTFT."""
+    request's expected TTFT. ``profile``: one, or one per real run (``like_runs``): replica k
+    is priced by the ``k % len``-th, so the replicas begin in the engine states the real runs
+    began in, as evenly as their number allows."""
     from ragsim.sim_ensemble import ensemble_result
 
+    profiles = list(profile) if isinstance(profile, list | tuple) else [profile]
     runs = [run_sim(trace, config.replace(step_time_sigma=sigma,
                                           step_time_correlation=correlation,
-                                          step_noise_seed=k), profile)
+                                          step_noise_seed=k), profiles[k % len(profiles)])
             for k in range(replicas)]
     # the point's config.toml: noise-free
     ensemble = ensemble_result(runs, sigma, config, correlation)
     ensemble.summary["ttft_p90_abs_error_one_run"] = _one_run_p90(runs)
     return ensemble
+
+
+def like_runs(profile: Profile, reals: Sequence) -> list[Profile]:
+    """``profile`` as each of ``reals``' engines had warmed it when its run began
+    (``warmed_like``), one per run in their order. Why: repeated runs of a point share one
+    engine process (vLLM's), so each begins with the step sizes the runs before it built; the
+    real side is their average, and the simulation of the first run's state alone charged the
+    later runs first-time prices their engines no longer paid (run AI: +3.9% against -6.4% at
+    vllm-apc's 50% point, docs/validation.md)."""
+    return [warmed_like(profile, real) for real in reals]
+
+
+def run_sim_like_runs(trace: Trace, config: SimConfig, profiles: Sequence[Profile]):
+    """The noise-free simulation of a point whose real runs began in the engine states
+    ``profiles`` price (``like_runs``): one simulation per state, averaged per request with
+    each real run's weight (``sim_ensemble.averaged_result``), where the real side averages
+    the runs; a state shared by several runs is simulated once, and one state is its
+    simulation itself. Returns (the average, the first run's simulation): readings of one
+    simulation (its cost elasticity, its search term) are taken on the first."""
+    from ragsim.sim_ensemble import averaged_result
+
+    by_state: dict[object, object] = {}
+    runs = []
+    for profile in profiles:
+        key = _warm_state(profile)
+        if key not in by_state:
+            by_state[key] = run_sim(trace, config, profile)
+        runs.append(by_state[key])
+    if len(by_state) == 1:
+        return runs[0], runs[0]
+    average = averaged_result(runs, config)
+    average.summary["sim_engine_states"] = len(by_state)
+    return average, runs[0]
+
+
+def _warm_state(profile: Profile) -> object:
+    """What of an engine's starting state a profile prices: the step sizes built and how many
+    stay built (``Profile.new_shapes``), or nothing."""
+    shapes = profile.new_shapes
+    return None if shapes is None else (tuple(shapes.warm_step_tokens),
+                                        shapes.built_capacity_counts)
 
 
 def _one_run_p90(runs) -> float:

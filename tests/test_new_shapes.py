@@ -144,6 +144,36 @@ def test_a_validation_prices_the_sim_with_what_the_real_engine_had_run():
     assert warmed_like(BASE, SimpleNamespace(engine_built_capacity_counts=256)) is BASE
 
 
+def test_repeated_runs_are_simulated_each_from_its_own_engines_state():
+    """vLLM's repeats of a point share one engine process: the first run built the point's
+    token counts, so the runs after it begin warm. The real side averages the runs; the
+    simulated side averages one simulation per run's starting state. One request, one
+    400-token prefill (first test above): cold it pays 5 ms more; over a cold first run and
+    two warm ones the average pays a third of that."""
+    from types import SimpleNamespace
+
+    from ragsim.validation import like_runs, run_sim_ensemble, run_sim_like_runs
+
+    trace = trace_of([(0.0, 300, 100, 3)])
+    settings = config("prefill-first", cache=False)
+    reals = [SimpleNamespace(engine_warm_step_tokens=warm) for warm in ((), (400,), (2, 400))]
+    states = like_runs(with_shapes(), reals)
+    average, first = run_sim_like_runs(trace, settings, states)
+    cold = SEARCH_S + BASE.prefill.at(0, 400) + 0.005
+    assert first.columns["first_token_s"][0] == pytest.approx(cold, rel=1e-12)
+    assert average.columns["first_token_s"][0] == pytest.approx(cold - 0.005 * 2 / 3,
+                                                                rel=1e-12)
+    assert average.summary["sim_engine_states"] == 3
+    # noisy replicas cycle through the runs' states: three replicas without noise, one each
+    replicas = run_sim_ensemble(trace, settings, states, 3, 0.0)
+    assert replicas.columns["first_token_s"][0] == pytest.approx(cold - 0.005 * 2 / 3,
+                                                                 rel=1e-12)
+    # runs that began alike (a torch engine's, or no first-time prices): one simulation
+    alike = like_runs(BASE, reals)
+    one, same = run_sim_like_runs(trace, settings, alike)
+    assert one is same and "sim_engine_states" not in one.summary
+
+
 def test_the_replay_prices_a_token_count_once_in_the_order_of_the_real_steps():
     profile = with_shapes()
     prefill = {"kind": "prefill", "jobs": [(1, 0, 0, 300, 0)], "size": 0,

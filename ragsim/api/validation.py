@@ -442,14 +442,17 @@ def _search_term(found: dict | None, report: dict) -> dict | None:
 
 
 def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
-                steps: list[list[dict] | None] | None = None, noise_free=None) -> None:
+                steps: list[list[dict] | None] | None = None, noise_free=None,
+                first_run=None) -> None:
     """Both sides' records and summaries (``real``, and ``real-2``, ... for repeated real
     runs), each real run's steps against their prices where priced (``steps.parquet``), the
     joined per-request comparison (over repeated runs: their per-request average), the plots,
     the configuration and ``validation.json``. ``noise_free``: with ``--sim-replicas``, where
     ``sim`` is the replicas' per-request average, the noise-free run beside it
     (``sim-noise-free``): its times are steps' times, which an average's are not, so whoever
-    reads batches and step starts reads them there."""
+    reads batches and step starts reads them there. ``first_run``: where the noise-free side
+    averages simulations of the real runs' several starting states (``like_runs``), the first
+    run's simulation (``sim-first-run``), one simulation's steps for the same reason."""
     import pandas as pd
 
     from ragsim import validation as v
@@ -470,6 +473,9 @@ def _write_pair(folder: Path, reals: list, sim, report: dict, backend: str,
     if noise_free is not None:
         save_run_result(folder / "sim-noise-free", pd.DataFrame(noise_free.columns),
                         noise_free.summary, flag=label("out_dir"))
+    if first_run is not None:
+        save_run_result(folder / "sim-first-run", pd.DataFrame(first_run.columns),
+                        first_run.summary, flag=label("out_dir"))
     if len(reals) > 1:
         from ragsim.engine_spread import pooled_join
 
@@ -614,17 +620,22 @@ class ValidationSetup:
                     break
                 reals.append(again)
             real, more = reals[0], reals[1:]
-            # the simulated engine has run what the real one's process had before the (first)
-            # run began: those step sizes are built (``Profile.warmed``)
-            sim_costs = v.warmed_like(costs, real)
-            sim = v.run_sim(data, cfg, sim_costs)
+            # each simulated engine has run what its real one's process had before its run
+            # began: those step sizes are built (``Profile.warmed``). vLLM's repeats share one
+            # process, so each run begins warmer than the last: the noise-free side is one
+            # simulation per run's starting state, averaged as the runs are (``like_runs``)
+            states = v.like_runs(costs, reals)
+            sim_costs = states[0]
+            sim, first = v.run_sim_like_runs(data, cfg, states)
             # --sim-replicas: the per-request average of noisy replicas is the simulated side,
-            # the noise-free run kept beside it (and the elasticity measured on it)
-            ensemble = v.run_sim_ensemble(data, cfg, sim_costs, self.sim_replicas,
+            # the noise-free run kept beside it; readings of one simulation (the elasticity,
+            # the search term) are taken on the first run's
+            ensemble = v.run_sim_ensemble(data, cfg, states, self.sim_replicas,
                                           self.step_time_sigma, self.step_time_correlation) \
                 if self.sim_replicas > 1 else None
             adjusted = v.speed_adjusted_sim(data, cfg, sim_costs, *reals)
-            replayed = [v.replay_decisions(r, v.warmed_like(costs, r)) for r in reals] \
+            replayed = [v.replay_decisions(r, state) for r, state in zip(reals, states,
+                                                                         strict=True)] \
                 if self.replay_decisions else [None]
             measured = [v.replay_decisions(r, costs, measured=True) for r in reals] \
                 if self.replay_decisions else []
@@ -636,19 +647,20 @@ class ValidationSetup:
                                replayed_ttft=replayed[0], capacity_error=capacity_error,
                                repeats=more, repeats_replayed=replayed[1:],
                                measured_replayed=measured,
-                               elasticity=v.cost_elasticity(data, cfg, sim_costs, sim),
+                               elasticity=v.cost_elasticity(data, cfg, sim_costs, first),
                                steps=v.step_prices(reals, costs, steps)
                                if self.replay_decisions else None,
                                single=sim if ensemble is not None else None,
                                profile_misses=heldout_misses(costs.obtained,
                                                              biased_by=PROFILE_BIAS))
             report["search_term"] = _search_term(
-                v.search_term_range(data, cfg, sim_costs, sim, self.search_cost()), report)
+                v.search_term_range(data, cfg, sim_costs, first, self.search_cost()), report)
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             report["probes"] = self.probes
             _write_pair(folder, reals, ensemble or sim, report, backend, steps,
-                        noise_free=sim if ensemble is not None else None)
+                        noise_free=sim if ensemble is not None else None,
+                        first_run=first if first is not sim else None)
             return report
 
         config = self.config
