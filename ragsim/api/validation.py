@@ -658,6 +658,9 @@ class ValidationSetup:
             # a real run cut short (Ctrl-C, SIGTERM) keeps what ended: compared and written
             report["interrupted"] = any(bool(r.summary.get("interrupted")) for r in reals)
             report["probes"] = self.probes
+            # how many starting states the noise-free side averages (one per distinct state
+            # of the real runs' engines; 1: one simulation)
+            report["sim_engine_states"] = int(sim.summary.get("sim_engine_states", 1))
             _write_pair(folder, reals, ensemble or sim, report, backend, steps,
                         noise_free=sim if ensemble is not None else None,
                         first_run=first if first is not sim else None)
