@@ -270,13 +270,19 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     # what the probe measured, in the report: the value the simulation was given
     probe = report["probes"]["search_handoff"]
     assert probe["handoff_s"] == handoff and probe["searches"] > 0
-    assert "engine_loop" not in report["probes"]  # measured for vLLM's runs only
-    # what a search beside the busy engine costs it: its decode steps timed alone and beside
-    # the trace's searches (``search_cost``), after two probe runs on requests the validation
-    # does not judge (here the trace's last: it has few past the 16 judged), whose search
-    # threads' interpreter time is reported beside; the simulation charges the former
-    beside = report["probes"]["search_beside_engine"]
+    # the torch engine's loop, as vLLM's: two probe runs on requests the validation does not
+    # judge (here the trace's last: it has few past the 16 judged), their time between the
+    # steps of a busy engine fitted a step and a request; the simulation charges the fit
+    beside = report["probes"]["engine_loop"]
     assert [r["load"] for r in beside["runs"]] == [0.5, 0.9]
+    assert all(r["gaps"] > 0 and r["between_steps_s"] > 0 for r in beside["runs"])
+    assert beside["step_s"] >= 0 and beside["request_s"] >= 0 and beside["quiet_intake_s"] == 0
+    assert beside["step_s"] + beside["request_s"] > 0
+    assert report["sim"]["config"]["engine_loop_step_s"] == beside["step_s"]
+    assert report["sim"]["config"]["engine_loop_request_s"] == beside["request_s"]
+    # what a search beside the busy engine costs it: its decode steps timed alone and beside
+    # the trace's searches (``search_cost``) after the same runs, whose search threads'
+    # interpreter time is reported beside; the simulation charges the former
     assert beside["searches"] == 2 * beside["requests"] and beside["interpreter_s"] > 0
     cost = beside["search_cost"]
     assert cost["searches"] > 0 and cost["pairs"] > 0 and cost["alone_step_s"] > 0

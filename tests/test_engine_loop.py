@@ -14,7 +14,7 @@ import pytest
 
 from ragsim.decisions import replay
 from ragsim.profiles.profile import load_profile
-from ragsim.realrun.vllm.loop import fit_engine_loop, probe_rows
+from ragsim.realrun.probe_runs import fit_engine_loop, probe_rows
 from ragsim.serving.config import build_config
 from ragsim.serving.engine_loop import EngineLoop
 from ragsim.sim.simulator import run_simulation

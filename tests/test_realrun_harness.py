@@ -200,3 +200,50 @@ def test_cost_model_errors_flag_iterations_past_the_profile():
     assert errors["decode"]["beyond_profile_iterations"] == 1
     assert errors["decode"]["beyond_profile_measured_s"] == pytest.approx(0.2)
     assert errors["decode"]["measured_s"] == pytest.approx(0.21)
+
+
+class _SlowHandBack(RealRun):
+    """A real run whose engine thread spends ``PAUSE_S`` handing each first token back, between
+    two iterations (what a slow serving loop does)."""
+
+    PAUSE_S = 0.04
+
+    def prefilled(self, job) -> None:
+        import time
+
+        time.sleep(self.PAUSE_S)
+        super().prefilled(job)
+
+
+def test_the_torch_runs_clock_counts_the_engines_time_between_iterations():
+    """Two requests arriving together, one prompt an iteration: the second waits for the first's
+    prefill and for the 40 ms its engine thread then spends before the next iteration, on the
+    wall as on the run's clock. A clock moved only by each iteration's own duration (before
+    2026-12-07) gave the second a TTFT of the two prefills alone; by hand, the second's TTFT is
+    at least the first's plus the pause, and the pause is the engine's time between steps."""
+    b = TraceBuilder("loop-clock")
+    for i in range(2):
+        b.add(i, 0.0, 8, 2, [i], [40])
+    trace = b.build({"name": "loop-clock"})
+    cfg = build_config({"trace": "mmlu", "system": "vllm", "profile": PROFILE,
+                        "max_prefill_bs": 1, "search_s": 0.001, "speculate": False,
+                        "cache": False})
+    run = _SlowHandBack(trace, cfg, load_profile(PROFILE), speed_probes=False)
+    result = run.run()
+    first, second = sorted(result.columns["ttft_s"])
+    assert second - first >= _SlowHandBack.PAUSE_S
+    iterations = run.iterations
+    assert iterations.between_steps >= 1
+    assert iterations.between_steps_s >= _SlowHandBack.PAUSE_S
+    assert result.summary["engine_between_steps_s"] == iterations.between_steps_s
+    # the second prompt's step began after the pause, and each step's stamps hold its work
+    prefills = [d for d in iterations.decisions if d["kind"] == "prefill"]
+    assert len(prefills) == 2
+    assert prefills[1]["start_s"] - prefills[0]["end_s"] >= _SlowHandBack.PAUSE_S
+    logged = [entry[3] for entry in iterations.log if entry[0] == "prefill"]
+    for decision, seconds in zip(prefills, logged, strict=True):
+        assert decision["end_s"] - decision["start_s"] >= seconds
+    # the second began as the first ended (no wait for work between them): the time between
+    # was the loop's, not a pause for the profile's cold start to price
+    pauses = [entry[5] for entry in iterations.log if entry[0] == "prefill"]
+    assert pauses[0] == float("inf") and pauses[1] == 0.0

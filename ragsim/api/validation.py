@@ -149,16 +149,9 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
         for result in results:
             result.config = result.config.replace(**connector_fields)
     _measure_step_spread(results, costs, probes, note)
-    runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} gaps, "
-                     f"{r['requests_while_busy']} requests handed over busy" for r in probe["runs"])
-    whose = ("requests past the ones validated" if probe["held_aside"]
-             else "the trace's last requests (it has none past the ones validated)")
-    note(f"engine loop: the real run's time between steps, measured on {probe['requests']} "
-         f"{whose} ({runs}): {probe['step_s'] * 1e3:.3f} ms a step and "
-         f"{probe['fitted_request_s'] * 1e3:.3f} ms a request, less its quiet intake "
-         f"{probe['quiet_intake_s'] * 1e3:.3f} ms, which the prices hold; and "
-         + search_cost_words(probe) + "; the simulation and the replays charge them "
-         "(engine_loop_step_s, engine_loop_request_s, engine_loop_search_s)")
+    note(loop_words(probe) + "; and " + search_cost_words(probe) + "; the simulation and the "
+         "replays charge them (engine_loop_step_s, engine_loop_request_s, "
+         "engine_loop_search_s)")
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"], **connector_fields)
@@ -226,26 +219,31 @@ def _probe_trace(resolved, data, costs):
     return wider, float(burst.summary["throughput_rps"])
 
 
-def _with_measured_search_beside_engine(resolved, data, costs, config_file, note, device,
-                                        threads, probes):
-    """The torch engine's configuration with what a search beside its busy engine costs it
-    (``realrun/search_cost.py``: the engine's decode steps alone and beside the trace's
-    searches), after two probe runs of its real run on requests this validation does not serve,
-    at two loads (``realrun.probe_runs.search_beside_engine``), unless the configuration file
-    sets ``engine_loop_search_s`` (said in a note either way). The torch harness's search
-    workers share its interpreter as vLLM's run's do, and vLLM's runs are charged the same term
-    (measured by their loop probe): equal terms. Without it, run Q2's 90% simulation ran an
-    engine 72% busy where the real one was 79%, and its mean came out -55%; with the term at the
-    judged runs' own 0.15 ms, +3.5% (docs/validation.md, "Run Q"). What the probe measured goes
-    into ``probes["search_beside_engine"]``."""
+def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, threads,
+                              probes, searches_for_real: bool):
+    """The torch engine's configuration with its loop measured through two probe runs of its
+    real run on requests this validation does not serve, at two loads
+    (``realrun.probe_runs.torch_engine_loop``), as vLLM's runs get theirs: the time between
+    the steps of its busy engine (``engine_loop_step_s``, ``engine_loop_request_s``) and what a
+    search beside it costs its steps (``engine_loop_search_s``: ``realrun/search_cost.py``),
+    unless the configuration file sets any of them (said in a note either way). The torch
+    run's thread spends that time between its iterations (0.1 ms after a decode step, 0.3 ms
+    after a prefill at 50% load: docs/validation.md, "The torch run's clock"), and its
+    search workers share its interpreter as vLLM's run's do: equal terms. Without the search
+    term run Q2's 90% simulation ran an engine 72% busy where the real one was 79%, and its
+    mean came out -55% (docs/validation.md, "Run Q"). What the probe measured goes into
+    ``probes["engine_loop"]``."""
     from ragsim.serving.config import load_config_file
 
-    if config_file is not None and "engine_loop_search_s" in load_config_file(config_file):
-        note(f"search beside the engine: the configuration's "
-             f"({resolved.engine_loop_search_s * 1e3:.3f} ms a search), not measured")
+    fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
+    if config_file is not None and set(fields) & set(load_config_file(config_file)):
+        note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
+             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request, "
+             f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
+             "not measured")
         return resolved
     from ragsim.realrun.harness import RealRun
-    from ragsim.realrun.probe_runs import search_beside_engine, torch_decode_step
+    from ragsim.realrun.probe_runs import torch_decode_step, torch_engine_loop
 
     wider, capacity_rps = _probe_trace(resolved, data, costs)
     # the threads the real runs' engine takes (``RealRun``: the profile's where not given)
@@ -262,18 +260,31 @@ def _with_measured_search_beside_engine(resolved, data, costs, config_file, note
         results.append(result)
         return result
 
-    probe = probes["search_beside_engine"] = search_beside_engine(
+    probe = probes["engine_loop"] = torch_engine_loop(
         wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run,
-        engine_step=lambda: torch_decode_step(engines[-1], resolved.seed),
-        threads=engine_threads)
+        engine_step=(lambda: torch_decode_step(engines[-1], resolved.seed))
+        if searches_for_real else None, threads=engine_threads)
     _measure_step_spread(results, costs, probes, note)
+    note(loop_words(probe) + "; " + search_cost_words(probe) + "; the simulation and the "
+         "replays charge them (engine_loop_step_s, engine_loop_request_s, "
+         "engine_loop_search_s)")
+    return resolved.replace(engine_loop_step_s=probe["step_s"],
+                            engine_loop_request_s=probe["request_s"],
+                            engine_loop_search_s=probe["search_s"])
+
+
+def loop_words(probe: dict) -> str:
+    """What a loop probe measured (either engine's), in words."""
+    runs = "; ".join(f"{r['load']:.0%}: {r['between_steps_s'] * 1e3:.1f} ms over {r['gaps']} "
+                     f"gaps, {r['requests_while_busy']} requests handed over busy"
+                     for r in probe["runs"])
     whose = ("requests past the ones validated" if probe["held_aside"]
              else "the trace's last requests (it has none past the ones validated)")
-    note(f"search beside the engine, measured through the real run on {probe['requests']} "
-         f"{whose} at " + ", ".join(f"{r['load']:.0%}" for r in probe["runs"])
-         + " of the simulated capacity: " + search_cost_words(probe)
-         + "; the simulation charges it (engine_loop_search_s)")
-    return resolved.replace(engine_loop_search_s=probe["search_s"])
+    intake = (f", less its quiet intake {probe['quiet_intake_s'] * 1e3:.3f} ms, which the "
+              "prices hold" if probe.get("quiet_intake_s") else "")
+    return (f"engine loop: the real run's time between steps, measured on {probe['requests']} "
+            f"{whose} ({runs}): {probe['step_s'] * 1e3:.3f} ms a step and "
+            f"{probe['fitted_request_s'] * 1e3:.3f} ms a request{intake}")
 
 
 def search_cost_words(probe: dict) -> str:
@@ -583,13 +594,9 @@ class ValidationSetup:
         return self.repeats.get(load, self.repeats.get(None, 1))
 
     def search_cost(self) -> dict | None:
-        """The search-cost probe's measurement (``realrun/search_cost.py``), whichever probe
-        took it: vLLM's engine loop or the torch run's search beside its engine."""
-        for name in ("engine_loop", "search_beside_engine"):
-            cost = (self.probes.get(name) or {}).get("search_cost")
-            if cost:
-                return cost
-        return None
+        """The search-cost probe's measurement (``realrun/search_cost.py``), taken by either
+        engine's loop probe."""
+        return (self.probes.get("engine_loop") or {}).get("search_cost") or None
 
     def execute(self, on_run: RunProgress | None = None) -> Validation:
         """Run the pair (at each load), writing each comparison as it ends: a Ctrl-C keeps
@@ -837,10 +844,9 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
     if backend == "vllm":  # the first real runs: after every note on how the runs will go
         resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads,
                                               probes)
-    elif backend == "torch" and searches_for_real:  # likewise; its loop between steps is
-        # the pipeline's own, which the simulation runs too: the search tier's term alone
-        resolved = _with_measured_search_beside_engine(resolved, data, costs, config, note,
-                                                       device, threads, probes)
+    elif backend == "torch":  # likewise: its loop and, searching for real, its search term
+        resolved = _with_measured_torch_loop(resolved, data, costs, config, note, device,
+                                             threads, probes, searches_for_real)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
     sigma = correlation = 0.0

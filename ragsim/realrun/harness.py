@@ -160,6 +160,13 @@ class RealRun(RealSearchDriving, Pipeline):
                   "allocator": memory_allocator()}
         if it is not None:
             fields.update(it.times.as_dict())
+            # the engine's loop, as the vLLM run reports its own (``engine_loop``)
+            fields.update(engine_between_steps_s=it.between_steps_s,
+                          engine_between_steps=it.between_steps,
+                          engine_requests_after_step=it.requests_after_step,
+                          engine_between_steps_mean_ms=(1e3 * it.between_steps_s
+                                                        / it.between_steps
+                                                        if it.between_steps else 0.0))
             # priced as the simulation of this run prices it: the sizes run before it warm
             fields["cost_model_errors"] = cost_model_errors(it.log, self.profile.warmed(
                 getattr(self, "_warm_steps", ())))

@@ -35,16 +35,23 @@ does what it decided and reports how long it took:
   there). Those copies are a real cost of this engine, which the profile's decode grid does
   not contain: they are reported apart.
 * **Time**: the harness runs on a wall clock (``simpy.rt``); an iteration measures its own work
-  (moves, copies, forward) and yields that long, so the clock and the engine agree. Events that
-  fell due while it worked are handled right after it, stamped with their own times: for
-  searches of recorded or modelled duration that is exactly what concurrent workers would
-  have done.
+  (moves, copies, forward) and is stamped with the wall instants it began and ended, and the
+  clock moves to its end's wall instant. Events that fell due while it worked are handled
+  right after it, stamped with their own times: for searches of recorded or modelled
+  duration that is exactly what concurrent workers would have done. The engine's thread
+  spends time between two iterations too (the pipeline's events, choosing the next batch,
+  handing first tokens back): it lies between one iteration's end and the next one's start,
+  on the clock as on the wall, and is counted where the engine did not wait for work in
+  between (``between_steps_s``, ``between_steps``), as the vLLM run counts its own. Before,
+  an iteration yielded its own duration only, so the clock fell behind the wall by that time
+  (1.3 ms at the median of a 50% load, up to 11 ms) and the run's TTFTs left it out
+  (docs/validation.md, "The torch run's clock").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
 import simpy
@@ -205,6 +212,15 @@ class TorchIterations:
         # which a profile's cold start prices; padded context: the batch's common end, which
         # a profile of a padded decode (``decode_padding``) prices
         self.log: list[tuple] = []
+        # the engine's time between two iterations where it did not wait for work in between
+        # (its loop: what ``realrun.probe_runs`` fits ``EngineLoop`` on), and how many such gaps
+        self.between_steps_s = 0.0
+        self.between_steps = 0
+        # jobs whose prefill began as the step before it ended: the loop's time per request
+        # is fitted on them (the simulator charges it with each request's first prompt chunk)
+        self.requests_after_step = 0
+        self._last_end_s: float | None = None  # the clock at the last iteration's end
+        self._after_step = False  # the iteration under way began as the one before it ended
         # the same iterations as decisions (``ragsim.decisions``): when each started on the
         # run's clock, which jobs it ran and what the simulator's costs need to price it
         self.decisions: list[dict] = []
@@ -424,16 +440,42 @@ class TorchIterations:
         self.times.prefill_passes += 1
 
     def _pause_s(self) -> float:
-        """How long the engine sat idle before the iteration recorded last (inf: the first)."""
+        """How long the engine sat idle before the iteration recorded last (inf: the first; 0
+        where it began as the one before it ended: the time between them was its loop's, not
+        a pause, as the simulator's steps count it)."""
         if len(self.decisions) < 2:
             return float("inf")
+        if self._after_step:
+            return 0.0
         return max(0.0, self.decisions[-1]["start_s"] - self.decisions[-2]["end_s"])
 
+    def _begin(self) -> float:
+        """The run's clock at the wall instant this iteration begins (past ``env.now`` by the
+        engine's own time since it was last advanced), the gap since the last iteration's end
+        counted as the loop's where the engine did not wait for work in between (the clock has
+        not moved since that end: only a wait moves it)."""
+        start_s = max(self.env.now, self.env.env_time(monotonic()))
+        self._after_step = self._last_end_s is not None and self.env.now == self._last_end_s
+        if self._after_step:
+            self.between_steps_s += start_s - self._last_end_s
+            self.between_steps += 1
+        return start_s
+
+    def _end(self):
+        """The iteration's end: stamped with its wall instant, and the clock moved there
+        (events that fell due meanwhile are handled first, with their own times)."""
+        end_s = max(self.env.now, self.env.env_time(monotonic()))
+        self.decisions[-1]["end_s"] = end_s
+        yield self.env.timeout(end_s - self.env.now)
+        self._last_end_s = self.env.now
+
     def prefill(self, jobs: list[Job]) -> Wait:
-        started = perf_counter()
-        self.decisions.append({"kind": "prefill", "start_s": self.env.now,
+        self.decisions.append({"kind": "prefill", "start_s": self._begin(),
                                "jobs": [(j.key, j.request, j.alpha, j.beta, j.swap_in_bytes)
                                         for j in jobs]})
+        if self._after_step:
+            self.requests_after_step += len(jobs)
+        started = perf_counter()
         layerwise: list | None = [] if self.overlap_swap else None
         copy_s = self._apply_moves(layerwise)
         exposed_copy_s = copy_s  # the copy time the prefill waited for
@@ -464,11 +506,10 @@ class TorchIterations:
         compute_s = duration - exposed_copy_s
         self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
                          compute_s, copy_s, self._pause_s()))
-        self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.swap_in_s += copy_s
         self.times.moves_s += moves_s
         self.times.prefill_s += duration
-        yield self.env.timeout(duration)
+        yield from self._end()
         return PrefillTiming(duration_s=duration, compute_s=compute_s, copy_s=copy_s)
 
     # ------------------------------------------------------------------ decode
@@ -606,9 +647,9 @@ class TorchIterations:
         return batch, order
 
     def decode(self, jobs: set[Job], mean_context_tokens: float) -> Wait:
-        started = perf_counter()
-        self.decisions.append({"kind": "decode", "start_s": self.env.now, "size": len(jobs),
+        self.decisions.append({"kind": "decode", "start_s": self._begin(), "size": len(jobs),
                                "context_tokens": mean_context_tokens})
+        started = perf_counter()
         order = self._decode_order
         changed = not self.layout.unchanged(jobs)  # its rows are the batch's rows
         rebuild = self.layout.plan(jobs, lambda j: self._running[j].tokens)
@@ -660,10 +701,9 @@ class TorchIterations:
         duration = perf_counter() - started
         self.log.append(("decode", len(order), mean_context_tokens, duration, changed,
                          self._pause_s(), padded))
-        self.decisions[-1]["end_s"] = self.decisions[-1]["start_s"] + duration
         self.times.decode_s += duration
         self.times.decode_steps += 1
-        yield self.env.timeout(duration)
+        yield from self._end()
         return duration
 
     def leave(self, job: Job) -> None:

@@ -1,16 +1,18 @@
 """Probe runs: real runs of a trace's requests past the ones a validation judges, at two loads,
 that measure what the simulation of such a run must charge and a profile cannot hold.
 
-Two probes run on them: vLLM's engine loop (``realrun/vllm/loop.py``: the time between its
-steps and each request's intake) and, on either engine, the search tier's share of the serving
-process's interpreter (``search_beside_engine``). A serving process whose search workers run
-Python beside an in-process engine shares one interpreter with it, and the engine's Python
-waits while they hold it (docs/validation.md, "The search tier in the engine's interpreter").
-The probe measures it as what a search costs the engine's steps (``realrun/search_cost.py``:
-steps timed alone and beside searches, several times the searches' own interpreter time), with
-the CPU time the run's search threads spent outside faiss (``RealSearch``:
-``interpreter_s_total``) per search beside it, on requests the validation does not serve, so
-that no judged run sets a parameter of its own simulation.
+Two probes run on them, on either engine. The engine's loop: the time its thread spends
+between two steps of a busy engine (handing outputs back, the pipeline's events, the next
+batch, each request's intake), fitted as ``step_s`` a gap plus ``request_s`` a request
+(``fit_engine_loop``; vLLM's in ``realrun/vllm/loop.py``, the torch engine's in
+``torch_engine_loop``). And the search tier's share of the serving process's interpreter: a
+serving process whose search workers run Python beside an in-process engine shares one
+interpreter with it, and the engine's Python waits while they hold it (docs/validation.md,
+"The search tier in the engine's interpreter"). The probe measures it as what a search costs
+the engine's steps (``realrun/search_cost.py``: steps timed alone and beside searches, several
+times the searches' own interpreter time), with the CPU time the run's search threads spent
+outside faiss (``RealSearch``: ``interpreter_s_total``) per search beside it, on requests the
+validation does not serve, so that no judged run sets a parameter of its own simulation.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def probe_configs(config: SimConfig, capacity_rps: float) -> list[tuple[float, S
                                    n_requests=None)) for share in LOOP_PROBE_LOADS]
 
 
+def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]:
+    """``(step_s, request_s)`` from ``(gaps, seconds between steps, requests handed over while
+    busy)`` of each probe run: non-negative least squares (``scipy.optimize.nnls``), so that
+    noise cannot make either term a refund."""
+    from scipy.optimize import nnls
+
+    if not points:
+        return 0.0, 0.0
+    design = np.array([[float(g), float(r)] for g, _, r in points])
+    seconds = np.array([float(s) for _, s, _ in points])
+    solution, _ = nnls(design, seconds)
+    return float(solution[0]), float(solution[1])
+
+
 def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
     """``(seconds a search, searches)``: the search threads' interpreter time per search over
     the runs' summaries (0 where none searched a real index)."""
@@ -61,38 +77,50 @@ def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
     return (seconds / searches if searches else 0.0), searches
 
 
-def search_beside_engine(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
-                         capacity_rps: float,
-                         run: Callable[[Trace, SimConfig, Profile], object],
-                         engine_step: Callable[[], Callable[[], object]] | None = None,
-                         threads: int | None = None) -> dict:
-    """What a search beside a busy engine costs it in real runs of ``config`` (``run``: one
-    real run on a fresh engine, returning its ``RunResult``), on the trace's requests past the
-    ``served`` ones, at each of ``LOOP_PROBE_LOADS`` x ``capacity_rps``: the search threads'
-    interpreter time per search there (``interpreter_s``) and, given ``engine_step`` (called
-    after the runs: one step of the last run's engine, on ``threads``, as vLLM's probe steps
-    its run's engine after the run), the engine's steps timed beside the trace's searches
-    (``search_cost``: ``realrun/search_cost.py``), which is ``search_s`` where measured (what
+def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
+                      capacity_rps: float,
+                      run: Callable[[Trace, SimConfig, Profile], object],
+                      engine_step: Callable[[], Callable[[], object]] | None = None,
+                      threads: int | None = None) -> dict:
+    """The torch engine's loop in real runs of ``config`` (``run``: one real run on a fresh
+    engine, returning its ``RunResult``), on the trace's requests past the ``served`` ones, at
+    each of ``LOOP_PROBE_LOADS`` x ``capacity_rps``, as vLLM's probe measures its engine's
+    (``realrun/vllm/loop.py``): each run's time between the steps of its busy engine
+    (``TorchIterations.between_steps_s``) fitted as ``step_s`` a gap plus ``request_s`` a
+    request whose prefill began as the step before it ended (``fit_engine_loop``; the torch
+    profile times its passes from their inputs, so no intake is in its prices to take off).
+    And what a search beside the busy engine costs it: the search threads' interpreter time per
+    search there (``interpreter_s``) and, given ``engine_step`` (called after the runs: one
+    step of the last run's engine, on ``threads``, as vLLM's probe steps its run's engine after
+    the run), the engine's steps timed beside the trace's searches (``search_cost``:
+    ``realrun/search_cost.py``), which is ``search_s`` where measured (what
     ``EngineLoop.search_s`` charges), else the interpreter time. Also the searches and each
-    run's own figure."""
+    run's own figures."""
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
-    runs, summaries = [], []
+    runs, summaries, points = [], [], []
     for share, cfg in probe_configs(config, capacity_rps):
         summary = run(probe, cfg, profile).summary
         summaries.append(summary)
         search = summary.get("search") or {}
-        runs.append({"load": share, "rate_rps": cfg.rate_rps,
+        gaps = int(summary.get("engine_between_steps", 0))
+        between_s = float(summary.get("engine_between_steps_s", 0.0))
+        requests = int(summary.get("engine_requests_after_step", 0))
+        points.append((gaps, between_s, requests))
+        runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": gaps,
+                     "between_steps_s": between_s, "requests_while_busy": requests,
                      "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
                      "search_interpreter_mean_s": search.get("interpreter_mean_s")})
+    step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
     search_cost = None
     if engine_step is not None and config.search_latency == "trace":
         search_cost = measure_search_cost(probe, config.search_workers, engine_step(), threads)
     search_s = charged_search_s(interpreter_s, search_cost)
-    return {"search_s": search_s, "searches": searches, "interpreter_s": interpreter_s,
-            "search_cost": search_cost, "runs": runs, "requests": len(rows),
-            "held_aside": held_aside}
+    return {"step_s": step_s, "request_s": request_s, "fitted_request_s": request_s,
+            "quiet_intake_s": 0.0, "search_s": search_s, "searches": searches,
+            "interpreter_s": interpreter_s, "search_cost": search_cost, "runs": runs,
+            "requests": len(rows), "held_aside": held_aside}
 
 
 def torch_decode_step(model, seed: int) -> Callable[[], None]:

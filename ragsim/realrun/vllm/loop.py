@@ -46,6 +46,7 @@ from ragsim.profiles.profile import Profile
 from ragsim.realrun.probe_runs import (
     LOOP_PROBE_LOADS,
     LOOP_PROBE_REQUESTS,
+    fit_engine_loop,
     interpreter_per_search,
     probe_configs,
     probe_rows,
@@ -58,20 +59,6 @@ __all__ = ["LOOP_PROBE_LOADS", "LOOP_PROBE_REQUESTS", "connector_costs", "fit_en
            "measure_engine_loop", "probe_rows", "quiet_intake_s"]
 
 QUIET_INTAKES = 40  # requests whose intake is timed on the probe's idle engine
-
-
-def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]:
-    """``(step_s, request_s)`` from ``(gaps, seconds between steps, requests handed over while
-    busy)`` of each probe run: non-negative least squares (``scipy.optimize.nnls``), so that
-    noise cannot make either term a refund."""
-    from scipy.optimize import nnls
-
-    if not points:
-        return 0.0, 0.0
-    design = np.array([[float(g), float(r)] for g, _, r in points])
-    seconds = np.array([float(s) for _, s, _ in points])
-    solution, _ = nnls(design, seconds)
-    return float(solution[0]), float(solution[1])
 
 
 def connector_costs(summaries: list[dict]) -> dict | None:
