@@ -296,6 +296,30 @@ def test_a_searchs_span_is_its_time_on_a_free_worker(built):
         search.close()
 
 
+def test_the_search_pool_is_warm_before_any_requests_search(built):
+    """Each worker thread is up and through one search when the pool is built (a serving search
+    tier's state, and the simulation's), and that search is no request's: nothing of it is in
+    the report, and the first request's search is found waiting on a started worker."""
+    from ragsim.realrun.search import RealSearch
+
+    def workers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("search")}
+
+    before = workers()
+    search = RealSearch(built["trace"], workers=2)
+    try:
+        started = workers() - before
+        assert len(started) == 2 and all(t.is_alive() for t in started)
+        report = search.report
+        assert report.searches_run == report.stages_run == 0 and not report._stage_s
+        assert search.span(0) is None and not search._open
+        search.run_all(0, 2).result(timeout=30)
+        assert workers() - before == started  # no thread started for it
+        assert report.searches_run == 1
+    finally:
+        search.close()
+
+
 def test_a_searchs_interpreter_time_is_its_threads_cpu_outside_faiss(built):
     """``interpreter_s_total``: the CPU time the search threads spend outside faiss, which an
     engine in the same process waits for (``engine_loop_search_s``). Each stage made to hold

@@ -130,9 +130,28 @@ class RealSearch:
         self._ran: dict[int, tuple[float, float]] = {}
         self._worker = threading.local()  # each worker's last search's end
         self._closing = threading.Event()
+        self._warm_workers(max(1, workers))
         self.report = SearchReport(mode="faiss", index=self.index.spec.describe(),
                                    workers=max(1, workers),
                                    setup_s=time.perf_counter() - started)
+
+    def _warm_workers(self, workers: int) -> None:
+        """Every worker thread started and through one whole search before any request's: a
+        search tier that serves has its threads up and its index read, and a run's first
+        search was otherwise the pool's cold start, 0.4-5 ms at rest on two cores where a
+        later one took 0.1-0.2 ms, 8-11 ms beside a starting torch engine, and once 247 ms,
+        which held every request of an overload run back by a quarter of a second
+        (docs/validation.md, "The torch run's clock"). The simulation's searches are warm."""
+        started = threading.Barrier(workers)  # each on its own thread: all held until all ran
+        query = self._query_vectors[:1]
+
+        def search() -> None:
+            for _ in self.index.stages(query, self.top_k):
+                pass
+            started.wait()
+
+        for done in [self.pool.submit(search) for _ in range(workers)]:
+            done.result()
 
     @classmethod
     def for_trace(cls, trace: Trace, workers: int) -> tuple[RealSearch | None, str | None]:
