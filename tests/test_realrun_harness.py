@@ -247,3 +247,30 @@ def test_the_torch_runs_clock_counts_the_engines_time_between_iterations():
     # was the loop's, not a pause for the profile's cold start to price
     pauses = [entry[5] for entry in iterations.log if entry[0] == "prefill"]
     assert pauses[0] == float("inf") and pauses[1] == 0.0
+
+
+class _GcWatched(RealRun):
+    """A real run that notes whether the cyclic garbage collector could run as its clock
+    starts and its front end begins searching."""
+
+    def start_searches_at_arrivals(self) -> None:
+        import gc
+
+        self.gc_enabled_at_clock_start = gc.isenabled()
+        super().start_searches_at_arrivals()
+
+
+def test_no_garbage_collection_can_stall_a_run_once_its_clock_starts():
+    """The collector is paused from before the clock starts to after the run, and back on after
+    it: a full collection of a validation's heap took 273 ms in the search front end's thread
+    at an overload run's start, every request waiting behind it, where the pipeline's own pause
+    began only after the front end had begun."""
+    import gc
+
+    assert gc.isenabled()
+    cfg = build_config({"trace": "mmlu", "system": "ragcache", "profile": PROFILE,
+                        "rate_rps": 20.0, "search_s": 0.002})
+    run = _GcWatched(small_trace(n=4), cfg, load_profile(PROFILE), speed_probes=False)
+    run.run()
+    assert run.gc_enabled_at_clock_start is False
+    assert gc.isenabled()

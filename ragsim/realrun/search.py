@@ -29,6 +29,7 @@ import numpy as np
 
 from ragsim.errors import RagsimInputError
 from ragsim.realrun.cores import EngineCore, off_engine_core
+from ragsim.serving.gc_pause import cyclic_gc_paused
 from ragsim.traces.schema import Trace
 
 
@@ -410,7 +411,12 @@ class RealSearchDriving:
         """The run itself: the clock started, the searches begun at their arrivals, the
         pipeline run and the searches stopped, with the engine's thread on a core of its own
         meanwhile (``core``: ``realrun/cores.py``); the summary says where (``engine_core``)."""
-        with core:
+        # the cyclic garbage collector paused from before the clock starts (the pipeline's
+        # own pause begins after the front end has begun searching): a full collection of a
+        # validation's heap took 273 ms in the front end's thread at an overload run's start,
+        # holding the interpreter while every request waited (docs/validation.md, "The torch
+        # run's clock")
+        with core, cyclic_gc_paused():
             self.env.sync()  # the clock starts now, not when the engine was built
             self.start_searches_at_arrivals()
             try:
