@@ -147,6 +147,10 @@ def test_the_probe_runs_requests_the_validation_does_not_serve_where_there_are_s
     assert probe_rows(1300, 300, 120) == (range(300, 420), True)
     assert probe_rows(350, 300, 120) == (range(230, 350), False)
     assert probe_rows(50, 50, 120) == (range(0, 50), False)
+    # by default as many as the validation serves, within 16 and 120
+    assert probe_rows(1300, 300) == (range(300, 420), True)
+    assert probe_rows(1300, 40) == (range(40, 80), True)
+    assert probe_rows(1300, 10) == (range(10, 26), True)
 
 
 def test_the_search_tiers_time_is_summed_over_the_probe_runs_before_it_is_divided():

@@ -147,8 +147,12 @@ def test_validate_on_a_gpu_sets_the_terms_on_both_sides_and_says_so(monkeypatch,
 
     _free(monkeypatch, 139 * GiB)
     notes = []
+    # the engine loop given: its probe runs would need the GPU this machine lacks (the sizing
+    # comes before them)
+    config = tmp_path / "loop.toml"
+    config.write_text("[run]\nengine_loop_step_s = 0.0\nengine_loop_request_s = 0.0\n")
     setup = setup_validation(tmp_path / "v", backend="torch", device="cuda",
-                             profile="h200-torch-mistral-7b", requests=300,
+                             profile="h200-torch-mistral-7b", requests=300, config=config,
                              on_note=lambda text, warning=False: notes.append(text))
     assert setup.config.max_batch_size < 256
     assert setup.config.gpu_kv_bytes < load_profile("h200-torch-mistral-7b").kv_capacity_bytes

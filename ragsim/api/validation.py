@@ -209,12 +209,12 @@ def _probe_trace(resolved, data, costs):
     """The trace the probe runs draw from (the validation's requests and the probe's past
     them) and the simulated burst capacity their loads are shares of."""
     from ragsim import validation as v
-    from ragsim.realrun.probe_runs import LOOP_PROBE_REQUESTS
+    from ragsim.realrun.probe_runs import probe_size
     from ragsim.traces import resolve_trace
 
     served = data.n_requests
     wider = resolve_trace(resolved.trace, seed=resolved.seed,
-                          n_requests=served + LOOP_PROBE_REQUESTS)
+                          n_requests=served + probe_size(served))
     burst = v.run_sim(wider.head(served), v.config_at_load(resolved, v.LOAD_OVER, None), costs)
     return wider, float(burst.summary["throughput_rps"])
 
@@ -248,6 +248,9 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     wider, capacity_rps = _probe_trace(resolved, data, costs)
     # the threads the real runs' engine takes (``RealRun``: the profile's where not given)
     engine_threads = threads if threads is not None else (costs.obtained.get("threads") or None)
+    # a fleet's loop is each replica's: one engine probed at its share of the fleet's capacity
+    replicas = max(1, int(resolved.replicas))
+    engine = resolved.replace(replicas=1) if replicas > 1 else resolved
 
     results: list = []
     engines: list = []
@@ -261,7 +264,8 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
         return result
 
     probe = probes["engine_loop"] = torch_engine_loop(
-        wider, resolved, costs, served=data.n_requests, capacity_rps=capacity_rps, run=run,
+        wider, engine, costs, served=data.n_requests, capacity_rps=capacity_rps / replicas,
+        run=run,
         engine_step=(lambda: torch_decode_step(engines[-1], resolved.seed))
         if searches_for_real else None, threads=engine_threads)
     _measure_step_spread(results, costs, probes, note)

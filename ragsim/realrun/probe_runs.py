@@ -35,11 +35,24 @@ from ragsim.traces.schema import Trace
 # two, so that the time a step costs and the time a request costs can be told apart
 LOOP_PROBE_REQUESTS = 120
 LOOP_PROBE_LOADS = (0.5, 0.9)
+# a small validation's probe runs as many requests as it serves, down to this many: a probe
+# run lasts its requests over its rate, and 120 at half a small engine's capacity took minutes
+# beside a validation of ten requests
+LOOP_PROBE_MIN_REQUESTS = 16
 
 
-def probe_rows(n_trace: int, served: int, wanted: int = LOOP_PROBE_REQUESTS) -> tuple[range, bool]:
-    """The rows a probe runs: the ``wanted`` past the ``served`` ones where the trace has them
-    (True), else its last ``wanted`` (False: some are the validation's own)."""
+def probe_size(served: int) -> int:
+    """The requests of each probe run beside a validation of ``served`` requests: as many, at
+    least ``LOOP_PROBE_MIN_REQUESTS`` and at most ``LOOP_PROBE_REQUESTS``."""
+    return min(LOOP_PROBE_REQUESTS, max(LOOP_PROBE_MIN_REQUESTS, served))
+
+
+def probe_rows(n_trace: int, served: int, wanted: int | None = None) -> tuple[range, bool]:
+    """The rows a probe runs: the ``wanted`` (default ``probe_size(served)``) past the
+    ``served`` ones where the trace has them (True), else its last ``wanted`` (False: some are
+    the validation's own)."""
+    if wanted is None:
+        wanted = probe_size(served)
     if n_trace >= served + wanted:
         return range(served, served + wanted), True
     return range(max(0, n_trace - wanted), n_trace), False
