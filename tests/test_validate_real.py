@@ -152,9 +152,13 @@ def test_sigterm_keeps_and_compares_what_ended(tmp_path):
     import time
 
     out = tmp_path / "cut"
+    # the engine loop given, so that no probe runs come first (the next test stops those)
+    loop = tmp_path / "loop.toml"
+    loop.write_text("[run]\nengine_loop_step_s = 0.0\nengine_loop_request_s = 0.0\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "ragsim", "validate", "--backend", "torch", "--sequential",
-         "--trace", "mmlu", "--requests", "600", "--out", str(out), "--json"],
+         "--trace", "mmlu", "--requests", "600", "--config", str(loop), "--out", str(out),
+         "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 150
     # wait until the real run is serving (its progress is not printed with --json: poll for
@@ -168,6 +172,29 @@ def test_sigterm_keeps_and_compares_what_ended(tmp_path):
     assert 0 < report["requests"] < 600
     assert report["hit_agreement"] == 1.0
     assert "terminated" in stderr
+
+
+def test_sigterm_while_the_probe_runs_serve_exits_as_during_the_runs(tmp_path):
+    """SIGTERM while validate's probe runs measure the engine's loop (before any judged run):
+    the stop is not swallowed by the probe run it cut short (which keeps what ended, as a run
+    does) but exits 143 and says so; nothing was compared. The probe runs of 120 mmlu requests
+    take minutes here; the signal comes at 20 s."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "probing"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragsim", "validate", "--backend", "torch", "--sequential",
+         "--trace", "mmlu", "--requests", "600", "--out", str(out), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(20)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "terminated" in stderr and "before this comparison ended" in stderr
+    assert not (out / "validation.json").exists()
 
 
 def test_repeated_real_runs_are_averaged_and_their_spread_measured(quick_profile, trace_dir,

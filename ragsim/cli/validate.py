@@ -146,19 +146,24 @@ def validate(
             phases.start()
         report_phase(*progress)
 
-    try:
-        setup = setup_validation(
-            out_dir, backend=backend, trace=trace, system=system, rate=rate, requests=requests,
-            layers=layers, hidden=hidden, threads=threads, device=device, config=config_file,
-            policy=policy, gpu_mem=gpu_mem, host_mem=host_mem, profile=profile,
-            profile_now=profile_now, sequential=sequential, loads=loads, seed=seed,
-            scheduler=scheduler, reference_profile=reference_profile,
-            search_latency=search_latency, replay_decisions=replay_decisions, replicas=replicas,
-            router=router, on_note=on_note, on_profile_phase=on_phase, reuse=reuse,
-            repeats=repeats, sim_replicas=sim_replicas, force=force)
-    finally:
-        if phases.live.is_started:
-            phases.stop()
+    # a stop while validate measures (its profile, its probe runs) exits as one during the
+    # runs does: what finished is said, 130 or 143
+    with sigterm_like_ctrl_c() as signals:
+        try:
+            with _kept_on_interrupt(out_dir, signals):
+                setup = setup_validation(
+                    out_dir, backend=backend, trace=trace, system=system, rate=rate,
+                    requests=requests, layers=layers, hidden=hidden, threads=threads,
+                    device=device, config=config_file, policy=policy, gpu_mem=gpu_mem,
+                    host_mem=host_mem, profile=profile, profile_now=profile_now,
+                    sequential=sequential, loads=loads, seed=seed, scheduler=scheduler,
+                    reference_profile=reference_profile, search_latency=search_latency,
+                    replay_decisions=replay_decisions, replicas=replicas, router=router,
+                    on_note=on_note, on_profile_phase=on_phase, reuse=reuse, repeats=repeats,
+                    sim_replicas=sim_replicas, force=force)
+        finally:
+            if phases.live.is_started:
+                phases.stop()
 
     def on_run(label: str, total: int):
         progress, done = counting_progress(total, label, not json_output)

@@ -47,6 +47,15 @@ def probe_size(served: int) -> int:
     return min(LOOP_PROBE_REQUESTS, max(LOOP_PROBE_MIN_REQUESTS, served))
 
 
+def kept_whole(summary: dict) -> dict:
+    """A probe run's summary, or the stop that cut it short passed on (a run stopped by Ctrl-C
+    or SIGTERM keeps what ended and returns; a probe of part of its requests measures
+    nothing the validation could charge, and the user asked it to stop)."""
+    if summary.get("interrupted"):
+        raise KeyboardInterrupt("a probe run was stopped")
+    return summary
+
+
 def probe_rows(n_trace: int, served: int, wanted: int | None = None) -> tuple[range, bool]:
     """The rows a probe runs: the ``wanted`` (default ``probe_size(served)``) past the
     ``served`` ones where the trace has them (True), else its last ``wanted`` (False: some are
@@ -113,7 +122,7 @@ def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, serv
     probe = trace.select(np.asarray(rows))
     runs, summaries, points = [], [], []
     for share, cfg in probe_configs(config, capacity_rps):
-        summary = run(probe, cfg, profile).summary
+        summary = kept_whole(run(probe, cfg, profile).summary)
         summaries.append(summary)
         search = summary.get("search") or {}
         gaps = int(summary.get("engine_between_steps", 0))

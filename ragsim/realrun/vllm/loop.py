@@ -48,6 +48,7 @@ from ragsim.realrun.probe_runs import (
     LOOP_PROBE_REQUESTS,
     fit_engine_loop,
     interpreter_per_search,
+    kept_whole,
     probe_configs,
     probe_rows,
 )
@@ -175,7 +176,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     for share, cfg in probe_configs(config, capacity_rps):
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         result = run.run()
-        summary = result.summary
+        summary = kept_whole(result.summary)
         summaries.append(summary)
         if on_result is not None:
             on_result(result)
