@@ -114,6 +114,21 @@ def _with_measured_handoff(resolved, data, config_file, note, probes):
     return resolved.replace(search_handoff_s=probe["handoff_s"])
 
 
+def _loop_given(resolved, config_file, note) -> bool:
+    """Whether the configuration file sets the engine loop (any of its three terms), said in
+    a note: then either engine's probe is not run."""
+    from ragsim.serving.config import load_config_file
+
+    fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
+    if config_file is None or not set(fields) & set(load_config_file(config_file)):
+        return False
+    note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
+         f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request, "
+         f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
+         "not measured")
+    return True
+
+
 def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads, probes):
     """The configuration with the real vLLM run's engine loop measured here
     (``realrun.vllm.loop.measure_engine_loop``: the real run's own loop on requests this
@@ -122,14 +137,7 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     spends that time between steps, and a simulation without it runs a faster engine than
     the one it is compared with (every vLLM 90% mean -9% to -20% low, runs G-L). What the
     probe measured goes into ``probes["engine_loop"]``."""
-    from ragsim.serving.config import load_config_file
-
-    fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
-    if config_file is not None and set(fields) & set(load_config_file(config_file)):
-        note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
-             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request, "
-             f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
-             "not measured")
+    if _loop_given(resolved, config_file, note):
         return resolved
     from ragsim.realrun.vllm.loop import measure_engine_loop
 
@@ -227,20 +235,13 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     the steps of its busy engine (``engine_loop_step_s``, ``engine_loop_request_s``) and what a
     search beside it costs its steps (``engine_loop_search_s``: ``realrun/search_cost.py``),
     unless the configuration file sets any of them (said in a note either way). The torch
-    run's thread spends that time between its iterations (0.1 ms after a decode step, 0.3 ms
-    after a prefill at 50% load: docs/validation.md, "The torch run's clock"), and its
+    run's thread spends that time between its iterations (0.3 ms before a prefill, 0.1 ms
+    before a decode step at 50% load: docs/validation.md, "The torch run's clock"), and its
     search workers share its interpreter as vLLM's run's do: equal terms. Without the search
     term run Q2's 90% simulation ran an engine 72% busy where the real one was 79%, and its
     mean came out -55% (docs/validation.md, "Run Q"). What the probe measured goes into
     ``probes["engine_loop"]``."""
-    from ragsim.serving.config import load_config_file
-
-    fields = ("engine_loop_step_s", "engine_loop_request_s", "engine_loop_search_s")
-    if config_file is not None and set(fields) & set(load_config_file(config_file)):
-        note(f"engine loop: the configuration's ({resolved.engine_loop_step_s * 1e3:.3f} ms "
-             f"a step, {resolved.engine_loop_request_s * 1e3:.3f} ms a request, "
-             f"{resolved.engine_loop_search_s * 1e3:.3f} ms a search beside a busy engine), "
-             "not measured")
+    if _loop_given(resolved, config_file, note):
         return resolved
     from ragsim.realrun.harness import RealRun
     from ragsim.realrun.probe_runs import torch_decode_step, torch_engine_loop
