@@ -140,9 +140,9 @@ class RealSearch:
         """Every worker thread started and through one whole search before any request's: a
         search tier that serves has its threads up and its index read, and a run's first
         search was otherwise the pool's cold start, 0.4-5 ms at rest on two cores where a
-        later one took 0.1-0.2 ms, 8-11 ms beside a starting torch engine, and once 247 ms,
-        which held every request of an overload run back by a quarter of a second
-        (docs/validation.md, "The torch run's clock"). The simulation's searches are warm."""
+        later one took 0.1-0.2 ms, and 6-11 ms as an overload run's burst began beside the
+        engine (docs/validation.md, "The torch run's clock"). The simulation's searches are
+        warm."""
         started = threading.Barrier(workers)  # each on its own thread: all held until all ran
         query = self._query_vectors[:1]
 
