@@ -9,6 +9,7 @@ the trace recorded when it was built.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -318,6 +319,40 @@ def test_the_search_pool_is_warm_before_any_requests_search(built):
         assert report.searches_run == 1
     finally:
         search.close()
+
+
+def test_a_warm_up_search_that_fails_fails_the_pool_and_does_not_hang_it(built, monkeypatch):
+    """Two workers warm together, each held until both ran: where one's search raises, the
+    other's wait ends too, the pool is shut with no worker left, and the error reaches whoever
+    built it (a wait left standing hung the pool's shutdown for ever)."""
+    from ragsim.realrun.search import RealSearch
+    from ragsim.traces.corpus.search import StagedIndex
+
+    stages = StagedIndex.stages
+    calls = itertools.count()
+
+    def first_fails(self, query, top_k):
+        if next(calls) == 0:
+            raise RuntimeError("index unreadable")
+        return stages(self, query, top_k)
+
+    monkeypatch.setattr(StagedIndex, "stages", first_fails)
+    before = {t for t in threading.enumerate() if t.name.startswith("search")}
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            RealSearch(built["trace"], workers=2)
+        except BaseException as exc:
+            errors.append(exc)
+        done.set()
+
+    threading.Thread(target=build, daemon=True).start()
+    assert done.wait(30), "the pool's warm-up hung"
+    assert errors and "index unreadable" in str(errors[0])
+    left = {t for t in threading.enumerate() if t.name.startswith("search")} - before
+    assert not any(t.is_alive() for t in left)
 
 
 def test_a_searchs_interpreter_time_is_its_threads_cpu_outside_faiss(built):

@@ -147,12 +147,20 @@ class RealSearch:
         query = self._query_vectors[:1]
 
         def search() -> None:
-            for _ in self.index.stages(query, self.top_k):
-                pass
+            try:
+                for _ in self.index.stages(query, self.top_k):
+                    pass
+            except BaseException:
+                started.abort()  # the others' wait ends (BrokenBarrierError), not the pool
+                raise
             started.wait()
 
-        for done in [self.pool.submit(search) for _ in range(workers)]:
-            done.result()
+        try:
+            for done in [self.pool.submit(search) for _ in range(workers)]:
+                done.result()
+        except BaseException:
+            self.pool.shutdown(wait=True)  # no worker left behind by a pool that never served
+            raise
 
     @classmethod
     def for_trace(cls, trace: Trace, workers: int) -> tuple[RealSearch | None, str | None]:
