@@ -236,6 +236,10 @@ def test_the_torch_runs_clock_counts_the_engines_time_between_iterations():
     assert iterations.between_steps >= 1
     assert iterations.between_steps_s >= _SlowHandBack.PAUSE_S
     assert result.summary["engine_between_steps_s"] == iterations.between_steps_s
+    # the second prompt's prefill began as the first's step ended: one request taken in while
+    # busy, under the name vLLM's run counts its own by (what the loop's fit reads)
+    assert iterations.requests_after_step == 1
+    assert result.summary["engine_requests_while_busy"] == 1
     # the second prompt's step began after the pause, and each step's stamps hold its work
     prefills = [d for d in iterations.decisions if d["kind"] == "prefill"]
     assert len(prefills) == 2

@@ -528,7 +528,7 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(probed_text_
     assert combined["probes"]["search_handoff"]["handoff_s"] == ran["search_handoff_s"]
     assert report["real"]["search"]["stages_run"] == 2 * 16
     # every gap holds the requests handed over while the engine was busy
-    assert 0 <= report["real"]["engine_submitted_while_busy"] <= 16
+    assert 0 <= report["real"]["engine_requests_while_busy"] <= 16
     # vLLM's steps against their prices, by size: every step vLLM ran, once
     steps = report["step_prices"]
     assert steps["steps"] == report["real"]["engine_steps"] > 0

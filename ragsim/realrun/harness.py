@@ -163,7 +163,7 @@ class RealRun(RealSearchDriving, Pipeline):
             # the engine's loop, as the vLLM run reports its own (``engine_loop``)
             fields.update(engine_between_steps_s=it.between_steps_s,
                           engine_between_steps=it.between_steps,
-                          engine_requests_after_step=it.requests_after_step,
+                          engine_requests_while_busy=it.requests_after_step,
                           engine_between_steps_mean_ms=(1e3 * it.between_steps_s
                                                         / it.between_steps
                                                         if it.between_steps else 0.0))

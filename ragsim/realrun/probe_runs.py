@@ -88,6 +88,33 @@ def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]
     return float(solution[0]), float(solution[1])
 
 
+def probe_loop_runs(probe: Trace, config: SimConfig, capacity_rps: float,
+                    run_one: Callable[[float, SimConfig], dict]
+                    ) -> tuple[list[tuple[int, float, int]], list[dict], list[dict]]:
+    """The probe runs either engine's loop is fitted on: ``run_one(share, config)`` serves
+    ``probe`` at each of ``probe_configs`` and returns its summary (a run cut short passes its
+    stop on: ``kept_whole``). Returns each run's ``(gaps, seconds between steps, requests
+    handed over while busy)`` for ``fit_engine_loop``, its row of the probe's report and its
+    summary. Both engines' summaries count their loops under the same names
+    (``engine_between_steps``, ``engine_between_steps_s``, ``engine_requests_while_busy``),
+    each by its engine's own rule: vLLM's the requests handed over while it had work, the
+    torch engine's the requests whose prefill began as the step before it ended."""
+    points, runs, summaries = [], [], []
+    for share, cfg in probe_configs(config, capacity_rps):
+        summary = kept_whole(run_one(share, cfg))
+        summaries.append(summary)
+        gaps = int(summary.get("engine_between_steps", 0))
+        between_s = float(summary.get("engine_between_steps_s", 0.0))
+        requests = int(summary.get("engine_requests_while_busy", 0))
+        points.append((gaps, between_s, requests))
+        search = summary.get("search") or {}
+        runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": gaps,
+                     "between_steps_s": between_s, "requests_while_busy": requests,
+                     "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
+                     "search_interpreter_mean_s": search.get("interpreter_mean_s")})
+    return points, runs, summaries
+
+
 def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
     """``(seconds a search, searches)``: the search threads' interpreter time per search over
     the runs' summaries (0 where none searched a real index)."""
@@ -120,19 +147,8 @@ def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, serv
     run's own figures."""
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
-    runs, summaries, points = [], [], []
-    for share, cfg in probe_configs(config, capacity_rps):
-        summary = kept_whole(run(probe, cfg, profile).summary)
-        summaries.append(summary)
-        search = summary.get("search") or {}
-        gaps = int(summary.get("engine_between_steps", 0))
-        between_s = float(summary.get("engine_between_steps_s", 0.0))
-        requests = int(summary.get("engine_requests_after_step", 0))
-        points.append((gaps, between_s, requests))
-        runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": gaps,
-                     "between_steps_s": between_s, "requests_while_busy": requests,
-                     "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
-                     "search_interpreter_mean_s": search.get("interpreter_mean_s")})
+    points, runs, summaries = probe_loop_runs(
+        probe, config, capacity_rps, lambda _share, cfg: run(probe, cfg, profile).summary)
     step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
     search_cost = None

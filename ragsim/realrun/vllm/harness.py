@@ -505,7 +505,7 @@ class VllmRun(RealSearchDriving, Pipeline):
                   "engine_steps": self.steps, "engine_step_s": self.step_s,
                   "engine_between_steps_s": self.between_steps_s,
                   "engine_between_steps": self.between_steps,
-                  "engine_submitted_while_busy": self.submitted_while_busy,
+                  "engine_requests_while_busy": self.submitted_while_busy,
                   "engine_between_steps_mean_ms": (1e3 * self.between_steps_s
                                                    / self.between_steps
                                                    if self.between_steps else 0.0),

@@ -48,8 +48,7 @@ from ragsim.realrun.probe_runs import (
     LOOP_PROBE_REQUESTS,
     fit_engine_loop,
     interpreter_per_search,
-    kept_whole,
-    probe_configs,
+    probe_loop_runs,
     probe_rows,
 )
 from ragsim.realrun.search_cost import charged_search_s
@@ -171,28 +170,23 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
 
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
-    points, runs, summaries = [], [], []
     quiet, search_cost = 0.0, None
-    for share, cfg in probe_configs(config, capacity_rps):
+
+    def run_one(share: float, cfg: SimConfig) -> dict:
+        nonlocal quiet, search_cost
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         result = run.run()
-        summary = kept_whole(result.summary)
-        summaries.append(summary)
-        if on_result is not None:
+        if on_result is not None and not result.summary.get("interrupted"):
             on_result(result)
-        points.append((run.between_steps, run.between_steps_s, run.submitted_while_busy))
-        search = summary.get("search") or {}
-        runs.append({"load": share, "rate_rps": cfg.rate_rps, "gaps": run.between_steps,
-                     "between_steps_s": run.between_steps_s,
-                     "requests_while_busy": run.submitted_while_busy,
-                     "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
-                     "search_interpreter_mean_s": search.get("interpreter_mean_s")})
-        if share == LOOP_PROBE_LOADS[-1]:
+        if share == LOOP_PROBE_LOADS[-1] and not result.summary.get("interrupted"):
             quiet = quiet_intake_s(run, list(run.prompts.values())[:QUIET_INTAKES])
             if cfg.search_latency == "trace":
                 search_cost = search_cost_beside(run, probe, cfg.search_workers)
         del run
         release_engines()  # the probe run's engine, dropped: its memory back
+        return result.summary
+
+    points, runs, summaries = probe_loop_runs(probe, config, capacity_rps, run_one)
     step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
     search_s = charged_search_s(interpreter_s, search_cost)
