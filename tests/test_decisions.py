@@ -10,6 +10,8 @@ split of a validation's TTFT error adds up.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -307,6 +309,20 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert spread["steps"] >= 8 and len(spread["runs"]) >= 1
     assert report["sim_ensemble"]["step_time_sigma"] == spread["sigma"]
     assert report["sim_ensemble"]["step_time_correlation"] == spread["correlation"]
+    # the same probe runs' steps priced the engine's work around its passes: the profile the
+    # simulation ran on (written beside the results) carries the overhead they measured, and
+    # a prompt's step pays more than the profile's sampling alone
+    steps = report["probes"]["engine_steps"]
+    assert steps["steps"] > 0 and {g["kind"] for g in steps["by_kind"]} == {"prefill",
+                                                                            "decode"}
+    priced = report["sim"]["config"]["profile"]
+    assert Path(priced) == out / "profile-priced.json"
+    from ragsim.profiles.profile import load_profile
+
+    overhead = load_profile(priced).step_overhead
+    assert overhead.to_dict() == steps["step_overhead"]
+    assert overhead.seconds(1, 1) > steps["profile_step_overhead"]["per_step_s"] \
+        + steps["profile_step_overhead"]["per_row_s"]
     from ragsim.traces import resolve_trace
 
     trace = resolve_trace(str(text_trace), n_requests=16)

@@ -167,3 +167,55 @@ def test_the_search_tiers_time_is_summed_over_the_probe_runs_before_it_is_divide
     configs = probe_configs(SimConfig(n_requests=300), 40.0)
     assert [(share, c.arrival, c.rate_rps, c.n_requests) for share, c in configs] == [
         (0.5, "poisson", 20.0, None), (0.9, "poisson", 36.0, None)]
+
+
+def _prefill(start_s, rows, outside_s, passes_s=0.01):
+    return {"kind": "prefill", "start_s": start_s, "end_s": start_s + passes_s + outside_s,
+            "passes_s": passes_s, "swap_copy_s": 0.0, "jobs": [(i, 0, 0, 10, 0)
+                                                                 for i in range(rows)]}
+
+
+def _decode(start_s, rows, outside_s, write=None, passes_s=0.004):
+    d = {"kind": "decode", "start_s": start_s, "size": rows, "passes_s": passes_s}
+    copy_s = 0.0
+    if write is not None:  # (rows written, row-tokens, seconds)
+        copy_s = write[2]
+        d.update(batch_change="rebuild", batch_copy_s=copy_s, batch_rows=write[0],
+                 batch_row_tokens=write[1])
+    d["end_s"] = start_s + passes_s + copy_s + outside_s
+    return d
+
+
+def test_the_steps_time_around_their_passes_is_fitted_by_hand():
+    """Probe runs' steps built by hand from four terms: 0.02 ms a step, 0.08 ms a row, 0.2 ms
+    more for a step with prompts, 0.05 ms a prompt more. So a one-prompt step spends 0.35 ms
+    outside its pass, a two-prompt one 0.48, a one-row decode step 0.10, two rows 0.18; a
+    batch's write costs 0.25 ms + 0.1 ms a row + 1 us a row-token (one row of 128 tokens:
+    0.478 ms; two of 256: 0.962; four of 512: 2.698). The fit gives the terms back, and the
+    writes' total against the profile's price for them."""
+    from ragsim.realrun.probe_runs import outside_passes_s, step_costs_in_runs
+
+    profile = load_profile("cpu-mistral-7b-l2-h256")
+    write = [(1, 128, 0.000478), (2, 512, 0.000962), (4, 2048, 0.002698)]
+    steps = [_prefill(0.0, 1, 0.00035), _prefill(1.0, 2, 0.00048), _decode(2.0, 1, 0.00010),
+             _decode(3.0, 2, 0.00018), _prefill(4.0, 1, 0.00035),
+             _decode(5.0, 1, 0.00010, write[0]), _decode(6.0, 2, 0.00018, write[1]),
+             _decode(7.0, 4, 0.00034, write[2])]
+    assert outside_passes_s(steps[5]) == pytest.approx(0.00010, abs=1e-12)
+    report, overhead, copy = step_costs_in_runs([steps[:4], steps[4:]], profile)
+    assert overhead.per_step_s == pytest.approx(0.00002, abs=1e-9)
+    assert overhead.per_row_s == pytest.approx(0.00008, abs=1e-9)
+    assert overhead.prompt_step_s == pytest.approx(0.0002, abs=1e-9)
+    assert overhead.prompt_row_s == pytest.approx(0.00005, abs=1e-9)
+    assert copy.latency_s == pytest.approx(0.00025, abs=1e-9)
+    assert copy.s_per_row == pytest.approx(0.0001, abs=1e-9)
+    assert copy.s_per_row_token == pytest.approx(1e-6, rel=1e-6)
+    assert report["steps"] == 8 and report["writes"] == 3
+    assert report["writes_measured_s"] == pytest.approx(0.004138, rel=1e-9)
+    assert report["writes_profile_priced_s"] == pytest.approx(
+        sum(profile.batch_copy_s(r, t) for r, t, _ in write), rel=1e-12)
+    # the decode steps of one row: two, with 0.10 ms outside each
+    one = next(g for g in report["by_kind"] if (g["kind"], g["rows"]) == ("decode", 1))
+    assert one["steps"] == 2 and one["outside_mean_s"] == pytest.approx(0.0001, abs=1e-12)
+    # runs that kept no steps measure nothing
+    assert step_costs_in_runs([None, []], profile) is None

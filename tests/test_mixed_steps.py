@@ -256,3 +256,23 @@ def test_the_per_iteration_warning_is_told_apart_from_the_held_out_error_warning
     assert "idle machine" in warning
     assert iteration_warning("batches", {**miss, "median_ratio": 0.96}) is None
     assert iteration_warning("batches", {**miss, "median_ratio": 1.0, "p90_abs_error": 0.16})
+
+
+def test_a_step_with_prompt_rows_pays_the_prompt_terms_and_a_decode_step_does_not():
+    """The four-term overhead (``validate`` measures it on its probe runs): 1 ms a step + 0.2
+    ms a row, and a step with prompts 0.3 ms + 0.1 ms a prompt more. By hand: a prefill of two
+    prompts 1 + 0.4 + 0.3 + 0.2 = 1.9 ms; a decode step of four rows 1 + 0.8 = 1.8 ms; a mixed
+    step of two chunks and three decode rows 1 + 1.0 + 0.3 + 0.2 = 2.5 ms."""
+    p = with_terms(step_overhead={**OVERHEAD, "prompt_step_s": 0.0003, "prompt_row_s": 0.0001})
+    assert prefill_compute_s(p, [0, 0], [100, 100]) == pytest.approx(
+        p.batched_prefill.iteration_s([0, 0], [100, 100]) + 0.0019, rel=1e-12)
+    assert decode_step_s(p, 4, 700) == pytest.approx(p.decode.at(4, 700) + 0.0018, rel=1e-12)
+    assert mixed_step_s(p, [0, 0], [50, 50], 3, 100) == pytest.approx(
+        p.batched_prefill.iteration_s([0, 0], [50, 50]) + p.decode.at(3, 100) + 0.0025,
+        rel=1e-12)
+    # written and read back with them; a profile without them reads as before (0)
+    again = Profile.from_dict(p.to_dict(), source="again.json").step_overhead
+    assert (again.prompt_step_s, again.prompt_row_s) == (0.0003, 0.0001)
+    plain = with_terms(step_overhead=OVERHEAD).step_overhead
+    assert (plain.prompt_step_s, plain.prompt_row_s) == (0.0, 0.0)
+    assert "prompt_step_s" not in plain.to_dict()

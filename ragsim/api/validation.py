@@ -27,7 +27,7 @@ MAX_SIM_REPLICAS = 256
 # what a validation writes directly in its folder (one comparison, or the table of loads): any
 # of them there is an earlier validation, which --out replaces only with force
 VALIDATION_FILES = ("validation.json", "requests.parquet", "config.toml", "loads.json",
-                    "loads.parquet")
+                    "loads.parquet", "profile-priced.json")
 # configuration fields this command sets -> its options, so an error names what the user typed
 _OPTION_OF_FIELD = {"trace": "trace", "system": "system", "rate_rps": "rate",
                     "n_requests": "requests", "seed": "seed", "profile": "profile",
@@ -242,7 +242,9 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     mean came out -55% (docs/validation.md, "Run Q"). What the probe measured goes into
     ``probes["engine_loop"]``."""
     if _loop_given(resolved, config_file, note):
-        return resolved
+        note("engine steps: the profile's step overhead and batch write (no probe runs to "
+             "measure the engine's own)")
+        return resolved, costs
     from ragsim.realrun.harness import RealRun
     from ragsim.realrun.probe_runs import torch_decode_step, torch_engine_loop
 
@@ -269,13 +271,42 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
         run=run,
         engine_step=(lambda: torch_decode_step(engines[-1], resolved.seed))
         if searches_for_real else None, threads=engine_threads)
+    costs = _with_run_step_costs(costs, results, probes, note)
     _measure_step_spread(results, costs, probes, note)
     note(loop_words(probe) + "; " + search_cost_words(probe) + "; the simulation and the "
          "replays charge them (engine_loop_step_s, engine_loop_request_s, "
          "engine_loop_search_s)")
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
-                            engine_loop_search_s=probe["search_s"])
+                            engine_loop_search_s=probe["search_s"]), costs
+
+
+def _with_run_step_costs(costs, results, probes, note):
+    """The profile with its step overhead and its batch write as the torch engine's steps
+    paid them in the probe runs (``realrun.probe_runs.step_costs_in_runs``): what the engine
+    does around its timed passes, which the profiler does not time as the engine does it. The
+    simulation and the replays then price every step as the real runs' engine pays it, on
+    requests no judged run serves. What was measured goes into ``probes["engine_steps"]``."""
+    from dataclasses import replace
+
+    from ragsim.realrun.probe_runs import step_costs_in_runs
+
+    found = step_costs_in_runs([(getattr(r, "decisions", None) or {}).get("iterations")
+                                for r in results], costs)
+    if found is None:
+        return costs
+    report, overhead, copy = found
+    probes["engine_steps"] = report
+    words = (f"engine steps: measured on the probe runs' {report['steps']} steps, "
+             f"{overhead.describe()} (the profile's: "
+             + (costs.step_overhead.describe() if costs.step_overhead else "none") + ")")
+    if copy is not None:
+        words += (f"; {copy.describe()}, {report['writes']} writes "
+                  f"{report['writes_measured_s'] * 1e3:.0f} ms where the profile's term "
+                  f"priced {report['writes_profile_priced_s'] * 1e3:.0f} ms")
+    note(words + "; the simulation and the replays charge them (profile-priced.json)")
+    return replace(costs, step_overhead=overhead,
+                   batch_copy=copy if copy is not None else costs.batch_copy)
 
 
 def loop_words(probe: dict) -> str:
@@ -850,10 +881,14 @@ def setup_validation(out_dir: str | Path, *, backend: str = "torch", trace: str 
         resolved = _with_measured_engine_loop(resolved, data, costs, config, note, threads,
                                               probes)
     elif backend == "torch":  # likewise: its loop and, searching for real, its search term
-        resolved = _with_measured_torch_loop(resolved, data, costs, config, note, device,
-                                             threads, probes, searches_for_real)
+        resolved, costs = _with_measured_torch_loop(resolved, data, costs, config, note,
+                                                    device, threads, probes,
+                                                    searches_for_real)
     resolved = resolved.replace(profile=str(out_dir / "profile.json") if profile_now
                                 else profile or costs.name)
+    if "engine_steps" in probes:  # the profile the simulation prices with, as given to it
+        out_dir.mkdir(parents=True, exist_ok=True)
+        resolved = resolved.replace(profile=str(costs.save(out_dir / "profile-priced.json")))
     sigma = correlation = 0.0
     if sim_replicas > 1:
         resolved, sigma, correlation = _ensemble_spread(resolved, costs, sim_replicas, note,

@@ -514,10 +514,12 @@ class Profile:
         without the term."""
         return 0.0 if self.batch_copy is None else self.batch_copy.seconds(rows, row_tokens)
 
-    def step_overhead_s(self, rows: int) -> float:
-        """What a step of ``rows`` rows spends outside its timed pass (sampling, handing each
-        row's token back): ``step_overhead``; 0 for a profile without one."""
-        return 0.0 if self.step_overhead is None else self.step_overhead.seconds(rows)
+    def step_overhead_s(self, rows: int, prompt_rows: int = 0) -> float:
+        """What a step of ``rows`` rows, ``prompt_rows`` of them prompts, spends outside its
+        timed pass (sampling, handing each row's token back, a prompt's own work around the
+        pass): ``step_overhead``; 0 for a profile without one."""
+        return 0.0 if self.step_overhead is None else self.step_overhead.seconds(rows,
+                                                                                 prompt_rows)
 
     def mixed_step_s(self, chunk_cached_tokens: Sequence[float],
                      chunk_new_tokens: Sequence[float], decode_batch_size: int,
@@ -552,7 +554,8 @@ class Profile:
             else:
                 compute += self.mixed_steps.increment_s(decode_batch_size, context,
                                                         sum(chunk_new_tokens))
-        return compute + self.step_overhead_s(len(chunk_new_tokens) + decode_batch_size)
+        return compute + self.step_overhead_s(len(chunk_new_tokens) + decode_batch_size,
+                                              len(chunk_new_tokens))
 
     @property
     def extrapolated_queries(self) -> int:

@@ -7,7 +7,11 @@
   With it the decode rows add what was measured they add to a step that prefills.
 * ``step_overhead``: what the engine does with a step's output that the timed forward passes
   of the grids leave out: each row's next token picked from its logits and handed back to
-  Python (greedy sampling), ``per_step_s + per_row_s * rows``, added to every iteration.
+  Python (greedy sampling), ``per_step_s + per_row_s * rows``, added to every iteration. A
+  step with prompt rows may pay more (``prompt_step_s + prompt_row_s * prompt rows``: the
+  engine's work for a prompt around its pass, its tokens looked up and its new KV kept), which
+  the profiler does not time; ``validate`` measures all four terms on its probe runs' own
+  steps (``realrun.probe_runs.step_costs_in_runs``).
 
 A profile without them loads and simulates exactly as before (both are ``None``).
 """
@@ -100,26 +104,40 @@ class MixedSteps:
 
 @dataclass(frozen=True)
 class StepOverhead:
-    """Seconds an iteration of ``rows`` rows spends outside the timed pass:
-    ``per_step_s + per_row_s * rows``."""
+    """Seconds an iteration of ``rows`` rows, ``prompt_rows`` of them prompts, spends outside
+    the timed pass: ``per_step_s + per_row_s * rows``, and where it has prompt rows
+    ``prompt_step_s + prompt_row_s * prompt_rows`` more (0 in a profile's own measurement,
+    which times the sampling alone)."""
 
     per_step_s: float
     per_row_s: float
     fit: dict = field(default_factory=dict)
+    prompt_step_s: float = 0.0
+    prompt_row_s: float = 0.0
 
-    def seconds(self, rows: int) -> float:
-        return self.per_step_s + self.per_row_s * rows
+    def seconds(self, rows: int, prompt_rows: int = 0) -> float:
+        seconds = self.per_step_s + self.per_row_s * rows
+        if prompt_rows:
+            seconds += self.prompt_step_s + self.prompt_row_s * prompt_rows
+        return seconds
 
     def scaled(self, factor: float) -> StepOverhead:
-        return StepOverhead(self.per_step_s * factor, self.per_row_s * factor, self.fit)
+        return StepOverhead(self.per_step_s * factor, self.per_row_s * factor, self.fit,
+                            self.prompt_step_s * factor, self.prompt_row_s * factor)
 
     def describe(self) -> str:
+        prompts = (f"; a step with prompts {self.prompt_step_s * 1e3:.3g} ms + "
+                   f"{self.prompt_row_s * 1e6:.3g} us a prompt more"
+                   if self.prompt_step_s or self.prompt_row_s else "")
         return (f"step overhead (sampling, output handling): {self.per_step_s * 1e3:.3g} ms a "
-                f"step + {self.per_row_s * 1e6:.3g} us a row")
+                f"step + {self.per_row_s * 1e6:.3g} us a row{prompts}")
 
     def to_dict(self) -> dict:
-        return {"model": OVERHEAD_MODEL, "per_step_s": self.per_step_s,
+        data = {"model": OVERHEAD_MODEL, "per_step_s": self.per_step_s,
                 "per_row_s": self.per_row_s, "fit": self.fit}
+        if self.prompt_step_s or self.prompt_row_s:
+            data.update(prompt_step_s=self.prompt_step_s, prompt_row_s=self.prompt_row_s)
+        return data
 
 
 def fit_step_overhead(rows: Sequence[int], seconds: Sequence[float], *, against: str = ""
@@ -277,5 +295,7 @@ def step_overhead_from_dict(data: object, *, source: str) -> StepOverhead:
     fit = data.get("fit", {})
     if not isinstance(fit, dict):
         raise ProfileError("must be an object", file=source, field=f"{where}.fit")
+    prompts = [_number(data, key, source, where) if key in data else 0.0
+               for key in ("prompt_step_s", "prompt_row_s")]
     return StepOverhead(_number(data, "per_step_s", source, where),
-                        _number(data, "per_row_s", source, where), fit)
+                        _number(data, "per_row_s", source, where), fit, *prompts)

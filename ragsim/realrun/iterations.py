@@ -224,6 +224,11 @@ class TorchIterations:
         # the same iterations as decisions (``ragsim.decisions``): when each started on the
         # run's clock, which jobs it ran and what the simulator's costs need to price it
         self.decisions: list[dict] = []
+        # the seconds the iteration under way has spent in its timed passes (the model's
+        # ``prepare``, ``forward`` and ``decode`` to their sync, what a profile's cells time):
+        # each decision keeps them (``passes_s``), so that the rest of its time, the engine's
+        # own work around the passes, can be measured apart (``realrun.probe_runs``)
+        self._passes_s = 0.0
         self._pending: set = set()  # nodes admitted to GPU whose KV a prefill still computes
         self._deferred: list[tuple[str, Any]] = []  # moves on pending nodes, in order
         self._running: dict[Job, _Running] = {}
@@ -380,8 +385,11 @@ class TorchIterations:
         for doc, tokens in zip(job.docs, job.doc_tokens, strict=True):
             documents.append((doc, start, tokens))
             start += tokens
+        began = perf_counter()
         out = prefill_request(self.model, ids, prefix_kv=self._prefix(job),
                               documents=documents, stored=stored, rule=self.tree.reuse)
+        self.model.sync()
+        self._passes_s += perf_counter() - began
         result = out.result
         if len(result.computed) != job.beta:
             raise AssertionError(f"request {job.request}: the blended prefill computed "
@@ -418,9 +426,11 @@ class TorchIterations:
             rows.append(Row(self._prefix(job), ids[job.alpha:], job.alpha))
             contexts.append(len(ids))
         swapping = self._swapping
+        began = perf_counter()
         batch = self.model.prepare(rows, lazy=swapping is not None)
         logits = self.model.forward(batch, None if swapping is None else swapping.before_layer)
         self.model.sync()
+        self._passes_s += perf_counter() - began
         next_ids = self.model.greedy(logits)
         layers = batch.cache.layers[:self.model.num_layers]
         end = int(layers[0].keys.shape[-2])  # a row's new tokens are its last ones
@@ -455,6 +465,7 @@ class TorchIterations:
         counted as the loop's where the engine did not wait for work in between (the clock has
         not moved since that end: only a wait moves it)."""
         start_s = max(self.env.now, self.env.env_time(monotonic()))
+        self._passes_s = 0.0
         self._after_step = self._last_end_s is not None and self.env.now == self._last_end_s
         if self._after_step:
             self.between_steps_s += start_s - self._last_end_s
@@ -466,6 +477,7 @@ class TorchIterations:
         (events that fell due meanwhile are handled first, with their own times)."""
         end_s = max(self.env.now, self.env.env_time(monotonic()))
         self.decisions[-1]["end_s"] = end_s
+        self.decisions[-1]["passes_s"] = self._passes_s
         yield self.env.timeout(end_s - self.env.now)
         self._last_end_s = self.env.now
 
@@ -504,6 +516,7 @@ class TorchIterations:
                 self._swapping = None
         duration = perf_counter() - started
         compute_s = duration - exposed_copy_s
+        self.decisions[-1]["swap_copy_s"] = exposed_copy_s
         self.log.append(("prefill", [j.alpha for j in jobs], [j.beta for j in jobs],
                          compute_s, copy_s, self._pause_s()))
         self.times.swap_in_s += copy_s
@@ -654,6 +667,7 @@ class TorchIterations:
         changed = not self.layout.unchanged(jobs)  # its rows are the batch's rows
         rebuild = self.layout.plan(jobs, lambda j: self._running[j].tokens)
         if not changed:
+            began = perf_counter()
             logits = self.model.decode(self._decode_batch,
                                        [self._running[j].next_token for j in order])
         else:
@@ -677,6 +691,7 @@ class TorchIterations:
                 raise RuntimeError(f"the decode batch wrote {wrote} rows, its layout says "
                                    f"{said}: the layout's rule is "
                                    "not the engine's (a bug, never data)")
+            began = perf_counter()
             logits = self.model.forward(batch)
         self.layout.advance()
         # the step computed every row over the batch's common end, as its cache holds it
@@ -689,6 +704,7 @@ class TorchIterations:
                                "engine's (a bug, never data)")
         self.decisions[-1]["padded_context_tokens"] = padded
         self.model.sync()
+        self._passes_s += perf_counter() - began
         for row, (job, token) in enumerate(zip(order, self.model.greedy(logits),
                                                strict=True)):
             state = self._running[job]

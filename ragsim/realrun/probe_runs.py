@@ -161,6 +161,102 @@ def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, serv
             "requests": len(rows), "held_aside": held_aside}
 
 
+def outside_passes_s(decision: dict) -> float:
+    """A torch iteration's time outside its timed passes and its copies (its stamped
+    duration less ``passes_s``, the exposed swap-in copy and the decode batch's write, which
+    the profile prices apart): the engine's own work around the passes."""
+    return (decision["end_s"] - decision["start_s"] - decision.get("passes_s", 0.0)
+            - decision.get("swap_copy_s", 0.0) - (decision.get("batch_copy_s") or 0.0))
+
+
+def _weighted_nnls(design: np.ndarray, seconds: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of group means, each weighted by its steps over its mean
+    (relative errors, so that small and large steps count alike, and common shapes more)."""
+    from scipy.optimize import nnls
+
+    weights = np.sqrt(counts) / np.maximum(seconds, 1e-9)
+    solution, _ = nnls(design * weights[:, None], seconds * weights)
+    return solution
+
+
+def step_costs_in_runs(decisions: Iterable[list[dict]], profile: Profile
+                       ) -> tuple[dict, object, object] | None:
+    """What the torch engine's steps cost around their timed passes in real runs (the probe
+    runs' ``decisions``), as the simulation prices it: a ``StepOverhead`` of four terms (a
+    step, a row, and a step with prompts, a prompt more) fitted to each step's time outside
+    its passes (``outside_passes_s``), and a ``BatchCopy`` fitted to the decode batch's
+    writes as the engine timed them. Why: the profiler times the passes and the greedy
+    sampling alone, and the batch's write on one shared prompt's KV, while the engine's steps
+    also look its prompts' tokens up, keep their new KV, hand each row's token back and write
+    rows whose KV lies in pieces: on the project's 2-core CPU (2026-12-07, run AU) a prompt
+    step spent 0.29 ms outside its pass, a decode row 0.085 ms (the profile: 0.05), and a
+    changed batch's write cost 2.4-3.4x its price. Fitted on group means by kind and rows
+    (every step's time counts, a stray one no more than its share). None where the runs kept
+    no steps. Returns the report (``profile_*``: the profile's own terms beside), the
+    ``StepOverhead`` and the ``BatchCopy`` (None where no write was timed)."""
+    from ragsim.profiles.batch_copy import BatchCopy
+    from ragsim.profiles.steps import StepOverhead
+
+    groups: dict[tuple[str, int], list[float]] = {}
+    copies: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for run in decisions:
+        for d in run or ():
+            if "end_s" not in d or "passes_s" not in d:
+                continue
+            rows = len(d.get("jobs") or ()) if d["kind"] == "prefill" else int(d.get("size")
+                                                                                or 0)
+            groups.setdefault((d["kind"], rows), []).append(outside_passes_s(d))
+            if d.get("batch_copy_s") is not None and (d.get("batch_rows") or 0) > 0:
+                written, tokens = int(d["batch_rows"]), float(d["batch_row_tokens"])
+                copies.setdefault((written, round(tokens / written / 64.0)), []).append(
+                    (float(d["batch_copy_s"]), tokens))
+    if not groups:
+        return None
+    keys = sorted(groups)
+    counts = np.array([len(groups[k]) for k in keys], float)
+    means = np.array([float(np.mean(groups[k])) for k in keys])
+    design = np.array([[1.0, r, float(kind == "prefill"), float(r if kind == "prefill" else 0)]
+                       for kind, r in keys])
+    step, row, prompt_step, prompt_row = _weighted_nnls(design, np.maximum(means, 0.0),
+                                                        counts)
+    fitted = design @ [step, row, prompt_step, prompt_row]
+    by_kind = [{"kind": kind, "rows": r, "steps": int(n), "outside_mean_s": float(m),
+                "fitted_s": float(f), "profile_s": profile.step_overhead_s(
+                    r, r if kind == "prefill" else 0)}
+               for (kind, r), n, m, f in zip(keys, counts, means, fitted, strict=True)]
+    errors = np.abs(fitted / np.maximum(means, 1e-9) - 1)
+    overhead = StepOverhead(float(step), float(row), {
+        "points": len(keys), "steps": int(counts.sum()),
+        "median_rel_error": float(np.median(errors)), "max_rel_error": float(errors.max()),
+        "against": "the probe runs' steps, their time outside the timed passes and copies, "
+                   "by kind and rows"}, float(prompt_step), float(prompt_row))
+    copy = None
+    if copies:
+        keys_c = sorted(copies)
+        counts_c = np.array([len(copies[k]) for k in keys_c], float)
+        means_c = np.array([float(np.mean([c[0] for c in copies[k]])) for k in keys_c])
+        design_c = np.array([[1.0, k[0], float(np.mean([c[1] for c in copies[k]]))]
+                             for k in keys_c])
+        latency, per_row, per_row_token = _weighted_nnls(design_c, means_c, counts_c)
+        errors_c = np.abs(design_c @ [latency, per_row, per_row_token] / means_c - 1)
+        copy = BatchCopy(float(latency), float(per_row), float(per_row_token), {
+            "statistic": "least squares of the probe runs' writes' means, by rows and tokens "
+                         "a row (to 64), every term >= 0, weighted by sqrt(writes) / seconds",
+            "groups": len(keys_c), "writes": int(counts_c.sum()),
+            "median_abs_rel_error": float(np.median(errors_c)),
+            "max_abs_rel_error": float(np.max(errors_c))})
+    measured_s = float(sum(c[0] for v in copies.values() for c in v))
+    priced_s = float(sum(profile.batch_copy_s(r, c[1]) for (r, _), v in copies.items()
+                         for c in v))
+    return {"step_overhead": overhead.to_dict(), "batch_copy": copy and copy.to_dict(),
+            "profile_step_overhead": profile.step_overhead and profile.step_overhead.to_dict(),
+            "profile_batch_copy": profile.batch_copy and profile.batch_copy.to_dict(),
+            "steps": int(counts.sum()), "by_kind": by_kind,
+            "writes": int(sum(len(v) for v in copies.values())),
+            "writes_measured_s": measured_s,
+            "writes_profile_priced_s": priced_s}, overhead, copy
+
+
 def torch_decode_step(model, seed: int) -> Callable[[], None]:
     """One decode step of the reference engine's ``model`` (a ``TorchModel``, a run's:
     ``SEARCH_COST_ROWS`` rows of ``SEARCH_COST_CONTEXT_TOKENS``, the workload vLLM's probe

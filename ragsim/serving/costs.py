@@ -23,7 +23,7 @@ def prefill_compute_s(profile: Profile, cached_tokens: Sequence[int],
     (one engine's token counts so far, fed its steps in order), the first-time price of the
     step's token count (its new tokens)."""
     seconds = profile.prefill_pass_s(cached_tokens, new_tokens) + profile.step_overhead_s(
-        len(new_tokens))
+        len(new_tokens), len(new_tokens))
     return seconds + (new_shape(sum(new_tokens)) if new_shape is not None else 0.0)
 
 
