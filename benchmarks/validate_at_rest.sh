@@ -10,7 +10,9 @@
 # 2. torch engine: `validate --profile-now` (the quick plan reaching what the runs ask) for
 #    ragcache at over, 90, 50 and idle, REQUESTS requests a load (default 300), with
 #    --replay-decisions; it first measures its engine loop and search term on two probe runs
-#    of 120 requests past REQUESTS (ragsim/realrun/probe_runs.py), as vLLM's below;
+#    of 120 requests past REQUESTS (ragsim/realrun/probe_runs.py), as vLLM's below, and on
+#    the same runs' steps the engine's work around its passes (its step overhead and its
+#    batch's write, priced from them: OUT_DIR/torch-ragcache/profile-priced.json);
 # 3. vLLM's CPU engine (VLLM_PYTHON: the python of the vLLM lane's venv, default
 #    .venv-vllm/bin/python; skipped when absent): vllm-apc, ragcache and vllm on the same loads,
 #    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on

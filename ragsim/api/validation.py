@@ -240,7 +240,9 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     search workers share its interpreter as vLLM's run's do: equal terms. Without the search
     term run Q2's 90% simulation ran an engine 72% busy where the real one was 79%, and its
     mean came out -55% (docs/validation.md, "Run Q"). What the probe measured goes into
-    ``probes["engine_loop"]``."""
+    ``probes["engine_loop"]``. Returns the configuration and the profile to price with: the
+    same probe runs' steps measure the engine's work around its passes
+    (``_with_run_step_costs``)."""
     if _loop_given(resolved, config_file, note):
         note("engine steps: the profile's step overhead and batch write (no probe runs to "
              "measure the engine's own)")
