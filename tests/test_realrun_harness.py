@@ -282,3 +282,29 @@ def test_no_garbage_collection_can_stall_a_run_once_its_clock_starts():
     run.run()
     assert run.gc_enabled_at_clock_start is False
     assert gc.isenabled()
+
+
+def test_the_heap_is_grown_before_the_clock_by_the_largest_batch_the_run_can_hold():
+    """Before its clock, a torch run on a CPU grows its heap by its largest decode batch's
+    buffers (a serving engine sets its KV memory up at start). By hand, for three requests of
+    10 document + 5 question + 4 output tokens, at most 2 running at once, on the profile's
+    model (2 layers, 1 KV head of 128, fp32): the batch of 2 rows holds 2 + max(headroom, 0)
+    rows of 19 tokens + the token headroom (``decode_buffer_shape``), keys and values of each
+    layer, 512 bytes a token."""
+    from ragsim.profiles.decode_layout import DECODE_HEADROOM_ROWS, DECODE_HEADROOM_TOKENS
+    from ragsim.realrun.memory import largest_decode_batch_bytes
+
+    b = TraceBuilder("heap")
+    for i in range(3):
+        b.add(i, 0.0, 5, 4, [i], [10])
+    trace = b.build({"name": "heap"})
+    cfg = build_config({"trace": "mmlu", "system": "vllm", "profile": PROFILE,
+                        "max_batch_size": 2, "search_s": 0.001, "cache": False})
+    run = RealRun(trace, cfg, load_profile(PROFILE), speed_probes=False)
+    spec = load_profile(PROFILE).model
+    rows, tokens = 2 + max(DECODE_HEADROOM_ROWS, 0), 19 + DECODE_HEADROOM_TOKENS
+    by_hand = 2 * spec.num_layers * rows * tokens * spec.num_kv_heads * spec.head_dim * 4
+    assert largest_decode_batch_bytes(run.model, trace, run.config) == by_hand
+    result = run.run()
+    assert result.summary["heap_grown_before_clock_bytes"] == by_hand
+    assert result.summary["heap_grown_before_clock_s"] >= 0

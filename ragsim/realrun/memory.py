@@ -196,3 +196,56 @@ def fit_for_device(config, trace, profile, device: str, *, given: Collection[str
         longest_tokens=longest_request_tokens(trace, config), free_bytes=free, given=given)
     return fitted, changed, (memory_note(changed, memory, who=who) if changed else None)
 
+
+
+# the most the heap is grown by before a run's clock (``grow_heap_before_clock``): a quarter of
+# the memory free then, and never more than this
+HEAP_GROWTH_LIMIT_BYTES = 4 << 30
+
+
+def largest_decode_batch_bytes(model, trace, config) -> int:
+    """The bytes of the largest padded decode batch a run of ``trace`` on ``config`` can hold:
+    as many rows as it runs at once (``max_batch_size``, at most its requests), each to its
+    longest context (system prompt, documents, question and every output token), in the
+    buffers a rebuild allocates (``decode_buffer_shape``), keys and values of every layer."""
+    if trace.n_requests == 0:
+        return 0
+    longest = int(config.system_prompt_tokens + (trace.doc_tokens_per_request
+                                                 + trace.query_tokens
+                                                 + trace.output_tokens).max())
+    rows, tokens = decode_buffer_shape(min(int(config.max_batch_size), trace.n_requests),
+                                       longest)
+    spec = model.config
+    per_token = spec.num_key_value_heads * spec.head_dim * model.torch.tensor(
+        [], dtype=model.dtype).element_size()
+    return 2 * model.num_layers * rows * tokens * per_token
+
+
+def grow_heap_before_clock(model, trace, config) -> dict:
+    """Grow the process's heap, before a run's clock starts, by as much as the run's largest
+    decode batch can take (``largest_decode_batch_bytes``, at most a quarter of the memory
+    free and ``HEAP_GROWTH_LIMIT_BYTES``): allocated, written and freed, so the allocator keeps
+    it for the batches to come. Why: a serving engine sets its KV memory up at start (vLLM
+    allocates its cache before it serves), while this engine's padded batch grows on demand,
+    and on tcmalloc a process's first growth by a gigabyte cost 2.4-2.5 s inside the overload
+    point's clock in two sittings of the project's CPU (0.2 s in two others; timed apart: 2.25
+    s, then 0.12-0.35 s), which no price holds (docs/validation.md, "Run AX"). Only on a CPU
+    (a GPU's caching allocator would keep it reserved from the run). Returns the bytes and
+    the seconds it took, for the run's summary."""
+    import os
+    import time
+
+    if model.device.type != "cpu":
+        return {"bytes": 0, "seconds": 0.0}
+    wanted = largest_decode_batch_bytes(model, trace, config)
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        free = 0
+    grown = int(min(wanted, HEAP_GROWTH_LIMIT_BYTES, free // 4))
+    started = time.perf_counter()
+    if grown > 0:
+        block = model.torch.empty(grown, dtype=model.torch.uint8)
+        block.fill_(0)
+        del block
+    return {"bytes": grown, "seconds": time.perf_counter() - started}
