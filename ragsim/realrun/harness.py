@@ -119,7 +119,7 @@ class RealRun(RealSearchDriving, Pipeline):
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
         # the memory its largest batch can take, grown before the clock as a serving engine
         # sets its KV memory up at start (``realrun.memory.grow_heap_before_clock``)
-        heap = grow_heap_before_clock(self.model, self.trace, self.config)
+        heap = grow_heap_before_clock(self.model, self.profile.model, self.trace, self.config)
         if self.start is not None:
             self.start.wait()
         # the step sizes this process had run before the clock started (its warm-up, probes,

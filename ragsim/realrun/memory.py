@@ -203,27 +203,10 @@ def fit_for_device(config, trace, profile, device: str, *, given: Collection[str
 HEAP_GROWTH_LIMIT_BYTES = 4 << 30
 
 
-def largest_decode_batch_bytes(model, trace, config) -> int:
-    """The bytes of the largest padded decode batch a run of ``trace`` on ``config`` can hold:
-    as many rows as it runs at once (``max_batch_size``, at most its requests), each to its
-    longest context (system prompt, documents, question and every output token), in the
-    buffers a rebuild allocates (``decode_buffer_shape``), keys and values of every layer."""
-    if trace.n_requests == 0:
-        return 0
-    longest = int(config.system_prompt_tokens + (trace.doc_tokens_per_request
-                                                 + trace.query_tokens
-                                                 + trace.output_tokens).max())
-    rows, tokens = decode_buffer_shape(min(int(config.max_batch_size), trace.n_requests),
-                                       longest)
-    spec = model.config
-    per_token = spec.num_key_value_heads * spec.head_dim * model.torch.tensor(
-        [], dtype=model.dtype).element_size()
-    return 2 * model.num_layers * rows * tokens * per_token
-
-
-def grow_heap_before_clock(model, trace, config) -> dict:
+def grow_heap_before_clock(model, spec: ModelSpec, trace, config) -> dict:
     """Grow the process's heap, before a run's clock starts, by as much as the run's largest
-    decode batch can take (``largest_decode_batch_bytes``, at most a quarter of the memory
+    decode batch can take (``decode_batch_bytes`` at as many rows as it runs at once and its
+    longest request, the engine's memory bound's own figure; at most a quarter of the memory
     free and ``HEAP_GROWTH_LIMIT_BYTES``): allocated, written and freed, so the allocator keeps
     it for the batches to come. Why: a serving engine sets its KV memory up at start (vLLM
     allocates its cache before it serves), while this engine's padded batch grows on demand,
@@ -237,7 +220,9 @@ def grow_heap_before_clock(model, trace, config) -> dict:
 
     if model.device.type != "cpu":
         return {"bytes": 0, "seconds": 0.0}
-    wanted = largest_decode_batch_bytes(model, trace, config)
+    wanted = decode_batch_bytes(min(int(config.max_batch_size), trace.n_requests),
+                                longest_request_tokens(trace, config), spec) \
+        if trace.n_requests else 0
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
