@@ -307,6 +307,24 @@ def test_profile_without_torch_names_the_install(monkeypatch, tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
+def test_profile_refuses_a_missing_steps_trace_before_measuring(tmp_path, monkeypatch):
+    """The engine-step runs' workload is read before the grid: a typo must not cost minutes of
+    measuring, and the error names the option."""
+    import ragsim.profiles.profiler as profiler
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured before the workload was checked")
+
+    monkeypatch.setattr(profiler, "run_profile", measure)
+    missing = tmp_path / "nowhere.jsonl"
+    result = runner.invoke(app, ["profile", "--quick", "--steps-trace", str(missing),
+                                 "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result)
+    assert "--steps-trace" in line and "no such file" in line and "nowhere.jsonl" in line
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_trace_build_without_faiss_names_the_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "faiss", None)
     result = runner.invoke(app, ["trace", "build", "--corpus", "wiki-offline", "--questions",

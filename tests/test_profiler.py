@@ -241,6 +241,34 @@ def test_batch_model_predicts_real_batches_from_single_requests_timed_with_them(
 
 
 @pytest.mark.slow  # needs the session's fresh profile (minutes)
+def test_quick_profile_prices_the_engines_own_steps_from_its_real_runs(quick_profile):
+    """``ragsim profile`` ends with two real runs of the torch engine and prices its steps'
+    work around their passes from them (``api/engine_steps.py``), keeping the profiler's
+    sampling-only terms beside. Physically the engine's work around a pass contains the greedy
+    call the profiler times alone, plus the prompt's tokens, its KV kept and each row's token
+    handed back: on the project's CPU 2-6x the greedy's time (docs/validation.md, run AU), so
+    the engine's terms must price a step above the profiler's, and a prompt step above a
+    decode step of as many rows."""
+    p = load_profile(str(quick_profile))
+    found = p.obtained["engine_steps"]
+    assert found["measured"] and found["trace"] == "mmlu" and found["requests"] == 48
+    assert [load["share"] for load in found["loads"]] == [0.5, 0.9]
+    assert found["steps"] == sum(group["steps"] for group in found["by_kind"]) > 0
+    kinds = {group["kind"] for group in found["by_kind"]}
+    assert kinds == {"prefill", "decode"}
+    assert "probe runs' steps" in p.step_overhead.fit["against"]
+    sampling = found["profiler_step_overhead"]
+    assert "greedy" in sampling["fit"]["against"]
+    for rows in (1, 8):
+        greedy_s = sampling["per_step_s"] + sampling["per_row_s"] * rows
+        assert p.step_overhead_s(rows) > greedy_s
+        assert p.step_overhead_s(rows, rows) > p.step_overhead_s(rows)
+    printed = " ".join((quick_profile.parent / "printed.txt").read_text().split())
+    assert f"engine steps: {found['steps']} steps of two real runs of 48 mmlu requests" \
+        in printed
+
+
+@pytest.mark.slow  # needs the session's fresh profile (minutes)
 def test_replay_accepts_a_measured_profile(quick_profile):
     result = runner.invoke(app, ["replay", "--requests", "300", "--profile", str(quick_profile),
                                  "--json"])
@@ -593,3 +621,30 @@ def test_mixed_rows_reach_the_decode_axis_fourfold():
             if u.kind == "held_out_mixed"]
     assert min(rows) == 1 and 48 <= max(rows) <= 64
     assert 0.35 < np.mean(np.array(rows) <= 8) < 0.65  # half of log(64) is log(8)
+
+
+def test_engine_steps_replace_the_profilers_terms_and_round_trip(tiny_torch_profile, tmp_path):
+    """``measure_engine_steps`` on a one-layer profile: two real runs of eight requests each
+    price the profile's step overhead (four terms) and batch write from the engine's steps; the
+    profiler's own terms are kept beside them unchanged, the input profile is left as it was,
+    and the result reads back whole."""
+    from ragsim.api.engine_steps import measure_engine_steps
+
+    grid = load_profile(str(tiny_torch_profile))
+    heard = []
+    priced = measure_engine_steps(grid, requests=8, on_run=lambda done, total:
+                                  heard.append((done, total)))
+    assert heard == [(1, 2), (2, 2)]
+    assert "engine_steps" not in grid.obtained  # the profiler's profile, untouched
+    found = priced.obtained["engine_steps"]
+    assert found["measured"] and found["requests"] == 8
+    assert found["profiler_step_overhead"] == (grid.step_overhead and grid.step_overhead.to_dict())
+    assert found["profiler_batch_copy"] == (grid.batch_copy and grid.batch_copy.to_dict())
+    assert priced.step_overhead != grid.step_overhead
+    assert priced.step_overhead.fit["steps"] == found["steps"]
+    back = load_profile(str(priced.save(tmp_path / "priced.json")))
+    assert back.step_overhead == priced.step_overhead
+    assert back.batch_copy == priced.batch_copy
+    assert back.obtained["engine_steps"]["steps"] == found["steps"]
+    for rows, prompts in ((1, 0), (4, 0), (2, 2)):
+        assert back.step_overhead_s(rows, prompts) == priced.step_overhead_s(rows, prompts)

@@ -244,8 +244,10 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     same probe runs' steps measure the engine's work around its passes
     (``_with_run_step_costs``)."""
     if _loop_given(resolved, config_file, note):
-        note("engine steps: the profile's step overhead and batch write (no probe runs to "
-             "measure the engine's own)")
+        measured = (costs.obtained.get("engine_steps") or {}).get("measured")
+        note("engine steps: the profile's step overhead and batch write (no probe runs here; "
+             + ("the profile measured them on the engine's own runs, ragsim profile's engine "
+                "steps)" if measured else "the profiler's, which time its sampling alone)"))
         return resolved, costs
     from ragsim.realrun.harness import RealRun
     from ragsim.realrun.probe_runs import torch_decode_step, torch_engine_loop

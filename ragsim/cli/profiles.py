@@ -26,6 +26,7 @@ from ragsim.outputs import claim_output_file
 from ragsim.units import format_bytes
 
 ANSWERS = "Answer cache"
+STEPS = "Engine steps (--engine torch)"
 app = typer.Typer(cls=Group, no_args_is_help=True,
                   help="Inspect prefill-cost profiles.")
 
@@ -58,6 +59,16 @@ def profile(
              "steps, its prefix cache holding the cached prefixes; docs/vllm.md).")] = "torch",
     block_tokens: Annotated[int, typer.Option(
         help="--engine vllm: vLLM's KV block (cached prefixes are whole blocks).")] = 32,
+    engine_steps: Annotated[bool, typer.Option(
+        help="Then price the engine's own step path (its work around the passes: tokens, "
+             "KV kept, each row's token, a changed batch's write) from two short real runs "
+             "of the torch engine at two loads, as validate's probe runs do.",
+        rich_help_panel=STEPS)] = True,
+    steps_trace: Annotated[str, typer.Option(
+        help="The workload those runs serve (built-in name or trace path).",
+        rich_help_panel=STEPS)] = "mmlu",
+    steps_requests: Annotated[int, typer.Option(
+        help="Requests in each of the two runs.", min=4, rich_help_panel=STEPS)] = 48,
     answer_cache: Annotated[bool, typer.Option(
         help="Instead: the answer cache's latency profile (each tier's lookup and write on the "
              "real stores), read by `run --answer-cache --answer-profile`.",
@@ -93,6 +104,14 @@ def profile(
     require_extra("profile", "ragsim profile")
     # before the measuring: a typo, or an earlier profile it would replace, must not cost it
     claim_output_file(out_file, force=force)
+    if engine == "torch" and engine_steps:  # the step runs' workload, read before the grid
+        from ragsim.traces import resolve_trace
+
+        try:
+            resolve_trace(steps_trace, seed=seed, n_requests=steps_requests)
+        except RagsimInputError as error:
+            raise type(error)(error.detail, file=error.file, row=error.row,
+                              field=error.field or "--steps-trace") from None
     from ragsim.profiles.models import resolve_model, scaled_down
     from ragsim.profiles.profiler import ProfilePlan, run_profile
     from ragsim.profiles.steps import iteration_ratio_lines
@@ -125,6 +144,9 @@ def profile(
             result = run_profile(spec, name=profile_name, device=device, dtype=chosen_dtype,
                                  plan=plan, out=out_file, threads=threads, seed=seed,
                                  label=label, progress=report)
+            if engine_steps:  # the grid is saved: an interrupted step run keeps it
+                result = _with_engine_steps(result, out_file, steps_trace, steps_requests,
+                                            device, threads, seed, report)
     v = result.obtained["validation"]
     err.print(f"wrote {out_file}")
     out.print(f"held-out prefill points: median error {v['held_out_prefill_median_rel_error']:.1%}"
@@ -133,6 +155,11 @@ def profile(
               f"{v['held_out_batch_max_rel_error']:.1%}", highlight=False)
     for line in iteration_ratio_lines(v):
         out.print(line, highlight=False)
+    from ragsim.api.engine_steps import engine_steps_words
+
+    steps_line = engine_steps_words(result)
+    if steps_line is not None:
+        out.print(steps_line, highlight=False)
     _print_warnings(result.warnings)
     if device == "cpu" and result.obtained.get("allocator") == "glibc":
         from ragsim.profiles.allocator import TCMALLOC_PRELOAD
@@ -142,6 +169,27 @@ def profile(
                   "run cost up to 2x what this profile times (ragsim/profiles/allocator.py); "
                   f"the engines' CPU guides start them with {TCMALLOC_PRELOAD}",
                   highlight=False, soft_wrap=True)
+
+
+def _with_engine_steps(result, out_file: Path, trace: str, requests: int, device: str,
+                      threads: int, seed: int, report):
+    """The measured profile with the torch engine's step path priced from its real runs
+    (``api.engine_steps``), written over ``out_file``; stopped, the grid's profile stays there
+    and the stop is said."""
+    from ragsim.api.engine_steps import measure_engine_steps
+
+    phase = "engine steps (real runs)"
+    report(phase, 0, 2)
+    try:
+        measured = measure_engine_steps(result, trace=trace, requests=requests, device=device,
+                                        threads=threads, seed=seed,
+                                        on_run=lambda done, total: report(phase, done, total))
+    except KeyboardInterrupt:
+        err.print(f"stopped: {out_file} holds the profile without the engine's steps "
+                  "(its step overhead and batch write are the profiler's)", highlight=False)
+        raise
+    measured.save(out_file)
+    return measured
 
 
 def _grid_tables(grid, title: str, width: int) -> list[Table]:
