@@ -219,3 +219,49 @@ def test_the_steps_time_around_their_passes_is_fitted_by_hand():
     assert one["steps"] == 2 and one["outside_mean_s"] == pytest.approx(0.0001, abs=1e-12)
     # runs that kept no steps measure nothing
     assert step_costs_in_runs([None, []], profile) is None
+
+
+def _probe_columns(bases: list[float]) -> dict[str, np.ndarray]:
+    """One probe run's requests, by hand, three per base time (all stage times 1 ms): one
+    arriving at an idle engine (its search ends 1.3 ms after arrival: a lag of 0.3 ms), one 50
+    ms later while the first is in the engine and no search is in flight (ends 2.2 ms after:
+    a lag of 1.2 ms), and one 0.5 ms after that while the second's search holds a worker
+    (ends 10 ms after the second's arrival: a lag of 8.5 ms)."""
+    rows = []
+    for b in bases:
+        rows += [(b, b + 0.0001, b + 0.0013, b + 0.1),
+                 (b + 0.05, b + 0.0502, b + 0.0522, b + 0.2),
+                 (b + 0.0505, b + 0.0510, b + 0.060, b + 0.3)]
+    arrival, start, end, finish = (np.array(c) for c in zip(*rows, strict=True))
+    return {"arrival_s": arrival, "search_start_s": start, "search_end_s": end,
+            "finish_s": finish}
+
+
+def test_a_searchs_lag_past_its_stage_times_is_read_off_the_probe_runs():
+    """By hand: on one worker, the third search of each base waited for the pool (left out,
+    the simulation queues it apart); the others took 0.3 ms (engine idle) and 1.2 ms (busy)
+    past their 1 ms of stages: (8 x 0.3 + 8 x 1.2) / 16 = 0.75 ms. On two workers the third
+    is free to start and counts (busy): (8 x 0.3 + 8 x 1.2 + 8 x 8.5) / 24 = 3.333 ms. Fewer
+    than eight searches measure nothing."""
+    from ragsim.realrun.probe_runs import search_lag_in_runs
+
+    runs = [_probe_columns([0.0, 1.0, 2.0, 3.0]), _probe_columns([10.0, 11.0, 12.0, 13.0])]
+    stage_s = np.full(12, 0.001)
+    one = search_lag_in_runs(runs, stage_s, workers=1)
+    assert (one["searches"], one["busy_searches"], one["idle_searches"]) == (16, 8, 8)
+    assert one["lag_s"] == pytest.approx(0.00075)
+    assert one["idle_mean_lag_s"] == pytest.approx(0.0003)
+    assert one["busy_mean_lag_s"] == pytest.approx(0.0012)
+    two = search_lag_in_runs(runs, stage_s, workers=2)
+    assert (two["busy_searches"], two["idle_searches"]) == (16, 8)
+    assert two["lag_s"] == pytest.approx(0.080 / 24)
+    assert two["median_lag_s"] == pytest.approx(0.0012)
+    assert search_lag_in_runs([{k: v[:6] for k, v in runs[0].items()}], stage_s[:6],
+                              workers=1) is None  # 4 searches
+    # a request not finished is in the engine to the run's end: the first run's three later
+    # idle searches count as busy (1 + 4 idle, 7 + 4 busy)
+    unfinished = _probe_columns([0.0, 1.0, 2.0, 3.0])
+    unfinished["finish_s"][0] = np.nan
+    later = search_lag_in_runs([unfinished, runs[1]], stage_s, workers=1)
+    assert (later["busy_searches"], later["idle_searches"]) == (11, 5)
+    assert later["busy_mean_lag_s"] == pytest.approx((4 * 1.2 + 3 * 0.3 + 4 * 1.2) / 11e3)

@@ -160,6 +160,7 @@ def _with_measured_engine_loop(resolved, data, costs, config_file, note, threads
     note(loop_words(probe) + "; and " + search_cost_words(probe) + "; the simulation and the "
          "replays charge them (engine_loop_step_s, engine_loop_request_s, "
          "engine_loop_search_s)")
+    resolved = _with_search_lag(resolved, probe.get("search_lag"), config_file, note)
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"], **connector_fields)
@@ -280,10 +281,38 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
     note(loop_words(probe) + "; " + search_cost_words(probe) + "; the simulation and the "
          "replays charge them (engine_loop_step_s, engine_loop_request_s, "
          "engine_loop_search_s)")
+    resolved = _with_search_lag(resolved, probe.get("search_lag"), config_file, note)
     return resolved.replace(engine_loop_step_s=probe["step_s"],
                             engine_loop_request_s=probe["request_s"],
                             engine_loop_search_s=probe["search_s"]), costs
 
+
+def _with_search_lag(resolved, lag: dict | None, config_file, note):
+    """The configuration with ``search_handoff_s`` as the probe runs' searches paid it past
+    their stage times beside their engine (``realrun.probe_runs.search_lag_in_runs``), in place
+    of the hand-off probe's, which times the pool and the clock in a process without the
+    engine (0.52-0.62 ms where the runs' searches took 1.0-1.2 ms past their stage times, at
+    every load: docs/validation.md, "Run AZ"). Kept where the configuration file sets it, or
+    where the probe runs had too few searches (said in a note either way)."""
+    from ragsim.serving.config import load_config_file
+
+    if lag is None:
+        return resolved
+    measured = (f"the probe runs' {lag['searches']} searches with a worker free took "
+                f"{lag['lag_s'] * 1e3:.3f} ms past their stage times on average (beside a busy "
+                f"engine {_ms(lag['busy_mean_lag_s'])} over {lag['busy_searches']}, an idle one "
+                f"{_ms(lag['idle_mean_lag_s'])} over {lag['idle_searches']})")
+    if config_file is not None and "search_handoff_s" in load_config_file(config_file):
+        note(f"search: {measured}; the configuration's hand-off "
+             f"({resolved.search_handoff_s * 1e3:.3f} ms) is kept")
+        return resolved
+    note(f"search: {measured}; the simulation adds that to each search (search_handoff_s; the "
+         f"hand-off probe, without the engine: {resolved.search_handoff_s * 1e3:.3f} ms)")
+    return resolved.replace(search_handoff_s=lag["lag_s"])
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
 def _with_run_step_costs(costs, results, probes, note):
     """The profile with its step overhead and its batch write as the torch engine's steps

@@ -88,15 +88,10 @@ def fit_batch_copy(rows: list[list[float]]) -> BatchCopy:
     repeat): least squares of seconds on (1, rows, rows x tokens), every coefficient >= 0,
     weighted by 1/seconds (relative errors, so the one-row writes are not drowned by the
     large)."""
-    from scipy.optimize import nnls
+    from ragsim.profiles.fitting import relative_nnls
 
-    counts = np.array([r[0] for r in rows], dtype=np.float64)
-    row_tokens = np.array([r[0] * r[1] for r in rows], dtype=np.float64)
-    seconds = np.array([r[2] for r in rows], dtype=np.float64)
-    weights = 1.0 / seconds
-    design = np.column_stack([np.ones(len(rows)), counts, row_tokens])
-    (latency, per_row, per_row_token), _ = nnls(design * weights[:, None], seconds * weights)
-    errors = np.abs(design @ [latency, per_row, per_row_token] / seconds - 1)
+    design = [[1.0, r[0], r[0] * r[1]] for r in rows]
+    (latency, per_row, per_row_token), errors = relative_nnls(design, [r[2] for r in rows])
     return BatchCopy(float(latency), float(per_row), float(per_row_token), {
         "statistic": "least squares of each timing on (1, rows, rows x tokens), every term "
                      ">= 0, weighted by 1 / seconds",

@@ -582,11 +582,10 @@ def _key(*values: int) -> str:
 
 def _fit_copy(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     """latency + bytes / bandwidth, least squares with both terms >= 0."""
-    from scipy.optimize import nnls
+    from ragsim.profiles.fitting import relative_nnls
 
     design = np.column_stack([np.ones(len(sizes)), np.asarray(sizes, dtype=np.float64)])
-    weights = 1.0 / np.asarray(seconds)
-    coef, _ = nnls(design * weights[:, None], np.asarray(seconds) * weights)
+    coef, _ = relative_nnls(design, seconds)
     latency, per_byte = float(coef[0]), float(coef[1])
     return latency, 1.0 / per_byte if per_byte > 0 else float("inf")
 

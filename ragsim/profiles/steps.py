@@ -144,17 +144,13 @@ def fit_step_overhead(rows: Sequence[int], seconds: Sequence[float], *, against:
                       ) -> StepOverhead:
     """``per_step_s + per_row_s * rows`` fitted to timed steps (least squares, both terms >= 0,
     each point weighted by 1 / its time so that small steps count as much as large ones)."""
-    from scipy.optimize import nnls
+    from ragsim.profiles.fitting import relative_nnls
 
     r = np.asarray(rows, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     if len(r) < 2 or len(set(r.tolist())) < 2:
         raise ValueError("the step overhead needs timings at two or more row counts")
-    w = 1.0 / np.maximum(y, 1e-12)
-    design = np.column_stack([np.ones_like(r), r])
-    coef, _ = nnls(design * w[:, None], y * w)
-    predicted = design @ coef
-    errors = np.abs(predicted - y) / np.maximum(y, 1e-12)
+    coef, errors = relative_nnls(np.column_stack([np.ones_like(r), r]), y)
     return StepOverhead(float(coef[0]), float(coef[1]), {
         "points": len(y), "median_rel_error": float(np.median(errors)),
         "max_rel_error": float(errors.max()), "against": against})

@@ -89,20 +89,24 @@ def fit_engine_loop(points: list[tuple[int, float, int]]) -> tuple[float, float]
 
 
 def probe_loop_runs(probe: Trace, config: SimConfig, capacity_rps: float,
-                    run_one: Callable[[float, SimConfig], dict]
-                    ) -> tuple[list[tuple[int, float, int]], list[dict], list[dict]]:
+                    run_one: Callable[[float, SimConfig], object]
+                    ) -> tuple[list[tuple[int, float, int]], list[dict], list[dict], dict | None]:
     """The probe runs either engine's loop is fitted on: ``run_one(share, config)`` serves
-    ``probe`` at each of ``probe_configs`` and returns its summary (a run cut short passes its
-    stop on: ``kept_whole``). Returns each run's ``(gaps, seconds between steps, requests
-    handed over while busy)`` for ``fit_engine_loop``, its row of the probe's report and its
-    summary. Both engines' summaries count their loops under the same names
-    (``engine_between_steps``, ``engine_between_steps_s``, ``engine_requests_while_busy``),
-    each by its engine's own rule: vLLM's the requests handed over while it had work, the
-    torch engine's the requests whose prefill began as the step before it ended."""
-    points, runs, summaries = [], [], []
+    ``probe`` at each of ``probe_configs`` and returns its ``RunResult`` (a run cut short
+    passes its stop on: ``kept_whole``). Returns each run's ``(gaps, seconds between steps,
+    requests handed over while busy)`` for ``fit_engine_loop``, its row of the probe's report,
+    its summary, and what a search took past its stage times in them
+    (``search_lag_in_runs``; None without a real search). Both engines' summaries count
+    their loops under the same names (``engine_between_steps``, ``engine_between_steps_s``,
+    ``engine_requests_while_busy``), each by its engine's own rule: vLLM's the requests handed
+    over while it had work, the torch engine's the requests whose prefill began as the step
+    before it ended."""
+    points, runs, summaries, columns = [], [], [], []
     for share, cfg in probe_configs(config, capacity_rps):
-        summary = kept_whole(run_one(share, cfg))
+        result = run_one(share, cfg)
+        summary = kept_whole(result.summary)
         summaries.append(summary)
+        columns.append(result.columns)
         gaps = int(summary.get("engine_between_steps", 0))
         between_s = float(summary.get("engine_between_steps_s", 0.0))
         requests = int(summary.get("engine_requests_while_busy", 0))
@@ -112,7 +116,11 @@ def probe_loop_runs(probe: Trace, config: SimConfig, capacity_rps: float,
                      "between_steps_s": between_s, "requests_while_busy": requests,
                      "gpu_busy_fraction": summary.get("gpu_busy_fraction"),
                      "search_interpreter_mean_s": search.get("interpreter_mean_s")})
-    return points, runs, summaries
+    searched = all((s.get("search") or {}).get("mode") != "modelled" for s in summaries)
+    search_lag = (search_lag_in_runs(columns, modelled_stage_s(probe, config),
+                                     config.search_workers)
+                  if config.search_latency == "trace" and searched else None)
+    return points, runs, summaries, search_lag
 
 
 def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
@@ -124,6 +132,60 @@ def interpreter_per_search(summaries: Iterable[dict]) -> tuple[float, int]:
         seconds += float(search.get("interpreter_s_total", 0.0))
         searches += int(search.get("searches_run", 0))
     return (seconds / searches if searches else 0.0), searches
+
+
+# fewer searches than this measure no lag worth charging
+SEARCH_LAG_MIN_SEARCHES = 8
+
+
+def modelled_stage_s(trace: Trace, config: SimConfig) -> np.ndarray:
+    """Each request's search as the simulation times it before its hand-off: the trace's
+    measured stage times, summed, times ``search_time_scale`` (NaN where it has none)."""
+    if trace.stage_times_s is None:
+        return np.full(trace.n_requests, np.nan)
+    return np.array([sum(times) if times else np.nan for times in
+                     trace.stage_times_s.to_pylist()]) * float(config.search_time_scale)
+
+
+def search_lag_in_runs(runs: Iterable[dict[str, np.ndarray]], stage_s: np.ndarray,
+                       workers: int) -> dict | None:
+    """What a search takes past its stage times in the probe runs, beside their engine
+    (``runs``: each run's per-request columns, in the order of ``stage_s``, each request's
+    modelled stage time): its end less its arrival less its stage time, over the searches
+    that found a worker free at their arrival (a wait behind other searches the simulation's
+    pool models apart). The mean is the hand-off the simulation should add to each search
+    (``search_handoff_s``); the searches that arrived while the engine had work (another
+    request between its search's end and its finish) and while it had none are reported
+    apart. Why: the hand-off probe times the pool and the clock in a process without the
+    engine, at rest, and on the project's CPU it read 0.52-0.62 ms where the runs' searches
+    took 1.0-1.2 ms past their stage times, at every load, beside a busy engine or an idle
+    one alike (docs/validation.md, "Run AZ"). None with fewer than
+    ``SEARCH_LAG_MIN_SEARCHES`` such searches."""
+    busy_lags: list[float] = []
+    idle_lags: list[float] = []
+    for cols in runs:
+        arrival = np.asarray(cols["arrival_s"], float)
+        start = np.asarray(cols["search_start_s"], float)
+        end = np.asarray(cols["search_end_s"], float)
+        finish = np.asarray(cols["finish_s"], float)
+        finish = np.where(np.isnan(finish), np.inf, finish)  # in the engine to the end
+        lag = end - arrival - stage_s
+        for i in np.flatnonzero(np.isfinite(lag)):
+            t = arrival[i]
+            others = np.arange(len(arrival)) != i
+            if int(np.sum(others & (start <= t) & (t < end))) >= workers:
+                continue  # every worker busy: the pool's queue, not the hand-off
+            busy = bool(np.any(others & (end <= t) & (t < finish)))
+            (busy_lags if busy else idle_lags).append(float(lag[i]))
+    lags = busy_lags + idle_lags
+    if len(lags) < SEARCH_LAG_MIN_SEARCHES:
+        return None
+    return {"lag_s": max(0.0, float(np.mean(lags))), "searches": len(lags),
+            "median_lag_s": float(np.median(lags)),
+            "busy_mean_lag_s": float(np.mean(busy_lags)) if busy_lags else None,
+            "busy_searches": len(busy_lags),
+            "idle_mean_lag_s": float(np.mean(idle_lags)) if idle_lags else None,
+            "idle_searches": len(idle_lags)}
 
 
 def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, served: int,
@@ -147,8 +209,8 @@ def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, serv
     run's own figures."""
     rows, held_aside = probe_rows(trace.n_requests, served)
     probe = trace.select(np.asarray(rows))
-    points, runs, summaries = probe_loop_runs(
-        probe, config, capacity_rps, lambda _share, cfg: run(probe, cfg, profile).summary)
+    points, runs, summaries, search_lag = probe_loop_runs(
+        probe, config, capacity_rps, lambda _share, cfg: run(probe, cfg, profile))
     step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
     search_cost = None
@@ -158,7 +220,8 @@ def torch_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, serv
     return {"step_s": step_s, "request_s": request_s, "fitted_request_s": request_s,
             "quiet_intake_s": 0.0, "search_s": search_s, "searches": searches,
             "interpreter_s": interpreter_s, "search_cost": search_cost, "runs": runs,
-            "requests": len(rows), "held_aside": held_aside}
+            "requests": len(rows), "held_aside": held_aside,
+            "search_lag": search_lag}
 
 
 def outside_passes_s(decision: dict) -> float:
@@ -167,16 +230,6 @@ def outside_passes_s(decision: dict) -> float:
     the profile prices apart): the engine's own work around the passes."""
     return (decision["end_s"] - decision["start_s"] - decision.get("passes_s", 0.0)
             - decision.get("swap_copy_s", 0.0) - (decision.get("batch_copy_s") or 0.0))
-
-
-def _weighted_nnls(design: np.ndarray, seconds: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Non-negative least squares of group means, each weighted by its steps over its mean
-    (relative errors, so that small and large steps count alike, and common shapes more)."""
-    from scipy.optimize import nnls
-
-    weights = np.sqrt(counts) / np.maximum(seconds, 1e-9)
-    solution, _ = nnls(design * weights[:, None], seconds * weights)
-    return solution
 
 
 def step_costs_in_runs(decisions: Iterable[list[dict]], profile: Profile
@@ -195,6 +248,7 @@ def step_costs_in_runs(decisions: Iterable[list[dict]], profile: Profile
     no steps. Returns the report (``profile_*``: the profile's own terms beside), the
     ``StepOverhead`` and the ``BatchCopy`` (None where no write was timed)."""
     from ragsim.profiles.batch_copy import BatchCopy
+    from ragsim.profiles.fitting import relative_nnls
     from ragsim.profiles.steps import StepOverhead
 
     groups: dict[tuple[str, int], list[float]] = {}
@@ -217,14 +271,15 @@ def step_costs_in_runs(decisions: Iterable[list[dict]], profile: Profile
     means = np.array([float(np.mean(groups[k])) for k in keys])
     design = np.array([[1.0, r, float(kind == "prefill"), float(r if kind == "prefill" else 0)]
                        for kind, r in keys])
-    step, row, prompt_step, prompt_row = _weighted_nnls(design, np.maximum(means, 0.0),
-                                                        counts)
+    # group means, each weighted by its steps (relative errors: small and large steps count
+    # alike, common shapes more)
+    (step, row, prompt_step, prompt_row), errors = relative_nnls(design, np.maximum(means, 0.0),
+                                                                 counts)
     fitted = design @ [step, row, prompt_step, prompt_row]
     by_kind = [{"kind": kind, "rows": r, "steps": int(n), "outside_mean_s": float(m),
                 "fitted_s": float(f), "profile_s": profile.step_overhead_s(
                     r, r if kind == "prefill" else 0)}
                for (kind, r), n, m, f in zip(keys, counts, means, fitted, strict=True)]
-    errors = np.abs(fitted / np.maximum(means, 1e-9) - 1)
     overhead = StepOverhead(float(step), float(row), {
         "points": len(keys), "steps": int(counts.sum()),
         "median_rel_error": float(np.median(errors)), "max_rel_error": float(errors.max()),
@@ -237,8 +292,8 @@ def step_costs_in_runs(decisions: Iterable[list[dict]], profile: Profile
         means_c = np.array([float(np.mean([c[0] for c in copies[k]])) for k in keys_c])
         design_c = np.array([[1.0, k[0], float(np.mean([c[1] for c in copies[k]]))]
                              for k in keys_c])
-        latency, per_row, per_row_token = _weighted_nnls(design_c, means_c, counts_c)
-        errors_c = np.abs(design_c @ [latency, per_row, per_row_token] / means_c - 1)
+        (latency, per_row, per_row_token), errors_c = relative_nnls(design_c, means_c,
+                                                                    counts_c)
         copy = BatchCopy(float(latency), float(per_row), float(per_row_token), {
             "statistic": "least squares of the probe runs' writes' means, by rows and tokens "
                          "a row (to 64), every term >= 0, weighted by sqrt(writes) / seconds",

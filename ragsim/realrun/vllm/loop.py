@@ -172,7 +172,7 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
     probe = trace.select(np.asarray(rows))
     quiet, search_cost = 0.0, None
 
-    def run_one(share: float, cfg: SimConfig) -> dict:
+    def run_one(share: float, cfg: SimConfig):
         nonlocal quiet, search_cost
         run = VllmRun(probe, cfg, profile, seed=seed, speed_probes=False, threads=threads)
         result = run.run()
@@ -184,9 +184,10 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
                 search_cost = search_cost_beside(run, probe, cfg.search_workers)
         del run
         release_engines()  # the probe run's engine, dropped: its memory back
-        return result.summary
+        return result
 
-    points, runs, summaries = probe_loop_runs(probe, config, capacity_rps, run_one)
+    points, runs, summaries, search_lag = probe_loop_runs(probe, config, capacity_rps,
+                                                          run_one)
     step_s, request_s = fit_engine_loop(points)
     interpreter_s, searches = interpreter_per_search(summaries)
     search_s = charged_search_s(interpreter_s, search_cost)
@@ -195,4 +196,4 @@ def measure_engine_loop(trace: Trace, config: SimConfig, profile: Profile, *, se
             "search_s": search_s, "searches": searches,
             "interpreter_s": interpreter_s, "search_cost": search_cost,
             "connector": connector_costs(summaries), "runs": runs, "requests": len(rows),
-            "held_aside": held_aside}
+            "held_aside": held_aside, "search_lag": search_lag}
