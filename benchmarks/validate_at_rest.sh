@@ -12,7 +12,8 @@
 #    --replay-decisions; it first measures its engine loop and search term on two probe runs
 #    of 120 requests past REQUESTS (ragsim/realrun/probe_runs.py), as vLLM's below, and on
 #    the same runs' steps the engine's work around its passes (its step overhead and its
-#    batch's write, priced from them: OUT_DIR/torch-ragcache/profile-priced.json);
+#    batch's write, priced from them: OUT_DIR/torch-ragcache/profile-priced.json) and what
+#    their searches took past their stage times (the simulation's search hand-off; vLLM's too);
 # 3. vLLM's CPU engine (VLLM_PYTHON: the python of the vLLM lane's venv, default
 #    .venv-vllm/bin/python; skipped when absent): vllm-apc, ragcache and vllm on the same loads,
 #    each `validate --backend vllm ... --search-latency trace --replay-decisions --json`, on
