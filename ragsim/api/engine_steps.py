@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 
+from ragsim.profiles.allocator import memory_allocator
 from ragsim.profiles.profile import Profile
 
 # the workload the engine's steps are timed on where none is given (validate's default trace),
@@ -66,10 +68,6 @@ def measure_engine_steps(profile: Profile, *, trace: str = ENGINE_STEPS_TRACE,
     found = step_costs_in_runs([(getattr(r, "decisions", None) or {}).get("iterations")
                                 for r in results],
                                profile)
-    from datetime import UTC, datetime
-
-    from ragsim.profiles.allocator import memory_allocator
-
     where = {"measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
              "allocator": memory_allocator(), "trace": trace, "requests": requests, "seed": seed,
              "loads": [{"share": share, "rate_rps": cfg.rate_rps} for share, cfg in loads],

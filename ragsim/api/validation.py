@@ -314,6 +314,7 @@ def _with_search_lag(resolved, lag: dict | None, config_file, note):
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
+
 def _with_run_step_costs(costs, results, probes, note):
     """The profile with its step overhead and its batch write as the torch engine's steps
     paid them in the probe runs (``realrun.probe_runs.step_costs_in_runs``): what the engine

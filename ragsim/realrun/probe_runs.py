@@ -139,12 +139,14 @@ SEARCH_LAG_MIN_SEARCHES = 8
 
 
 def modelled_stage_s(trace: Trace, config: SimConfig) -> np.ndarray:
-    """Each request's search as the simulation times it before its hand-off: the trace's
-    measured stage times, summed, times ``search_time_scale`` (NaN where it has none)."""
-    if trace.stage_times_s is None:
-        return np.full(trace.n_requests, np.nan)
-    return np.array([sum(times) if times else np.nan for times in
-                     trace.stage_times_s.to_pylist()]) * float(config.search_time_scale)
+    """Each request's search as the simulation times it before its hand-off: the
+    simulation's own ``StagedSearch`` of the trace's measured stage times (times
+    ``search_time_scale``), so that the lag is read against exactly what it waits."""
+    from ragsim.serving.retrieval import StagedSearch
+
+    search = StagedSearch(trace, lambda i: [], stages=1, search_s=0.0, source="trace", seed=0,
+                          latency="trace", time_scale=float(config.search_time_scale))
+    return np.array([search.total_s(i) for i in range(trace.n_requests)])
 
 
 def search_lag_in_runs(runs: Iterable[dict[str, np.ndarray]], stage_s: np.ndarray,
