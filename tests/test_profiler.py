@@ -12,6 +12,7 @@ import torch  # noqa: F401 - [profile] in [dev]: missing is a broken set-up, not
 import transformers  # noqa: F401
 from typer.testing import CliRunner
 
+from ragsim.api.engine_steps import measure_engine_steps
 from ragsim.cli import app
 from ragsim.profiles.decode_after_prompt import DECODE_SETTLE_STEPS
 from ragsim.profiles.grid import BilinearGrid, monotone_values
@@ -240,15 +241,25 @@ def test_batch_model_predicts_real_batches_from_single_requests_timed_with_them(
     pytest.fail(f"predicted / measured batch times {ratios} (last attempt of {ATTEMPTS})")
 
 
+# the engine's fitted step terms against held-out runs' steps, in total: the same machine
+# minutes later (-11% and +12% in two sittings here; a shared CPU drifts 10-15% in speed over
+# such a window, docs/validation.md run AZ); terms that miss a kind of step's work (the
+# greedy-only ones: -37% and -64% here, prompt steps -87%) fall out
+HELD_OUT_STEPS_BOUND = 0.35
+
+
 @pytest.mark.slow  # needs the session's fresh profile (minutes)
 def test_quick_profile_prices_the_engines_own_steps_from_its_real_runs(quick_profile):
     """``ragsim profile`` ends with two real runs of the torch engine and prices its steps'
     work around their passes from them (``api/engine_steps.py``), keeping the profiler's
-    sampling-only terms beside. Physically the engine's work around a pass contains the greedy
-    call the profiler times alone, plus the prompt's tokens, its KV kept and each row's token
-    handed back: on the project's CPU 2-6x the greedy's time (docs/validation.md, run AU), so
-    the engine's terms must price a step above the profiler's, and a prompt step above a
-    decode step of as many rows."""
+    sampling-only terms beside. Judged on steps the fit never saw: two more real runs of other
+    requests and arrivals (another seed), whose steps' time outside their passes the fitted
+    terms must price within ``HELD_OUT_STEPS_BOUND`` in total. A prompt step is dearer than a
+    decode step of as many rows (the prompt's tokens looked up and its KV kept), and the
+    fitted terms price held-out prompt steps closer than the profiler's greedy-only terms,
+    which leave that work out. (Those are not compared step for step: a CI machine's priced an
+    8-row step above the engine's whole work around its pass; the greedy timed alone, on
+    rows up to 64, is no bound on the engine's.)"""
     p = load_profile(str(quick_profile))
     found = p.obtained["engine_steps"]
     assert found["measured"] and found["trace"] == "mmlu" and found["requests"] == 48
@@ -260,9 +271,25 @@ def test_quick_profile_prices_the_engines_own_steps_from_its_real_runs(quick_pro
     sampling = found["profiler_step_overhead"]
     assert "greedy" in sampling["fit"]["against"]
     for rows in (1, 8):
-        greedy_s = sampling["per_step_s"] + sampling["per_row_s"] * rows
-        assert p.step_overhead_s(rows) > greedy_s
         assert p.step_overhead_s(rows, rows) > p.step_overhead_s(rows)
+    held_out = measure_engine_steps(p, seed=1).obtained["engine_steps"]["by_kind"]
+
+    def error(groups, price) -> float:
+        """Priced / measured - 1 of ``groups``' steps' time outside their passes, in total."""
+        return (sum(g["steps"] * price(g["rows"], g["kind"] == "prefill") for g in groups)
+                / sum(g["steps"] * g["outside_mean_s"] for g in groups) - 1)
+
+    def fitted(rows, prompt):
+        return p.step_overhead_s(rows, rows if prompt else 0)
+
+    def greedy(rows, _prompt):
+        return sampling["per_step_s"] + sampling["per_row_s"] * rows
+
+    prompts = [g for g in held_out if g["kind"] == "prefill"]
+    errors = {"all": (error(held_out, fitted), error(held_out, greedy)),
+              "prompt steps": (error(prompts, fitted), error(prompts, greedy))}
+    assert abs(errors["all"][0]) < HELD_OUT_STEPS_BOUND, errors
+    assert abs(errors["prompt steps"][0]) < abs(errors["prompt steps"][1]), errors
     printed = " ".join((quick_profile.parent / "printed.txt").read_text().split())
     assert f"engine steps: {found['steps']} steps of two real runs of 48 mmlu requests" \
         in printed
