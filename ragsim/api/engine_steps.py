@@ -41,15 +41,15 @@ def measure_engine_steps(profile: Profile, *, trace: str = ENGINE_STEPS_TRACE,
     engine built from the profile's model; ``on_run(done, total)`` hears each run end.
     Unchanged (with ``obtained["engine_steps"]`` saying why) where the runs kept no steps."""
     from ragsim import validation as v
-    from ragsim.api.validation import _config
+    from ragsim.api.run import resolved_config
     from ragsim.realrun.harness import RealRun
     from ragsim.realrun.memory import fit_for_device
     from ragsim.realrun.probe_runs import probe_configs, step_costs_in_runs
     from ragsim.traces import resolve_trace
 
-    config, _, given = _config(None, trace=trace, system="ragcache", rate=None,
-                               requests=requests, seed=seed, policy=None, gpu_mem=None,
-                               host_mem=None, backend="torch", device=device)
+    config, _, given = resolved_config({"trace": trace, "system": "ragcache",
+                                        "n_requests": requests, "seed": seed},
+                                       base=None, config_file=None, device=device)
     data = resolve_trace(config.trace, seed=seed, n_requests=requests)
     config, _, _ = fit_for_device(config, data, profile, device, given=given,
                                   who="the engine's runs run so")
