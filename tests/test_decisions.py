@@ -136,9 +136,13 @@ def test_a_real_runs_replay_at_its_measured_durations_gives_it_back_no_later():
 
 @pytest.fixture(scope="module")
 def text_trace(tmp_path_factory):
+    """The text trace with 48 requests: a validation of 16 leaves its loop probe 32 of its own,
+    whose steps are enough to measure their spread (on the 16 validated ones the spread needs
+    8 steps of one kind and size in a run, and CI's and the project's CPU now and then kept
+    fewer: ``probes.step_spread`` missing), as ``test_vllm_backend.py``'s probed trace."""
     from text_trace import text_trace_dir
 
-    yield from text_trace_dir(tmp_path_factory)
+    yield from text_trace_dir(tmp_path_factory, requests=48)
 
 
 def test_steps_are_grouped_by_their_tokens_against_their_prices():
@@ -276,9 +280,12 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     probe = report["probes"]["search_handoff"]
     assert probe["searches"] > 0
     lag = report["probes"]["engine_loop"]["search_lag"]
-    assert handoff == (probe["handoff_s"] if lag is None else lag["lag_s"])
+    assert handoff == (probe["handoff_s"] if lag is None else lag["handoff_s"])
+    dispatch = report["sim"]["config"]["search_dispatch_s"]
+    assert dispatch == (0.0 if lag is None else lag["dispatch_s"])
     if lag is not None:
         assert lag["searches"] == lag["busy_searches"] + lag["idle_searches"] >= 8
+        assert dispatch + handoff == pytest.approx(lag["lag_s"], abs=1e-12)
     # the torch engine's loop, as vLLM's: two probe runs on requests the validation does not
     # judge (here the trace's last: it has few past the 16 judged), their time between the
     # steps of a busy engine fitted a step and a request; the simulation charges the fit
@@ -335,6 +342,8 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     recorded = np.array([sum(trace.stage_times_s[i].as_py()) for i in sim["request_id"]])
     assert (sim["search_end_s"] - sim["search_start_s"]).to_numpy() == pytest.approx(
         recorded + handoff, abs=1e-9)
+    # the front end's hand-over comes before each search takes a worker (and waits, if any)
+    assert ((sim["search_start_s"] - sim["arrival_s"]).to_numpy() >= dispatch - 1e-9).all()
 
 
 def test_replay_decisions_needs_a_real_engine(tmp_path):

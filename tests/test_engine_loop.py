@@ -242,7 +242,10 @@ def test_a_searchs_lag_past_its_stage_times_is_read_off_the_probe_runs():
     the simulation queues it apart); the others took 0.3 ms (engine idle) and 1.2 ms (busy)
     past their 1 ms of stages: (8 x 0.3 + 8 x 1.2) / 16 = 0.75 ms. On two workers the third
     is free to start and counts (busy): (8 x 0.3 + 8 x 1.2 + 8 x 8.5) / 24 = 3.333 ms. Fewer
-    than eight searches measure nothing."""
+    than eight searches measure nothing. Of the lag, the search's start less its arrival is
+    the front end's hand-over (0.1 ms idle, 0.2 ms busy, 0.5 ms for the third): on one worker
+    (8 x 0.1 + 8 x 0.2) / 16 = 0.15 ms, the rest (0.6 ms) the worker's hand-off; on two
+    (8 x 0.1 + 8 x 0.2 + 8 x 0.5) / 24 = 0.2667 ms."""
     from ragsim.realrun.probe_runs import search_lag_in_runs
 
     runs = [_probe_columns([0.0, 1.0, 2.0, 3.0]), _probe_columns([10.0, 11.0, 12.0, 13.0])]
@@ -252,10 +255,14 @@ def test_a_searchs_lag_past_its_stage_times_is_read_off_the_probe_runs():
     assert one["lag_s"] == pytest.approx(0.00075)
     assert one["idle_mean_lag_s"] == pytest.approx(0.0003)
     assert one["busy_mean_lag_s"] == pytest.approx(0.0012)
+    assert one["dispatch_s"] == pytest.approx(0.00015)
+    assert one["handoff_s"] == pytest.approx(0.0006)
     two = search_lag_in_runs(runs, stage_s, workers=2)
     assert (two["busy_searches"], two["idle_searches"]) == (16, 8)
     assert two["lag_s"] == pytest.approx(0.080 / 24)
     assert two["median_lag_s"] == pytest.approx(0.0012)
+    assert two["dispatch_s"] == pytest.approx(0.0064 / 24)
+    assert two["handoff_s"] == pytest.approx((0.080 - 0.0064) / 24)
     assert search_lag_in_runs([{k: v[:6] for k, v in runs[0].items()}], stage_s[:6],
                               workers=1) is None  # 4 searches
     # a request not finished is in the engine to the run's end: the first run's three later

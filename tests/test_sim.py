@@ -70,6 +70,29 @@ def test_one_request_alone_ttft_is_search_plus_prefill():
     assert summary["token_hit_rate"] == 0.0
 
 
+def test_the_search_dispatch_delays_a_search_without_holding_a_worker():
+    """``search_dispatch_s`` (the front end's hand-over) comes before a search takes a worker;
+    ``search_handoff_s`` is paid inside the search, on the worker. By hand, one worker, 50 ms
+    searches, requests at 0 and 55 ms, 10 ms either way: dispatched, the first searches from
+    10 to 60 ms and the second from 65 to 115 ms, never waiting for the worker (the wait
+    before each search is its 10 ms of dispatch); handed off, the first holds the worker 0-60
+    ms, so the second waits from 55 to 60 ms and searches 60-120 ms. The first's prefill
+    begins as its search ends; the second's once both its search and the first's prefill have
+    ended (its own documents: no hit)."""
+    trace = make_trace([(0.0, [1], 50, 1), (0.055, [3], 50, 1)])
+    prefill = [PROFILE.prefill_s(0, 1000 + 50), PROFILE.prefill_s(0, 600 + 50)]
+    for field, starts, ends in (("search_dispatch_s", [0.010, 0.065], [0.060, 0.115]),
+                                ("search_handoff_s", [0.0, 0.060], [0.060, 0.120])):
+        result = run_simulation(trace, quiet(search_workers=1, **{field: 0.010}), PROFILE)
+        columns = result.columns
+        assert columns["search_start_s"].tolist() == pytest.approx(starts, abs=1e-12), field
+        assert columns["search_end_s"].tolist() == pytest.approx(ends, abs=1e-12), field
+        first_token = ends[0] + prefill[0]
+        second = max(ends[1], first_token) + prefill[1]
+        assert columns["ttft_s"].tolist() == pytest.approx(
+            [first_token, second - 0.055], abs=1e-9), field
+
+
 @pytest.mark.parametrize("start_s", [100.0, 1.7e9])
 def test_a_trace_whose_clock_starts_late_waits_for_its_first_arrival(start_s):
     """Logged traffic keeps its wall-clock timestamps: the first request arrives at ``start_s``,

@@ -527,7 +527,8 @@ def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(probed_text_
     assert report["probes"] == combined["probes"]
     lag = combined["probes"]["engine_loop"]["search_lag"]  # the probe runs' searches' own
     assert ran["search_handoff_s"] == (combined["probes"]["search_handoff"]["handoff_s"]
-                                       if lag is None else lag["lag_s"])
+                                       if lag is None else lag["handoff_s"])
+    assert ran.get("search_dispatch_s", 0.0) == (0.0 if lag is None else lag["dispatch_s"])
     assert report["real"]["search"]["stages_run"] == 2 * 16
     # every gap holds the requests handed over while the engine was busy
     assert 0 <= report["real"]["engine_requests_while_busy"] <= 16

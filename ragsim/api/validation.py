@@ -288,12 +288,15 @@ def _with_measured_torch_loop(resolved, data, costs, config_file, note, device, 
 
 
 def _with_search_lag(resolved, lag: dict | None, config_file, note):
-    """The configuration with ``search_handoff_s`` as the probe runs' searches paid it past
-    their stage times beside their engine (``realrun.probe_runs.search_lag_in_runs``), in place
+    """The configuration with the search's lag past its stage times as the probe runs'
+    searches paid it beside their engine (``realrun.probe_runs.search_lag_in_runs``), in place
     of the hand-off probe's, which times the pool and the clock in a process without the
     engine (0.52-0.62 ms where the runs' searches took 1.0-1.2 ms past their stage times, at
-    every load: docs/validation.md, "Run AZ"). Kept where the configuration file sets it, or
-    where the probe runs had too few searches (said in a note either way)."""
+    every load: docs/validation.md, "Run AZ"). The lag goes in two parts, counted where the
+    run counts them: the front end's hand-over before a worker takes the search
+    (``search_dispatch_s``, the record's ``search_wait``) and the worker's hand-off inside it
+    (``search_handoff_s``). Both kept where the configuration file sets either, or where the
+    probe runs had too few searches (said in a note either way)."""
     from ragsim.serving.config import load_config_file
 
     if lag is None:
@@ -301,14 +304,20 @@ def _with_search_lag(resolved, lag: dict | None, config_file, note):
     measured = (f"the probe runs' {lag['searches']} searches with a worker free took "
                 f"{lag['lag_s'] * 1e3:.3f} ms past their stage times on average (beside a busy "
                 f"engine {_ms(lag['busy_mean_lag_s'])} over {lag['busy_searches']}, an idle one "
-                f"{_ms(lag['idle_mean_lag_s'])} over {lag['idle_searches']})")
-    if config_file is not None and "search_handoff_s" in load_config_file(config_file):
-        note(f"search: {measured}; the configuration's hand-off "
-             f"({resolved.search_handoff_s * 1e3:.3f} ms) is kept")
+                f"{_ms(lag['idle_mean_lag_s'])} over {lag['idle_searches']}), "
+                f"{lag['dispatch_s'] * 1e3:.3f} ms of it before a worker took them")
+    set_in_file = config_file is not None and {"search_handoff_s", "search_dispatch_s"} & set(
+        load_config_file(config_file))
+    if set_in_file:
+        note(f"search: {measured}; the configuration's hand-over "
+             f"({resolved.search_dispatch_s * 1e3:.3f} ms) and hand-off "
+             f"({resolved.search_handoff_s * 1e3:.3f} ms) are kept")
         return resolved
-    note(f"search: {measured}; the simulation adds that to each search (search_handoff_s; the "
-         f"hand-off probe, without the engine: {resolved.search_handoff_s * 1e3:.3f} ms)")
-    return resolved.replace(search_handoff_s=lag["lag_s"])
+    note(f"search: {measured}; the simulation hands each search over that late "
+         f"(search_dispatch_s) and adds the rest to it (search_handoff_s; the hand-off probe, "
+         f"without the engine: {resolved.search_handoff_s * 1e3:.3f} ms)")
+    return resolved.replace(search_dispatch_s=lag["dispatch_s"],
+                            search_handoff_s=lag["handoff_s"])
 
 
 def _ms(seconds: float | None) -> str:

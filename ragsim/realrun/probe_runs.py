@@ -151,20 +151,25 @@ def modelled_stage_s(trace: Trace, config: SimConfig) -> np.ndarray:
 
 def search_lag_in_runs(runs: Iterable[dict[str, np.ndarray]], stage_s: np.ndarray,
                        workers: int) -> dict | None:
-    """What a search takes past its stage times in the probe runs, beside their engine
-    (``runs``: each run's per-request columns, in the order of ``stage_s``, each request's
-    modelled stage time): its end less its arrival less its stage time, over the searches
-    that found a worker free at their arrival (a wait behind other searches the simulation's
-    pool models apart). The mean is the hand-off the simulation should add to each search
-    (``search_handoff_s``); the searches that arrived while the engine had work (another
-    request between its search's end and its finish) and while it had none are reported
-    apart. Why: the hand-off probe times the pool and the clock in a process without the
-    engine, at rest, and on the project's CPU it read 0.52-0.62 ms where the runs' searches
-    took 1.0-1.2 ms past their stage times, at every load, beside a busy engine or an idle
-    one alike (docs/validation.md, "Run AZ"). None with fewer than
-    ``SEARCH_LAG_MIN_SEARCHES`` such searches."""
+    """What a search takes past its stage times in the probe runs, beside their engine (``runs``:
+    each run's per-request columns, in the order of ``stage_s``, each request's modelled stage
+    time): its end less its arrival less its stage time, over the searches that found a worker
+    free at their arrival (a wait behind other searches the simulation's pool models apart). The
+    mean is what the simulation should add to each search (``search_dispatch_s`` +
+    ``search_handoff_s``); the searches that arrived while the engine had work (another request
+    between its search's end and its finish) and while it had none are reported apart. Why: the
+    hand-off probe times the pool and the clock in a process without the engine, at rest, and on
+    the project's CPU it read 0.52-0.62 ms where the runs' searches took 1.0-1.2 ms past their
+    stage times, at every load, beside a busy engine or an idle one alike (docs/validation.md,
+    "Run AZ"). The lag is then split where the run's record splits it: its start less its
+    arrival (``dispatch_s``: the front end handing it over, before a worker took it; the
+    record's ``search_wait``) and its end less its start less its stage time (``handoff_s``: the
+    worker's hand-off, inside the search), so that each of the simulation's two parts
+    (``search_dispatch_s``, ``search_handoff_s``) is counted where the run counts it. None with
+    fewer than ``SEARCH_LAG_MIN_SEARCHES`` such searches."""
     busy_lags: list[float] = []
     idle_lags: list[float] = []
+    dispatches: list[float] = []
     for cols in runs:
         arrival = np.asarray(cols["arrival_s"], float)
         start = np.asarray(cols["search_start_s"], float)
@@ -172,17 +177,21 @@ def search_lag_in_runs(runs: Iterable[dict[str, np.ndarray]], stage_s: np.ndarra
         finish = np.asarray(cols["finish_s"], float)
         finish = np.where(np.isnan(finish), np.inf, finish)  # in the engine to the end
         lag = end - arrival - stage_s
-        for i in np.flatnonzero(np.isfinite(lag)):
+        for i in np.flatnonzero(np.isfinite(lag) & np.isfinite(start)):
             t = arrival[i]
             others = np.arange(len(arrival)) != i
             if int(np.sum(others & (start <= t) & (t < end))) >= workers:
                 continue  # every worker busy: the pool's queue, not the hand-off
             busy = bool(np.any(others & (end <= t) & (t < finish)))
             (busy_lags if busy else idle_lags).append(float(lag[i]))
+            dispatches.append(float(start[i] - t))
     lags = busy_lags + idle_lags
     if len(lags) < SEARCH_LAG_MIN_SEARCHES:
         return None
-    return {"lag_s": max(0.0, float(np.mean(lags))), "searches": len(lags),
+    lag_s = max(0.0, float(np.mean(lags)))
+    dispatch_s = min(max(0.0, float(np.mean(dispatches))), lag_s)
+    return {"lag_s": lag_s, "dispatch_s": dispatch_s, "handoff_s": lag_s - dispatch_s,
+            "searches": len(lags),
             "median_lag_s": float(np.median(lags)),
             "busy_mean_lag_s": float(np.mean(busy_lags)) if busy_lags else None,
             "busy_searches": len(busy_lags),

@@ -445,6 +445,10 @@ class RealSearchDriving:
             return super()._whole_search(i)
         return self._when_done(self.real_search.run_all(i, self.search.n_stages(i)))
 
+    def _search_dispatch(self):
+        # a real search's hand-over is the run's own (its front end, on the wall clock)
+        return super()._search_dispatch() if self.real_search is None else None
+
     def _search_stage(self, i: int, stage: int):
         if self.real_search is None:
             return super()._search_stage(i, stage)

@@ -36,7 +36,8 @@ RETRIEVALS = ("auto", "on", "off")
 # settings that only mean something with a vector search: giving one asks for it
 SEARCH_SETTINGS = ("search_workers", "search_s", "search_stages", "stage_source",
                    "stage_converge_p", "stage_keeps_d1_p", "stage_other_found_p",
-                   "search_latency", "search_time_scale", "search_handoff_s")
+                   "search_latency", "search_time_scale", "search_handoff_s",
+                   "search_dispatch_s")
 SEARCH_LATENCIES = ("fixed", "trace")
 # a step-time spread past this is not a timing noise but a different machine
 MAX_STEP_TIME_SIGMA = 1.0
@@ -127,6 +128,11 @@ class SimConfig:
     # a tight loop at trace build leaves it out). validate measures it on the real run's
     # worker pool (realrun/search.py: measure_handoff); 0: a search tier that costs nothing
     search_handoff_s: float = 0.0
+    # from a request's arrival to its search being handed to the search tier (a front end
+    # waking for it), before any worker is taken: no worker is held meanwhile, and a run
+    # counts it as the wait for the search (search_wait). validate measures it on its probe
+    # runs (realrun/probe_runs.py: search_lag_in_runs); 0: a front end that hands over at once
+    search_dispatch_s: float = 0.0
     # the engine's serving loop, on the engine's own timeline: the time between two steps of a
     # busy engine (handling a step's outputs), and per request handed to it past the intake
     # the profile's prefill prices hold (its intake in a serving process, the pipeline's work
@@ -452,7 +458,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
     _check(c.replicate_every_s >= limits.MIN_REPLICATE_EVERY_S, "replicate_every_s",
            f"must be >= {limits.MIN_REPLICATE_EVERY_S:g} s (every tick is simulated)", source)
     for name in ("search_s", "gpu_recovery_s", "retry_timeout_s", "reorder_window_s",
-                 "replicate_every_s", "search_handoff_s", "engine_loop_step_s",
+                 "replicate_every_s", "search_handoff_s", "search_dispatch_s",
+                 "engine_loop_step_s",
                  "engine_loop_request_s", "engine_loop_search_s", "connector_request_s",
                  "connector_save_s_per_token", "connector_load_s_per_token"):
         _check(not getattr(c, name) > limits.MAX_DURATION_S, name,
@@ -504,7 +511,8 @@ def validate(config: SimConfig, *, source: str | None = None) -> SimConfig:
         _check(getattr(c, name) >= 1, name, "must be >= 1", source)
     _check(c.search_stages <= limits.MAX_SEARCH_STAGES, "search_stages",
            f"must be <= {limits.MAX_SEARCH_STAGES}", source)
-    for name in ("search_s", "search_handoff_s", "engine_loop_step_s", "engine_loop_request_s",
+    for name in ("search_s", "search_handoff_s", "search_dispatch_s", "engine_loop_step_s",
+                 "engine_loop_request_s",
                  "engine_loop_search_s", "connector_request_s", "connector_save_s_per_token",
                  "connector_load_s_per_token", "gpu_recovery_s", "retry_timeout_s",
                  "gpu_failure_rate_per_h",

@@ -304,6 +304,12 @@ class Pipeline(EngineHooks):
         looked at before the end)."""
         return self.env.timeout(self.search.total_s(i))
 
+    def _search_dispatch(self) -> simpy.Event | None:
+        """The front end's hand-over of a search to the search tier (``search_dispatch_s``),
+        before it takes a worker; None where it costs nothing."""
+        seconds = self.config.search_dispatch_s
+        return self.env.timeout(seconds) if seconds > 0 else None
+
     def _search_stage(self, i: int, stage: int) -> simpy.Event:
         """The event of stage ``stage`` (1-based) of request ``i``'s search ending."""
         return self.env.timeout(self.search.stage_duration_s(i, stage))
@@ -326,6 +332,9 @@ class Pipeline(EngineHooks):
             self.r_search_start[i] = self.r_search_end[i] = env.now
             self._submit(self._new_job(i, self._final_docs(i), speculative=False))
             return
+        dispatched = self._search_dispatch()
+        if dispatched is not None:  # the front end handing it over: no worker held yet
+            yield dispatched
         waiting = self.workers.take()
         if waiting is not None:  # every worker busy: wait for one
             yield waiting

@@ -36,7 +36,9 @@ How long each stage takes (``latency``):
 
 Either way ``handoff_s`` is added once to each search, to its first stage: the time to hand a
 search to a worker and see its results, past the stages' own times (``search_handoff_s``;
-``ragsim validate`` measures it on the real run's worker pool).
+``ragsim validate`` measures it on its probe runs). The front end's hand-over before that,
+during which no worker is held (``search_dispatch_s``), is the pipeline's
+(``Pipeline._search_dispatch``), not the search's.
 
 Default latency, measured (``benchmarks/retrieval_latency.py``): ``search_s = 0.0155`` s, the
 mean single-thread search of an IVF index at the paper's scale (300k documents, 768-d vectors,
