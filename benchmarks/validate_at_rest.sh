@@ -31,6 +31,12 @@
 # Ubuntu: libtcmalloc-minimal4), as PyTorch's and vLLM's CPU guides say: on glibc's malloc a
 # step of a size the engine has not run costs up to 2x its repeated time, which no profile
 # measures (ragsim/profiles/allocator.py). ALLOCATOR=glibc runs them on glibc's malloc.
+# tcmalloc keeps the heap it grew (TCMALLOC_RELEASE_RATE=0, unless set), as a serving engine
+# keeps its memory: at its default rate it handed pages back to the system between a
+# process's runs, and a run that began on such a heap paid a fresh page for every byte again
+# inside its clock (run BB: two torch runs in sixty, 1.2-1.3 s to grow the heap where the
+# others took 0.11-0.18 s, their mean TTFT 5x the others'; apart, the second of five runs
+# in one process took 441k page faults at the default rate, 43k at 0; docs/validation.md).
 #
 # Each engine runs on one thread (its profile too: validate --profile-now's default) and the real
 # search pool on the core(s) the engine leaves, on both sides (validate's default on a CPU): the
@@ -67,6 +73,7 @@
 set -euo pipefail
 if [ "${ALLOCATOR:-tcmalloc}" = tcmalloc ] && ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
   export LD_PRELOAD="libtcmalloc_minimal.so.4${LD_PRELOAD:+:$LD_PRELOAD}"
+  export TCMALLOC_RELEASE_RATE="${TCMALLOC_RELEASE_RATE:-0}"
 fi
 
 OUT=${1:?usage: benchmarks/validate_at_rest.sh OUT_DIR [REQUESTS] [VLLM_PYTHON]}
@@ -82,6 +89,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XDG_CACHE_HOME="$OUT/cache"
 
 load() { echo "$1 $(date -u +%H:%M:%S) $(uptime | sed 's/.*load average/load average/')" \
+  "${LD_PRELOAD:+(LD_PRELOAD=$LD_PRELOAD TCMALLOC_RELEASE_RATE=${TCMALLOC_RELEASE_RATE:-})}" \
   | tee -a "$OUT/load.txt"; }
 
 echo "== held-out trace (pydoc topics x gsm8k questions) =="
