@@ -8,11 +8,21 @@ beside the search threads and the arrivals' intake. Replicas drawn with the prof
 came out half as far apart as the real runs (run R, docs/validation.md).
 
 What is measured, on each run's steps priced as the simulator prices them
-(``validation.priced_step_table``): ``r = ln(measured / price)``, less the median of ``r``
-over the run's steps of the same kind and size (``decisions.STEP_TOKEN_EDGES``). What a price
-misses for a whole group of steps is the cost model's error, which every replica would share,
-not noise; what is left about the group's median is. Groups of fewer than
-``MIN_GROUP_STEPS`` steps give no median to measure about and are left out.
+(``validation.priced_step_table``): ``r = ln(measured / price)``, less a two-way robust fit of
+``r`` (Tukey's median polish): an effect for each group of steps of the same kind and size
+(``decisions.STEP_TOKEN_EDGES``), pooled over the runs, and an offset for each run. What a
+price misses for a whole group of steps is the cost model's error, which every replica would
+share, and what a run's steps all ran off by is that run's machine speed (the validation reads
+it apart: ``validation.step_prices``' ``by_run_measured_over_priced``); neither is step noise.
+What is left about them is. Groups of fewer than ``MIN_GROUP_STEPS`` steps over all the runs
+give no effect to measure about and are left out, and so is a run that keeps fewer than as
+many steps (its offset would be its steps' own median).
+
+Why pooled over the runs: the probe runs of a small validation (32 requests of 3 output
+tokens, split between two loads) spread their steps over a few groups, and counted within one
+run alone every group could fall under ``MIN_GROUP_STEPS`` in both runs (on 16 requests, 7-16
+steps kept a run; on 32, the project's CI and one sitting here under load kept none), leaving
+the spread unmeasured. The runs' offsets keep their speeds apart.
 
 * ``sigma``: 1.4826 x the median |r| over every run's kept steps (a normal's standard
   deviation, robust to the few steps a collection or a page fault stretched).
@@ -44,22 +54,69 @@ def step_group(row: dict) -> tuple[str, int]:
     return row["kind"], size_class(row["step_tokens"])
 
 
-def deviations(table: Sequence[dict]) -> np.ndarray:
-    """Each step's ``ln(measured / price)`` less its group's median over the run (NaN: a step
-    without both times, or of a group of fewer than ``MIN_GROUP_STEPS``), in the run's order."""
-    logs = np.full(len(table), np.nan)
-    groups: dict[tuple[str, int], list[int]] = {}
-    for index, row in enumerate(table):
-        measured, priced = row.get("measured_s"), row.get("priced_s")
-        if measured is None or priced is None or not (measured > 0 and priced > 0):
-            continue
-        logs[index] = np.log(measured / priced)
-        groups.setdefault(step_group(row), []).append(index)
-    out = np.full(len(table), np.nan)
-    for members in groups.values():
-        if len(members) >= MIN_GROUP_STEPS:
-            out[members] = logs[members] - np.median(logs[members])
+POLISH_ROUNDS = 50  # median polish's rounds at most; it settles in a few
+POLISH_TOLERANCE = 1e-12  # a round that moves no effect or offset further than this ends it
+
+
+def deviations(tables: Sequence[Sequence[dict]]) -> list[np.ndarray]:
+    """Each run's steps' ``ln(measured / price)`` less their group's effect and their run's
+    offset (module docstring), one array per table in the tables' order, each in its run's
+    order. NaN: a step without both times, of a group of fewer than ``MIN_GROUP_STEPS`` steps
+    over the runs, or of a run that keeps fewer than as many."""
+    logs, keys = [], []
+    for table in tables:
+        r = np.full(len(table), np.nan)
+        key: list[tuple[str, int] | None] = [None] * len(table)
+        for index, row in enumerate(table):
+            measured, priced = row.get("measured_s"), row.get("priced_s")
+            if measured is None or priced is None or not (measured > 0 and priced > 0):
+                continue
+            r[index], key[index] = np.log(measured / priced), step_group(row)
+        logs.append(r)
+        keys.append(key)
+    runs = set(range(len(tables)))
+    while True:  # drop groups too small over the kept runs, then runs left too small
+        counts: dict[tuple[str, int], int] = {}
+        for run in runs:
+            for k in keys[run]:
+                if k is not None:
+                    counts[k] = counts.get(k, 0) + 1
+        groups = {k for k, n in counts.items() if n >= MIN_GROUP_STEPS}
+        small = {run for run in runs
+                 if sum(k in groups for k in keys[run]) < MIN_GROUP_STEPS}
+        if not small:
+            break
+        runs -= small
+    out = [np.full(len(table), np.nan) for table in tables]
+    members = {run: np.array([k in groups for k in keys[run]], dtype=bool) for run in runs}
+    for run in runs:
+        out[run][members[run]] = logs[run][members[run]]
+    _median_polish(out, [keys[run] for run in range(len(tables))], runs, members)
     return out
+
+
+def _median_polish(residuals: list[np.ndarray], keys, runs, members) -> None:
+    """Tukey's median polish of the kept steps' logs, in place: take each group's median over
+    every kept run from its steps, then each run's median from its steps, until a round moves
+    neither further than ``POLISH_TOLERANCE``."""
+    for _ in range(POLISH_ROUNDS):
+        moved = 0.0
+        pooled: dict[tuple[str, int], list[float]] = {}
+        for run in runs:
+            for i in np.flatnonzero(members[run]):
+                pooled.setdefault(keys[run][i], []).append(residuals[run][i])
+        effect = {k: float(np.median(v)) for k, v in pooled.items()}
+        for run in runs:
+            kept = np.flatnonzero(members[run])
+            shift = np.array([effect[keys[run][i]] for i in kept])
+            residuals[run][kept] -= shift
+            moved = max(moved, float(np.max(np.abs(shift))) if shift.size else 0.0)
+        for run in runs:
+            offset = float(np.median(residuals[run][members[run]]))
+            residuals[run][members[run]] -= offset
+            moved = max(moved, abs(offset))
+        if moved <= POLISH_TOLERANCE:
+            return
 
 
 def lag1_terms(r: np.ndarray) -> tuple[float, float]:
@@ -74,15 +131,11 @@ def served_step_spread(tables: Sequence[Sequence[dict] | None]) -> dict | None:
     with the steps and groups they come from and each run's own figures; None where no run
     kept enough steps to measure."""
     runs, pooled, per_run = [], [], []
-    for table in tables:
-        if not table:
-            continue
-        r = deviations(table)
+    for r in deviations([table for table in tables if table]):
         kept = r[~np.isnan(r)]
-        if kept.size < MIN_GROUP_STEPS:
-            continue
-        runs.append(r)
-        pooled.append(kept)
+        if kept.size:
+            runs.append(r)
+            pooled.append(kept)
     if not runs:
         return None
     every = np.concatenate(pooled)

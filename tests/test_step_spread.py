@@ -4,7 +4,8 @@ themselves (``serving.step_noise``).
 
 Expected values come from elsewhere: a run's steps made here by a second AR(1) written in the
 test (numpy's generator, its own recursion), whose spread and correlation are the values the
-estimator must find; a small table's figures worked by hand; the draws' correlation taken by
+estimator must find; small tables' figures worked by hand (one run's, and two runs' median
+polish); the draws' correlation taken by
 ``numpy.corrcoef``.
 """
 
@@ -74,7 +75,7 @@ def test_a_small_table_worked_by_hand():
     table += [{"kind": "mixed", "step_tokens": 500, "priced_s": 0.1, "measured_s": 0.3}] * 3
     table.append({"kind": "decode", "step_tokens": 2, "priced_s": 0.0, "measured_s": 0.01})
     assert MIN_GROUP_STEPS == 8
-    r = deviations(table)
+    r = deviations([table])[0]
     assert r[:8] == pytest.approx(np.array(d) - 0.005)
     assert np.isnan(r[8:]).all()
     spread = served_step_spread([table])
@@ -85,6 +86,43 @@ def test_a_small_table_worked_by_hand():
     by_hand = float(np.sum(dev[:-1] * dev[1:]) / np.sum(dev * dev))
     assert spread["correlation"] == pytest.approx(min(max(by_hand, 0.0), 0.95))
     assert served_step_spread([table[8:], None, []]) is None
+
+
+def test_groups_pool_over_the_runs_with_each_runs_speed_set_aside_worked_by_hand():
+    """Two runs of nine steps, decode (2 tokens) and mixed (500 tokens), no group of eight
+    in either run, enough over both; the second run's machine slower. ln(measured / price)
+    x 100: run one's decodes 0 1 2 3 4 and mixed 20 21 22 23; run two's decodes 10 11 12 13
+    and mixed 30 31 32 33 36. Median polish by hand:
+
+    * the groups' medians over both runs, 4 and 30, leave run one -4 -3 -2 -1 0 | -10 -9 -8
+      -7 and run two 6 7 8 9 | 0 1 2 3 6; the runs' medians, -4 and 6 (their speeds), leave
+      0 1 2 3 4 | -6 -5 -4 -3 and 0 1 2 3 | -6 -5 -4 -3 0;
+    * the groups' medians, 2 and -4, leave -2 -1 0 1 2 | -2 -1 0 1 and -2 -1 0 1 | -2 -1 0 1
+      4; the runs' medians are 0, and so are the groups' next: settled.
+
+    The 18 |deviations|' median is 1 (x 0.01), sigma 1.4826 x 0.01. Counted within each run
+    alone, as the estimator did before, neither run kept a step."""
+    def run(decodes, mixed):
+        return [{"kind": "decode", "step_tokens": 2, "priced_s": 0.01,
+                 "measured_s": 0.01 * math.exp(x / 100)} for x in decodes] + [
+            {"kind": "mixed", "step_tokens": 500, "priced_s": 0.1,
+             "measured_s": 0.1 * math.exp(x / 100)} for x in mixed]
+
+    first = run([0, 1, 2, 3, 4], [20, 21, 22, 23])
+    second = run([10, 11, 12, 13], [30, 31, 32, 33, 36])
+    r = deviations([first, second])
+    assert r[0] == pytest.approx(np.array([-2, -1, 0, 1, 2, -2, -1, 0, 1]) / 100, abs=1e-12)
+    assert r[1] == pytest.approx(np.array([-2, -1, 0, 1, -2, -1, 0, 1, 4]) / 100, abs=1e-12)
+    spread = served_step_spread([first, None, second])
+    assert spread["sigma"] == pytest.approx(1.4826 * 0.01, rel=1e-6)
+    assert spread["steps"] == 18 and [run["steps"] for run in spread["runs"]] == [9, 9]
+    # one run alone: no group of eight
+    assert served_step_spread([first]) is None and served_step_spread([second]) is None
+    # a run keeping fewer than MIN_GROUP_STEPS steps is left out (its offset would be its
+    # steps' own median), and the others' deviations stand as they were
+    r = deviations([first, second, run([50, 60, 70], [])])
+    assert np.isnan(r[2]).all()
+    assert r[1] == pytest.approx(np.array([-2, -1, 0, 1, -2, -1, 0, 1, 4]) / 100, abs=1e-12)
 
 
 def test_correlated_draws_keep_their_spread_and_carry_the_correlation_into_the_next_step():
