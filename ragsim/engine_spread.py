@@ -175,7 +175,13 @@ def spread(reals: Sequence, sim, each: Sequence[pd.DataFrame]) -> dict:
                      "throughput_error": throughput_error(real.summary, sim.summary),
                      "speed_ratio_before": real.summary.get("speed_ratio_before"),
                      "speed_ratio_after": real.summary.get("speed_ratio_after"),
-                     "gpu_busy_fraction": real.summary.get("gpu_busy_fraction")})
+                     "gpu_busy_fraction": real.summary.get("gpu_busy_fraction"),
+                     # a run that paid its memory's pages again inside its clock shows here
+                     # (``realrun/page_faults.py``; a torch run's heap growth before it too)
+                     "minor_page_faults_while_serving": real.summary.get(
+                         "minor_page_faults_while_serving"),
+                     "heap_grown_before_clock_s": real.summary.get(
+                         "heap_grown_before_clock_s")})
     ttft = [run["real_ttft_mean_s"] for run in runs]
     throughput = [run["real_throughput_rps"] for run in runs]
     ttft_mean, ttft_low, ttft_high = _interval(ttft)

@@ -306,3 +306,7 @@ def test_the_heap_is_grown_before_the_clock_by_the_largest_batch_the_run_can_hol
     result = RealRun(trace, cfg, load_profile(PROFILE), speed_probes=False).run()
     assert result.summary["heap_grown_before_clock_bytes"] == 6 * 167 * 2048
     assert result.summary["heap_grown_before_clock_s"] >= 0
+    # the pages faulted growing it and while serving: counted, whatever the allocator kept
+    assert result.summary["heap_grown_before_clock_minor_page_faults"] >= 0
+    assert result.summary["minor_page_faults_while_serving"] >= 0
+    assert result.summary["major_page_faults_while_serving"] >= 0

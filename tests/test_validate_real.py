@@ -225,4 +225,11 @@ def test_repeated_real_runs_are_averaged_and_their_spread_measured(quick_profile
     assert repeats["runs"] == 2 and repeats["real_ttft_mean_cv"] > 0
     assert [run["ttft_mean_error"] for run in repeats["per_run"]] == pytest.approx(
         [sim.loc[t.index].mean() / t.mean() - 1 for t in ttft])
+    # each run's page faults and heap growth, as its own summary gave them
+    summaries = [json.loads((out / name / "summary.json").read_text())
+                 for name in ("real", "real-2")]
+    for run, summary in zip(repeats["per_run"], summaries, strict=True):
+        assert run["minor_page_faults_while_serving"] == summary[
+            "minor_page_faults_while_serving"] >= 0
+        assert run["heap_grown_before_clock_s"] == summary["heap_grown_before_clock_s"] >= 0
     assert report["hit_agreement"] == 1.0  # sequential: every run decides as the policy core

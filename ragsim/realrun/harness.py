@@ -33,6 +33,7 @@ from ragsim.realrun.cores import EngineCore
 from ragsim.realrun.engine import KVStore
 from ragsim.realrun.iterations import TorchIterations
 from ragsim.realrun.memory import grow_heap_before_clock
+from ragsim.realrun.page_faults import PageFaults
 from ragsim.realrun.search import RealSearchDriving
 from ragsim.realrun.speed import probe_speed
 from ragsim.realrun.tokens import PromptTokens, trace_texts
@@ -119,7 +120,9 @@ class RealRun(RealSearchDriving, Pipeline):
         before = probe_speed(self.model, self.profile) if self.speed_probes else None
         # the memory its largest batch can take, grown before the clock as a serving engine
         # sets its KV memory up at start (``realrun.memory.grow_heap_before_clock``)
+        faults_before = PageFaults.now()
         heap = grow_heap_before_clock(self.model, self.profile.model, self.trace, self.config)
+        heap_faults = PageFaults.now().since(faults_before)
         if self.start is not None:
             self.start.wait()
         # the step sizes this process had run before the clock started (its warm-up, probes,
@@ -137,8 +140,11 @@ class RealRun(RealSearchDriving, Pipeline):
         core = EngineCore(self.threads if on_cpu else None, why_not=why_not)
         result = self.serve_on_engine_core(core)
         result.summary.update(self._real_fields())
+        # pages faulted in growing it: a heap the allocator had kept faults few, one handed
+        # back to the system since the last run faults them all again (``realrun/page_faults``)
         result.summary.update(heap_grown_before_clock_bytes=heap["bytes"],
-                              heap_grown_before_clock_s=heap["seconds"])
+                              heap_grown_before_clock_s=heap["seconds"],
+                              heap_grown_before_clock_minor_page_faults=heap_faults.minor)
         result.engine_warm_step_tokens = warm
         result.summary["engine_warm_step_tokens"] = len(warm)
         # which, in order: a stored run's simulation can be run again as validate ran it

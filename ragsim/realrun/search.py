@@ -29,6 +29,7 @@ import numpy as np
 
 from ragsim.errors import RagsimInputError
 from ragsim.realrun.cores import EngineCore, off_engine_core
+from ragsim.realrun.page_faults import PageFaults
 from ragsim.serving.gc_pause import cyclic_gc_paused
 from ragsim.traces.schema import Trace
 
@@ -418,20 +419,27 @@ class RealSearchDriving:
     def serve_on_engine_core(self, core: EngineCore):
         """The run itself: the clock started, the searches begun at their arrivals, the
         pipeline run and the searches stopped, with the engine's thread on a core of its own
-        meanwhile (``core``: ``realrun/cores.py``); the summary says where (``engine_core``)."""
+        meanwhile (``core``: ``realrun/cores.py``); the summary says where (``engine_core``),
+        and how many pages the process faulted in meanwhile (``realrun/page_faults.py``:
+        ``minor_page_faults_while_serving``, ``major_...``): a run that paid fresh pages
+        inside its clock shows it there."""
         # the cyclic garbage collector paused from before the clock starts (the pipeline's
         # own pause begins after the front end has begun searching): a full collection of a
         # validation's heap took 273 ms in the front end's thread at an overload run's start,
         # holding the interpreter while every request waited (docs/validation.md, "The torch
         # run's clock")
         with core, cyclic_gc_paused():
+            faults_before = PageFaults.now()
             self.env.sync()  # the clock starts now, not when the engine was built
             self.start_searches_at_arrivals()
             try:
                 result = super().run()  # the pipeline's
             finally:
                 self.stop_real_search()
+            faults = PageFaults.now().since(faults_before)
         result.summary["engine_core"] = core.as_dict()
+        result.summary.update(minor_page_faults_while_serving=faults.minor,
+                              major_page_faults_while_serving=faults.major)
         return result
 
     def search_fields(self) -> dict:
