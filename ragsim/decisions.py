@@ -271,7 +271,12 @@ def priced_steps(decisions: list[dict], price: Callable[[dict], float],
             "batch_change": decision.get("batch_change"),
             "batch_copy_s": decision.get("batch_copy_s"),
             "batch_rows": decision.get("batch_rows"),
-            "batch_row_tokens": decision.get("batch_row_tokens")})
+            "batch_row_tokens": decision.get("batch_row_tokens"),
+            # the time in the model's passes, and the engine thread's CPU time over the step
+            # (a torch run's; None on vLLM): wall time past the CPU time the thread was not
+            # running, waiting for the interpreter's lock or for its core
+            "passes_s": decision.get("passes_s"),
+            "engine_cpu_s": decision.get("engine_cpu_s")})
         last_end = decision["end_s"]
     return rows
 

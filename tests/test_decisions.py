@@ -261,6 +261,12 @@ def test_validate_searches_for_real_and_splits_the_ttft_error(text_trace, tmp_pa
     assert table["priced_s"].sum() == pytest.approx(
         sum(g["priced_s"] for g in steps["by_tokens"]))
     assert (table["start_s"].diff().dropna() >= 0).all()
+    # each step's passes inside its wall time, and the engine thread's CPU time over it: the
+    # thread computed its steps (torch on one thread), never more than the wall time passed
+    assert (table["passes_s"] <= table["measured_s"] + 1e-6).all()
+    assert (table["engine_cpu_s"] <= table["measured_s"] + 1e-3).all()
+    prompts = table[table["kind"] == "prefill"]
+    assert (prompts["engine_cpu_s"] / prompts["measured_s"]).median() > 0.3
     assert not (out / "sim/steps.parquet").exists()  # the simulation keeps no real steps
     from ragsim.cli.validate import _print_report
 

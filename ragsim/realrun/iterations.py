@@ -51,7 +51,7 @@ does what it decided and reports how long it took:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from time import monotonic, perf_counter
+from time import monotonic, perf_counter, thread_time
 from typing import Any
 
 import simpy
@@ -229,6 +229,11 @@ class TorchIterations:
         # each decision keeps them (``passes_s``), so that the rest of its time, the engine's
         # own work around the passes, can be measured apart (``realrun.probe_runs``)
         self._passes_s = 0.0
+        # the engine thread's CPU time when the iteration under way began: each decision keeps
+        # what the iteration took of it (``engine_cpu_s``), so that a step's wall time it was
+        # not running (waiting for the interpreter's lock, or its core taken) shows apart from
+        # the work it did (docs/validation.md, "Run BC")
+        self._cpu_began = 0.0
         self._pending: set = set()  # nodes admitted to GPU whose KV a prefill still computes
         self._deferred: list[tuple[str, Any]] = []  # moves on pending nodes, in order
         self._running: dict[Job, _Running] = {}
@@ -466,6 +471,7 @@ class TorchIterations:
         not moved since that end: only a wait moves it)."""
         start_s = max(self.env.now, self.env.env_time(monotonic()))
         self._passes_s = 0.0
+        self._cpu_began = thread_time()
         self._after_step = self._last_end_s is not None and self.env.now == self._last_end_s
         if self._after_step:
             self.between_steps_s += start_s - self._last_end_s
@@ -478,6 +484,7 @@ class TorchIterations:
         end_s = max(self.env.now, self.env.env_time(monotonic()))
         self.decisions[-1]["end_s"] = end_s
         self.decisions[-1]["passes_s"] = self._passes_s
+        self.decisions[-1]["engine_cpu_s"] = thread_time() - self._cpu_began
         yield self.env.timeout(end_s - self.env.now)
         self._last_end_s = self.env.now
 
