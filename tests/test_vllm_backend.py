@@ -453,14 +453,15 @@ def text_trace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probed_text_trace(tmp_path_factory):
-    """The text trace with 48 requests: a validation of 16 leaves its loop probe 32 of its
-    own, whose steps are enough to measure their spread (on the 16 validated ones, its two
-    runs kept 7-16 steps, and the spread needs 8 of one kind and size: it failed one run in
-    three on the project's CPU; on 32, while each run's classes were counted alone, CI's
-    machine once kept none: they are pooled over the runs now, ``ragsim.step_spread``)."""
+    """The text trace with 48 requests of 32 output tokens: a validation of 16 leaves its loop
+    probe 32 of its own, whose steps are enough to measure their spread. With 3 output tokens
+    vLLM ran the probe's two runs of 16 in 11-18 steps, 5-12 of the one kind and size most had
+    (the spread needs 8 of one over the runs, and a run keeping 8): CI's machine and this one
+    each kept too few now and then, and ``probes.step_spread`` went missing. With 32, the two
+    runs kept 41-74 steps of it (four tries)."""
     from text_trace import text_trace_dir
 
-    yield from text_trace_dir(tmp_path_factory, requests=48)
+    yield from text_trace_dir(tmp_path_factory, requests=48, output_tokens=32)
 
 
 def test_validate_on_vllm_searches_for_real_and_replays_vllms_steps(probed_text_trace,
