@@ -96,10 +96,10 @@ def prefills_for(args: argparse.Namespace) -> TorchPrefills | VllmPrefills:
 
 def minor_page_faults() -> int:
     """This process's minor page faults so far (memory touched for the first time, or again
-    after the allocator gave it back)."""
-    import resource
+    after the allocator gave it back): the count real runs keep (``realrun/page_faults.py``)."""
+    from ragsim.realrun.page_faults import PageFaults
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return PageFaults.now().minor
 
 
 def main() -> None:

@@ -63,60 +63,50 @@ def deviations(tables: Sequence[Sequence[dict]]) -> list[np.ndarray]:
     offset (module docstring), one array per table in the tables' order, each in its run's
     order. NaN: a step without both times, of a group of fewer than ``MIN_GROUP_STEPS`` steps
     over the runs, or of a run that keeps fewer than as many."""
-    logs, keys = [], []
-    for table in tables:
-        r = np.full(len(table), np.nan)
-        key: list[tuple[str, int] | None] = [None] * len(table)
-        for index, row in enumerate(table):
+    # every timed step of every run, flattened: its log ratio, group, run and place in its run
+    logs, groups, runs, places = [], [], [], []
+    codes: dict[tuple[str, int], int] = {}
+    for run, table in enumerate(tables):
+        for place, row in enumerate(table):
             measured, priced = row.get("measured_s"), row.get("priced_s")
             if measured is None or priced is None or not (measured > 0 and priced > 0):
                 continue
-            r[index], key[index] = np.log(measured / priced), step_group(row)
-        logs.append(r)
-        keys.append(key)
-    runs = set(range(len(tables)))
-    while True:  # drop groups too small over the kept runs, then runs left too small
-        counts: dict[tuple[str, int], int] = {}
-        for run in runs:
-            for k in keys[run]:
-                if k is not None:
-                    counts[k] = counts.get(k, 0) + 1
-        groups = {k for k, n in counts.items() if n >= MIN_GROUP_STEPS}
-        small = {run for run in runs
-                 if sum(k in groups for k in keys[run]) < MIN_GROUP_STEPS}
-        if not small:
+            logs.append(np.log(measured / priced))
+            groups.append(codes.setdefault(step_group(row), len(codes)))
+            runs.append(run)
+            places.append(place)
+    r, group, run_of = np.array(logs, float), np.array(groups, int), np.array(runs, int)
+    kept = np.ones(r.size, bool)
+    while True:  # drop groups too small over the kept runs, then the runs left too small
+        kept &= np.bincount(group[kept], minlength=len(codes))[group] >= MIN_GROUP_STEPS
+        small = np.bincount(run_of[kept], minlength=len(tables))[run_of] < MIN_GROUP_STEPS
+        if not (kept & small).any():
             break
-        runs -= small
+        kept &= ~small
+    polished = _median_polish(r[kept], group[kept], run_of[kept])
     out = [np.full(len(table), np.nan) for table in tables]
-    members = {run: np.array([k in groups for k in keys[run]], dtype=bool) for run in runs}
-    for run in runs:
-        out[run][members[run]] = logs[run][members[run]]
-    _median_polish(out, [keys[run] for run in range(len(tables))], runs, members)
+    for value, run, place in zip(polished, run_of[kept], np.array(places, int)[kept],
+                                 strict=True):
+        out[run][place] = value
     return out
 
 
-def _median_polish(residuals: list[np.ndarray], keys, runs, members) -> None:
-    """Tukey's median polish of the kept steps' logs, in place: take each group's median over
-    every kept run from its steps, then each run's median from its steps, until a round moves
-    neither further than ``POLISH_TOLERANCE``."""
+def _median_polish(r: np.ndarray, group: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """Tukey's median polish of ``r``: take each group's median from its steps, then each
+    run's from its steps, until a round moves neither further than ``POLISH_TOLERANCE``;
+    what is left."""
+    r = r.copy()
     for _ in range(POLISH_ROUNDS):
         moved = 0.0
-        pooled: dict[tuple[str, int], list[float]] = {}
-        for run in runs:
-            for i in np.flatnonzero(members[run]):
-                pooled.setdefault(keys[run][i], []).append(residuals[run][i])
-        effect = {k: float(np.median(v)) for k, v in pooled.items()}
-        for run in runs:
-            kept = np.flatnonzero(members[run])
-            shift = np.array([effect[keys[run][i]] for i in kept])
-            residuals[run][kept] -= shift
-            moved = max(moved, float(np.max(np.abs(shift))) if shift.size else 0.0)
-        for run in runs:
-            offset = float(np.median(residuals[run][members[run]]))
-            residuals[run][members[run]] -= offset
-            moved = max(moved, abs(offset))
+        for labels in (group, run):
+            for label in np.unique(labels):
+                members = labels == label
+                shift = float(np.median(r[members]))
+                r[members] -= shift
+                moved = max(moved, abs(shift))
         if moved <= POLISH_TOLERANCE:
-            return
+            break
+    return r
 
 
 def lag1_terms(r: np.ndarray) -> tuple[float, float]:
